@@ -1,0 +1,179 @@
+"""Plain value types shared by the engine, its scheduler and the worker server.
+
+No torch here (STYLE.md #1): these are ids, lengths and settings. The worker turns SGLang wire
+fields into these; the engine turns them into tensors.
+
+Vocabulary (DESIGN.md): per round the proposer drafts k tokens, the target accepts a prefix of n <= k,
+then emits one more token: *recovered* (after a rejection) or *bonus* (when n == k). A round commits
+n + 1 tokens (fewer when a stop cuts it). Accept length always includes that extra token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Proposer = Literal["none", "ngram", "draft_model"]
+PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft_model")
+MAX_DRAFT_TOKENS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """The subset of SGLang's sampling_params the engine implements (same names and defaults)."""
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0  # < 1e-6 means greedy, as in SGLang
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0) disables
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    sampling_seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculationParams:
+    """How one request speculates. ``proposer='none'`` is plain decoding through the same runner."""
+
+    proposer: Proposer = "none"
+    draft_tokens: int = 4  # k, 1..MAX_DRAFT_TOKENS; with adaptive, the upper bound
+    adaptive: bool = False  # let the engine pick k per round (backends/engine/adaptive.py)
+    ngram_min: int = 1
+    ngram_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.proposer not in PROPOSERS:
+            raise ValueError(f"proposer must be one of {', '.join(PROPOSERS)}, got {self.proposer!r}")
+        if not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got {self.draft_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    rid: str
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams = SamplingParams()
+    speculation: SpeculationParams = SpeculationParams()
+
+
+@dataclass(frozen=True, slots=True)
+class FinishReason:
+    """SGLang's finish_reason: {"type": "stop", "matched": ...} | {"type": "length", "length": N} |
+    {"type": "abort", "message": ..., "status_code": ...}."""
+
+    type: Literal["stop", "length", "abort"]
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+    status_code: int | None = None
+
+    def to_dict(self) -> dict:
+        if self.type == "stop":
+            return {"type": "stop", "matched": self.matched}
+        if self.type == "length":
+            return {"type": "length", "length": self.length}
+        return {"type": "abort", "message": self.message, "status_code": self.status_code}
+
+
+@dataclass(frozen=True, slots=True)
+class RoundStats:
+    """One speculative round (or one plain step, where k == 0)."""
+
+    k: int  # drafts proposed this round (0: plain step, or the proposer found nothing)
+    accepted: int  # n <= k
+    committed: int  # tokens actually committed (n + 1, fewer when a stop cut the round)
+    bonus: bool  # every draft accepted, extra token drawn from p
+    draft_s: float
+    verify_s: float
+    overhead_s: float
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """Per-request totals, reported by the worker as SGLang's spec_* meta_info fields."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    verify_ct: int = 0  # forward passes of the target that committed tokens (rounds incl. plain steps)
+    num_proposed_drafts: int = 0
+    num_correct_drafts: int = 0
+    # histogram[n] = rounds in which exactly n drafts were accepted (SGLang's spec_correct_drafts_histogram)
+    correct_drafts_histogram: list[int] = field(default_factory=list)
+    # accepted_per_position[j] = rounds in which draft position j+1 was accepted (vLLM's per-position counter)
+    accepted_per_position: list[int] = field(default_factory=list)
+    proposed_per_position: list[int] = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    overhead_s: float = 0.0
+    queue_s: float = 0.0  # waiting before the first forward
+    first_token_s: float | None = None  # from submit to the first committed token
+    e2e_s: float | None = None
+
+    @property
+    def accept_length(self) -> float:
+        """completion_tokens / verify_ct, as SGLang computes spec_accept_length (includes the bonus)."""
+        return self.completion_tokens / self.verify_ct if self.verify_ct else 0.0
+
+    def record(self, r: RoundStats) -> None:
+        self.verify_ct += 1
+        self.num_proposed_drafts += r.k
+        self.num_correct_drafts += r.accepted
+        while len(self.correct_drafts_histogram) <= r.accepted:
+            self.correct_drafts_histogram.append(0)
+        self.correct_drafts_histogram[r.accepted] += 1
+        while len(self.proposed_per_position) < r.k:
+            self.proposed_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for j in range(r.k):
+            self.proposed_per_position[j] += 1
+            if j < r.accepted:
+                self.accepted_per_position[j] += 1
+        self.draft_s += r.draft_s
+        self.verify_s += r.verify_s
+        self.overhead_s += r.overhead_s
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """One event for one request: tokens committed since the last event, and cumulative state.
+
+    ``text`` is the cumulative detokenized output so far (stop strings trimmed once finished);
+    ``output_ids`` the cumulative committed ids. The final event has ``finished`` and ``finish_reason``.
+    """
+
+    rid: str
+    new_token_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    text: str
+    finished: bool
+    finish_reason: FinishReason | None
+    stats: RequestStats
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What /v1/loads reports; token counts are KV slots (target cache positions)."""
+
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_used_tokens: int
+    max_total_num_tokens: int
+    max_running_requests: int
+
+    @property
+    def token_usage(self) -> float:
+        return self.num_used_tokens / self.max_total_num_tokens if self.max_total_num_tokens else 0.0
