@@ -1,0 +1,21 @@
+"""Engine settings (what `specgate worker` flags set)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.engine.types import SpeculationParams
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model_path: str
+    dtype: str = "float32"  # "float32" (exact greedy identity) or "bfloat16" (see docs/engine.md)
+    max_running_requests: int = 16
+    max_total_tokens: int = 65536  # KV capacity in positions, shared by running sequences
+    max_waiting_requests: int = 1024
+    prefill_chunk: int = 256  # prompt tokens fed per scheduling turn (bounds others' stall)
+    draft_layers: int = 8  # layer-truncated self-draft depth
+    default_speculation: SpeculationParams = SpeculationParams()
+    num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
+    calibrate: bool = True  # measure forward time per width at start (feeds adaptive k)
