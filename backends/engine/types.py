@@ -116,6 +116,9 @@ class RequestStats:
     # accepted_per_position[j] = rounds in which draft position j+1 was accepted (vLLM's per-position counter)
     accepted_per_position: list[int] = field(default_factory=list)
     proposed_per_position: list[int] = field(default_factory=list)
+    # reached_per_position[j] = rounds in which position j+1 was proposed AND drafts 1..j were accepted,
+    # so the conditional acceptance a_{j+1} = accepted_per_position[j] / reached_per_position[j]
+    reached_per_position: list[int] = field(default_factory=list)
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0
@@ -138,8 +141,11 @@ class RequestStats:
         while len(self.proposed_per_position) < r.k:
             self.proposed_per_position.append(0)
             self.accepted_per_position.append(0)
+            self.reached_per_position.append(0)
         for j in range(r.k):
             self.proposed_per_position[j] += 1
+            if j <= r.accepted:
+                self.reached_per_position[j] += 1
             if j < r.accepted:
                 self.accepted_per_position[j] += 1
         self.draft_s += r.draft_s
