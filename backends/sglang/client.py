@@ -1,0 +1,333 @@
+"""Async client for one SGLang-compatible worker (a real SGLang server or ``specgate worker``).
+
+One ``SGLangClient`` per worker URL, opened and closed explicitly (the gateway does it in its
+lifespan). Every failure surfaces as a ``backends.sglang.errors.WorkerError`` subclass that says
+whether retrying elsewhere is safe. OpenAI bodies are forwarded as dicts (the gateway does not
+re-model them) and come back parsed, together with the raw bytes for verbatim forwarding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import httpx
+import msgspec
+
+from backends.sglang.errors import (
+    WorkerConnectError,
+    WorkerError,
+    WorkerHTTPError,
+    WorkerProtocolError,
+    WorkerStreamError,
+    WorkerTimeout,
+)
+from backends.sglang.streaming import DONE, DeltaTracker, sse_data
+from backends.sglang.wire import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionResponse,
+    ErrorEnvelope,
+    GenerateRequest,
+    GenerateResponse,
+    LoadsResponse,
+    MetaInfo,
+    ModelInfo,
+    ServerInfo,
+)
+
+T = TypeVar("T")
+LOADS_INCLUDE = "core,memory,spec,queues"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTimeouts:
+    """Seconds. ``read`` bounds the wait for the first byte AND for each next stream chunk."""
+
+    connect: float = 2.0
+    read: float = 120.0
+    write: float = 10.0
+    pool: float = 5.0
+    control: float = 10.0  # health / loads / info / abort (health runs a one-token generation)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateDelta:
+    """One /generate stream event: what this chunk added, plus the chunk's meta_info.
+
+    ``finished`` is True on the final chunk (``meta_info.finish_reason`` set); its meta_info carries
+    ``e2e_latency`` and the spec_* fields.
+    """
+
+    text: str
+    output_ids: list[int]
+    meta_info: MetaInfo
+    finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIResult(Generic[T]):
+    """A parsed OpenAI-style body and its exact bytes (what the worker sent)."""
+
+    raw: bytes
+    parsed: T
+
+
+_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {}
+_ERROR_DECODER = msgspec.json.Decoder(ErrorEnvelope)
+
+
+def _decoder(kind: type[T]) -> msgspec.json.Decoder[T]:
+    if kind not in _DECODERS:
+        _DECODERS[kind] = msgspec.json.Decoder(kind)
+    return _DECODERS[kind]
+
+
+def _error_in(payload: bytes) -> ErrorEnvelope | None:
+    """The error object if ``payload`` is one of SGLang's error shapes, else None (cheap check)."""
+    if b'"error"' not in payload:
+        return None
+    try:
+        envelope = _ERROR_DECODER.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    return envelope if envelope.detail_or_none() is not None else None
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+class SGLangClient:
+    """Talks SGLang's HTTP protocol to the worker at ``base_url``.
+
+    ``incremental_output``: None detects the /generate streaming mode (see ``streaming.py``);
+    True/False declares it. ``transport`` is for tests and unusual deployments.
+    """
+
+    def __init__(self, base_url: str, *, timeouts: ClientTimeouts = ClientTimeouts(),
+                 incremental_output: bool | None = None,
+                 headers: Mapping[str, str] | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeouts = timeouts
+        self.incremental_output = incremental_output
+        self._headers = dict(headers or {})
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._http is not None:
+            return
+        t = self.timeouts
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, transport=self._transport,
+            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def __aenter__(self) -> SGLangClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            raise RuntimeError(f"SGLangClient({self.base_url}) is not open: call `await open()` first")
+        return self._http
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    def _translate(self, exc: httpx.HTTPError, *, bytes_received: bool) -> WorkerError:
+        if isinstance(exc, httpx.ConnectTimeout):
+            return WorkerTimeout(self.base_url, "connect")
+        if isinstance(exc, httpx.TimeoutException):
+            phase = {httpx.ReadTimeout: "read", httpx.WriteTimeout: "write",
+                     httpx.PoolTimeout: "pool"}.get(type(exc), "read")
+            return WorkerTimeout(self.base_url, phase, bytes_received=bytes_received)
+        if bytes_received:
+            return WorkerStreamError(self.base_url, f"connection broke mid-stream: {exc!r}",
+                                     bytes_received=True)
+        return WorkerConnectError(self.base_url, f"{type(exc).__name__}: {exc}")
+
+    async def _raise_for_status(self, response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        body = await response.aread()
+        envelope = _error_in(body)
+        detail = envelope.detail_or_none() if envelope else None
+        if detail is None and body:
+            try:  # {"detail": ...} from FastAPI, or any JSON
+                detail = _ERROR_DECODER.decode(body).detail_or_none()
+            except msgspec.DecodeError:
+                detail = None
+        message = detail.message if detail else body.decode(errors="replace")[:500]
+        raise WorkerHTTPError(self.base_url, response.status_code, message or response.reason_phrase,
+                              error_type=detail.type if detail else None,
+                              retry_after=_retry_after(response))
+
+    def _decode(self, kind: type[T], payload: bytes, what: str,
+                bytes_received: bool = False) -> T:
+        try:
+            return _decoder(kind).decode(payload)
+        except msgspec.DecodeError as exc:
+            raise WorkerProtocolError(self.base_url, f"bad {what} body: {exc}",
+                                      bytes_received=bytes_received) from exc
+
+    async def _request(self, method: str, path: str, *, json: Any = None,
+                       params: Mapping[str, str] | None = None,
+                       control: bool = False) -> httpx.Response:
+        timeout = (httpx.Timeout(self.timeouts.control, connect=self.timeouts.connect)
+                   if control else httpx.USE_CLIENT_DEFAULT)
+        try:
+            response = await self.http.request(method, path, json=json, params=params,
+                                               timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise self._translate(exc, bytes_received=False) from exc
+        await self._raise_for_status(response)
+        return response
+
+    async def _stream_payloads(self, path: str, body: Any) -> AsyncIterator[bytes]:
+        """POST ``body`` and yield each SSE data payload; raise typed errors, incl. error chunks."""
+        received = False
+        try:
+            async with self.http.stream("POST", path, json=body) as response:
+                await self._raise_for_status(response)
+                done = False
+                async for payload in sse_data(response.aiter_lines()):
+                    if payload == DONE:
+                        done = True
+                        break
+                    envelope = _error_in(payload)
+                    if envelope is not None:
+                        detail = envelope.detail_or_none()
+                        assert detail is not None
+                        raise WorkerStreamError(
+                            self.base_url, detail.message, bytes_received=received,
+                            error_type=detail.type, code=detail.code, retryable=detail.retryable)
+                    received = True
+                    yield payload
+                if not done:
+                    raise WorkerStreamError(self.base_url, "stream ended without data: [DONE]",
+                                            bytes_received=received)
+        except httpx.HTTPError as exc:
+            raise self._translate(exc, bytes_received=received) from exc
+
+    # -- native ------------------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        """Non-streaming ``POST /generate`` (``stream`` is forced off)."""
+        body = msgspec.to_builtins(msgspec.structs.replace(request, stream=False))
+        response = await self._request("POST", "/generate", json=body)
+        return self._decode(GenerateResponse, response.content, "/generate")
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateDelta]:
+        """Streaming ``POST /generate``: one ``GenerateDelta`` per chunk, text as deltas."""
+        body = msgspec.to_builtins(msgspec.structs.replace(request, stream=True))
+        tracker = DeltaTracker(self.incremental_output)
+        async for payload in self._stream_payloads("/generate", body):
+            chunk = self._decode(GenerateResponse, payload, "/generate chunk", bytes_received=True)
+            try:
+                text, ids = tracker.push(chunk.text, chunk.output_ids,
+                                         chunk.meta_info.completion_tokens)
+            except ValueError as exc:
+                raise WorkerProtocolError(self.base_url, str(exc), bytes_received=True) from exc
+            yield GenerateDelta(text=text, output_ids=ids, meta_info=chunk.meta_info,
+                                finished=chunk.meta_info.finish_reason is not None)
+
+    async def abort(self, rid: str) -> None:
+        """``POST /abort_request``: stop a running request (e.g. its client went away)."""
+        await self._request("POST", "/abort_request", json={"rid": rid}, control=True)
+
+    # -- OpenAI-compatible -------------------------------------------------------------------------
+
+    @staticmethod
+    def _openai_body(body: Mapping[str, Any], stream: bool, spec_details: bool,
+                     include_usage: bool) -> dict[str, Any]:
+        out = dict(body)
+        out["stream"] = stream
+        if spec_details:
+            out["return_spec_tokens_details"] = True
+        if stream and include_usage and "stream_options" not in out:
+            out["stream_options"] = {"include_usage": True}
+        return out
+
+    async def chat_completions(self, body: Mapping[str, Any], *, spec_details: bool = True
+                               ) -> OpenAIResult[ChatCompletionResponse]:
+        """Non-streaming ``/v1/chat/completions``; adds ``return_spec_tokens_details: true``."""
+        response = await self._request("POST", "/v1/chat/completions",
+                                       json=self._openai_body(body, False, spec_details, False))
+        return OpenAIResult(response.content, self._decode(
+            ChatCompletionResponse, response.content, "/v1/chat/completions"))
+
+    async def chat_completions_stream(self, body: Mapping[str, Any], *, spec_details: bool = True,
+                                      include_usage: bool = True
+                                      ) -> AsyncIterator[OpenAIResult[ChatCompletionChunk]]:
+        """Streaming chat: yields each chunk (raw data payload + parsed), the sglext and usage
+        chunks included (``choices == []``). ``include_usage`` adds ``stream_options`` unless set."""
+        body = self._openai_body(body, True, spec_details, include_usage)
+        async for payload in self._stream_payloads("/v1/chat/completions", body):
+            yield OpenAIResult(payload, self._decode(ChatCompletionChunk, payload, "chat chunk",
+                                                     bytes_received=True))
+
+    async def completions(self, body: Mapping[str, Any], *, spec_details: bool = True
+                          ) -> OpenAIResult[CompletionResponse]:
+        """Non-streaming ``/v1/completions``."""
+        response = await self._request("POST", "/v1/completions",
+                                       json=self._openai_body(body, False, spec_details, False))
+        return OpenAIResult(response.content, self._decode(
+            CompletionResponse, response.content, "/v1/completions"))
+
+    async def completions_stream(self, body: Mapping[str, Any], *, spec_details: bool = True,
+                                 include_usage: bool = True
+                                 ) -> AsyncIterator[OpenAIResult[CompletionResponse]]:
+        """Streaming ``/v1/completions``; each chunk's ``choices[].text`` is a delta."""
+        body = self._openai_body(body, True, spec_details, include_usage)
+        async for payload in self._stream_payloads("/v1/completions", body):
+            yield OpenAIResult(payload, self._decode(CompletionResponse, payload,
+                                                     "completion chunk", bytes_received=True))
+
+    # -- control -----------------------------------------------------------------------------------
+
+    async def health(self) -> None:
+        """``GET /health``; returns on 2xx, raises a ``WorkerError`` otherwise (503 while starting)."""
+        await self._request("GET", "/health", control=True)
+
+    async def loads(self) -> LoadsResponse:
+        response = await self._request("GET", "/v1/loads", params={"include": LOADS_INCLUDE},
+                                       control=True)
+        return self._decode(LoadsResponse, response.content, "/v1/loads")
+
+    async def _info(self, kind: type[T], path: str, legacy_path: str) -> T:
+        try:
+            response = await self._request("GET", path, control=True)
+        except WorkerHTTPError as exc:
+            if exc.status != 404:
+                raise
+            response = await self._request("GET", legacy_path, control=True)
+        return self._decode(kind, response.content, path)
+
+    async def server_info(self) -> ServerInfo:
+        """``GET /server_info``, falling back to the old ``/get_server_info`` on 404."""
+        return await self._info(ServerInfo, "/server_info", "/get_server_info")
+
+    async def model_info(self) -> ModelInfo:
+        """``GET /model_info``, falling back to the old ``/get_model_info`` on 404."""
+        return await self._info(ModelInfo, "/model_info", "/get_model_info")
