@@ -1,0 +1,310 @@
+"""The policy file's schema: strict msgspec Structs (unknown keys, wrong types, out-of-range values are errors).
+
+Cross-field checks that need only one Struct live in ``__post_init__`` (msgspec reports them at that
+Struct's YAML path); checks that span the file (a rule naming a pool that does not exist, unreachable
+rules, duplicate names) live in :mod:`policies.checks`. Field names with a dot (``pool.kv_usage``) are
+spelled exactly as in YAML. See docs/policy.md for every key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, field
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Base for everything the policy file owns."""
+
+
+Name = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]+$", min_length=1, max_length=64,
+                           description="letters, digits, '_', '.', '-'")]
+PosFloat = Annotated[float, Meta(gt=0)]
+PosInt = Annotated[int, Meta(ge=1)]
+Fraction = Annotated[float, Meta(ge=0, le=1)]
+DraftLen = Annotated[int, Meta(ge=1, le=64)]
+Proposer = Literal["none", "ngram", "draft_model", "eagle", "eagle3", "standalone"]
+ResponseFormat = Literal["none", "text", "json_object", "json_schema"]
+Url = Annotated[str, Meta(pattern=r"^https?://[^\s/]+", description="http(s)://host:port")]
+
+DEFAULT_ROUTE = "default"
+
+
+class Slo(_Strict, kw_only=True):
+    """Service-level objective; a route's SLO overrides the default field by field."""
+
+    ttft_ms: PosFloat | None = None
+    tpot_ms: PosFloat | None = None
+
+    def merged(self, override: Slo | None) -> Slo:
+        if override is None:
+            return self
+        return Slo(ttft_ms=override.ttft_ms if override.ttft_ms is not None else self.ttft_ms,
+                   tpot_ms=override.tpot_ms if override.tpot_ms is not None else self.tpot_ms)
+
+
+class RateLimit(_Strict, kw_only=True):
+    requests_per_s: PosFloat | None = None
+    tokens_per_min: PosInt | None = None
+    burst: PosInt | None = None
+
+
+class Route(_Strict, kw_only=True):
+    """An application. A route with neither ``api_keys_env`` nor ``api_keys_file`` is the default route:
+    requests without a recognised key belong to it. With no routes at all, auth is off and every request
+    belongs to an implicit route named ``default``."""
+
+    name: Name
+    api_keys_env: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    api_keys_file: str | None = None
+    slo: Slo | None = None
+    rate_limit: RateLimit | None = None
+    max_concurrency: PosInt | None = None
+
+    @property
+    def has_keys(self) -> bool:
+        return self.api_keys_env is not None or self.api_keys_file is not None
+
+
+class Range(_Strict, kw_only=True):
+    """A numeric comparison; every bound given must hold. A bare number in YAML means ``eq``."""
+
+    gt: float | None = None
+    gte: float | None = None
+    lt: float | None = None
+    lte: float | None = None
+    eq: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.gt is None and self.gte is None and self.lt is None and self.lte is None and self.eq is None:
+            raise ValueError("empty comparison; give at least one of gt, gte, lt, lte, eq")
+
+
+NumCond = float | Range
+StrCond = str | list[str]
+FormatCond = ResponseFormat | list[ResponseFormat]
+
+
+class SliceWhen(_Strict, kw_only=True):
+    """Conditions on request features; all given must hold."""
+
+    route: StrCond | None = None
+    model: StrCond | None = None
+    has_tools: bool | None = None
+    response_format: FormatCond | None = None
+    prompt_tokens: NumCond | None = None
+    max_tokens: NumCond | None = None
+    temperature: NumCond | None = None
+    stream: bool | None = None
+    code_score: NumCond | None = None
+    headers: dict[str, StrCond] | None = None
+
+
+class RuleWhen(SliceWhen, kw_only=True):
+    """Slice conditions plus live state. ``pool.*``, ``pair_verified`` and ``stats.*`` are checked on the
+    subject pools: ``pool`` if given, else the action's pool(s), else every speculative pool; the condition
+    holds when it holds for ANY subject pool."""
+
+    slice: StrCond | None = None
+    budget_tokens: NumCond | None = None
+    concurrency: NumCond | None = None
+    pool: Name | None = None
+    pool_healthy: bool | None = field(default=None, name="pool.healthy")
+    pool_kv_usage: NumCond | None = field(default=None, name="pool.kv_usage")
+    pool_running: NumCond | None = field(default=None, name="pool.running")
+    pool_waiting: NumCond | None = field(default=None, name="pool.waiting")
+    pool_workers_healthy: NumCond | None = field(default=None, name="pool.workers_healthy")
+    pair_verified: bool | None = None
+    stats_mean_accept_length: NumCond | None = field(default=None, name="stats.mean_accept_length")
+    stats_rounds: NumCond | None = field(default=None, name="stats.rounds")
+    stats_requests: NumCond | None = field(default=None, name="stats.requests")
+
+
+class Slice(_Strict, kw_only=True):
+    """First match wins; a slice without ``when`` is the default slice and must come last."""
+
+    name: Name
+    when: SliceWhen | None = None
+
+
+class DraftRange(_Strict, kw_only=True):
+    min: DraftLen
+    max: DraftLen
+
+    def __post_init__(self) -> None:
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} > max {self.max}; swap them")
+
+
+class Pool(_Strict, kw_only=True):
+    """Workers serving one speculative configuration. ``speculation: server`` means SGLang servers launched
+    with it (k fixed); ``per_request`` means the embedded worker, told per request via
+    ``custom_params.speculation = {proposer, draft_tokens}``."""
+
+    proposer: Proposer
+    draft_tokens: DraftLen | DraftRange | None = None
+    pair: Name | None = None
+    workers: Annotated[list[Url], Meta(min_length=1)]
+    speculation: Literal["server", "per_request"] = "server"
+
+    def __post_init__(self) -> None:
+        if self.proposer == "none":
+            if self.draft_tokens is not None:
+                raise ValueError("proposer none takes no draft_tokens; remove it")
+            return
+        if self.draft_tokens is None:
+            raise ValueError(f"proposer {self.proposer} needs draft_tokens (an int or {{min, max}})")
+        if self.pair is None:
+            raise ValueError(f"proposer {self.proposer} needs a pair (the target-draft artifact it serves)")
+        if self.speculation == "server" and isinstance(self.draft_tokens, DraftRange):
+            raise ValueError("a server pool's draft length is fixed when its server starts; give an int "
+                             "or use speculation: per_request")
+
+    @property
+    def k_range(self) -> tuple[int, int]:
+        """(min, max) draft tokens; (0, 0) for proposer none."""
+        k = self.draft_tokens
+        if k is None:
+            return (0, 0)
+        if isinstance(k, int):
+            return (k, k)
+        return (k.min, k.max)
+
+
+class ModelId(_Strict, kw_only=True):
+    model: str
+    revision: str | None = None
+    weight_version: str | None = None
+
+
+DraftKind = Literal["ngram", "layer_truncated", "model", "eagle", "eagle3"]
+
+
+class DraftId(_Strict, kw_only=True):
+    """The draft side of a pair. ``layer_truncated`` = the target's first ``layers`` layers; ``params`` holds
+    algorithm settings that change acceptance (n-gram window, EAGLE top-k) and so belong to the version."""
+
+    kind: DraftKind
+    model: str | None = None
+    revision: str | None = None
+    weight_version: str | None = None
+    layers: PosInt | None = None
+    params: dict[str, str | int | float | bool] = {}
+
+    def __post_init__(self) -> None:
+        if self.kind == "layer_truncated" and self.layers is None:
+            raise ValueError("kind layer_truncated needs layers (how many target layers the draft keeps)")
+        if self.kind in ("model", "eagle", "eagle3") and self.model is None:
+            raise ValueError(f"kind {self.kind} needs model (the draft weights' name)")
+
+
+class Pair(_Strict, kw_only=True):
+    """A target-draft pair is ONE versioned artifact: any identity change is a new version."""
+
+    target: ModelId
+    draft: DraftId
+
+    @property
+    def version(self) -> str:
+        """Short sha256 of the canonical identity; statistics are keyed by it, so a change resets them."""
+        return pair_version(self)
+
+
+def pair_version(pair: Pair) -> str:
+    return hashlib.sha256(msgspec.json.encode(pair, order="sorted")).hexdigest()[:12]
+
+
+# Which draft kinds each proposer can run.
+PROPOSER_KINDS: dict[str, tuple[str, ...]] = {
+    "ngram": ("ngram",), "draft_model": ("layer_truncated", "model"), "standalone": ("model", "layer_truncated"),
+    "eagle": ("eagle",), "eagle3": ("eagle3",),
+}
+
+
+class PoolAction(_Strict, kw_only=True):
+    """Serve on ``pool`` (fixed or ``auto`` draft length), or pick among ``pools`` by predicted speedup."""
+
+    pool: Name | None = None
+    pools: list[Name] | None = None
+    draft_tokens: DraftLen | Literal["auto"] = "auto"
+
+    def __post_init__(self) -> None:
+        if (self.pool is None) == (self.pools is None):
+            raise ValueError("give exactly one of pool or pools")
+        if self.pools is not None and self.draft_tokens != "auto":
+            raise ValueError("draft_tokens with pools must be auto (each pool has its own range)")
+
+
+Action = Literal["bypass", "auto"] | PoolAction
+
+
+class Rule(_Strict, kw_only=True):
+    """First match decides; a rule without ``when`` is a catch-all and must come last."""
+
+    name: Name
+    when: RuleWhen | None = None
+    then: Action
+
+
+class Prior(_Strict, kw_only=True):
+    """Cautious prior for a new pair version: ``rounds`` pseudo-rounds each accepting with ``accept``."""
+
+    accept: Fraction = 0.3
+    rounds: Annotated[float, Meta(ge=0)] = 20.0
+
+
+class Learning(_Strict, kw_only=True):
+    half_life_s: PosFloat = 300.0
+    min_rounds: Annotated[int, Meta(ge=0)] = 200
+    min_requests: Annotated[int, Meta(ge=0)] = 3
+    explore: Fraction = 0.05
+    min_gain: Annotated[float, Meta(ge=1.0)] = 1.05
+    prior: Prior = Prior()
+    draft_token_cost: Annotated[float, Meta(ge=0)] = 0.1
+    concurrency_buckets: Annotated[list[PosInt], Meta(min_length=1)] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+
+
+class Policy(_Strict, kw_only=True, weakref=True):
+    """A whole policy file. Hot reload: build a new one with ``load_policy_file`` and swap the reference;
+    Policies are immutable, so a request holding the old one finishes consistently."""
+
+    version: Literal[1]
+    slo: Slo = Slo()
+    routes: list[Route] = []
+    slices: Annotated[list[Slice], Meta(min_length=1)]
+    pools: Annotated[dict[Name, Pool], Meta(min_length=1)]
+    pairs: dict[Name, Pair] = {}
+    rules: list[Rule] = []
+    learning: Learning = Learning()
+
+    def route(self, name: str) -> Route | None:
+        for route in self.routes:
+            if route.name == name:
+                return route
+        return None
+
+    def route_names(self) -> list[str]:
+        return [r.name for r in self.routes] or [DEFAULT_ROUTE]
+
+    @property
+    def default_route(self) -> str | None:
+        """The route for requests without a recognised key (None: such requests are rejected)."""
+        if not self.routes:
+            return DEFAULT_ROUTE
+        return next((r.name for r in self.routes if not r.has_keys), None)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return any(r.has_keys for r in self.routes)
+
+    def route_slo(self, name: str) -> Slo:
+        """The route's effective SLO: its own fields over the default."""
+        route = self.route(name)
+        return self.slo.merged(route.slo if route else None)
+
+    def pool_pair_version(self, pool: str) -> str:
+        """The pair version a pool serves ('' for proposer none without a pair)."""
+        pair = self.pools[pool].pair
+        return pair_version(self.pairs[pair]) if pair and pair in self.pairs else ""
