@@ -16,7 +16,7 @@ releases. Field names and shapes were checked against SGLang's source (see
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -346,5 +346,3 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     model_type: str | None = None
     architectures: list[str] | None = None
 
-
-StreamKind = Literal["generate", "chat", "completion"]

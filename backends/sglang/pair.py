@@ -1,0 +1,93 @@
+"""Target-draft pair identity: what a worker says it serves, compared with what the policy declares.
+
+A pair is one versioned artifact (DESIGN.md): the target (model_path, revision, weight_version), the
+draft (path, revision), the speculative algorithm and its draft-token count. A worker reports these in
+``/server_info`` (server args) and ``/model_info`` (weight_version). Only the fields the policy
+declares are verified; an undeclared field is not compared.
+
+specgate's embedded worker reports ``specgate_per_request_speculation: true``: it applies the
+algorithm and draft length each request asks for in ``custom_params.speculation``, so for such a
+worker the algorithm and draft tokens always match what the gateway will send; the target and draft
+identity are still verified.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from backends.sglang.wire import ModelInfo, ServerInfo
+
+
+class ExpectedPair(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """What the policy declares for a pool. ``None`` = not declared, not checked.
+
+    ``algorithm``: SGLang's ``speculative_algorithm`` (``NGRAM``, ``EAGLE3``, ``STANDALONE``...,
+    compared case-insensitively) or ``"none"`` for a plain pool.
+    """
+
+    target_model_path: str | None = None
+    target_revision: str | None = None
+    target_weight_version: str | None = None
+    draft_model_path: str | None = None
+    draft_revision: str | None = None
+    algorithm: str | None = None
+    draft_tokens: int | None = None
+
+
+class PairIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    """What one worker reports. ``algorithm`` is None for a worker without speculation."""
+
+    target_model_path: str | None = None
+    target_revision: str | None = None
+    target_weight_version: str | None = None
+    draft_model_path: str | None = None
+    draft_revision: str | None = None
+    algorithm: str | None = None
+    draft_tokens: int | None = None
+    per_request_speculation: bool = False
+
+    @classmethod
+    def from_info(cls, server: ServerInfo, model: ModelInfo | None) -> PairIdentity:
+        """``/model_info`` wins for weight_version (it follows weight updates); the rest from args."""
+        weight_version = (model.weight_version if model and model.weight_version is not None
+                          else server.weight_version)
+        return cls(
+            target_model_path=server.model_path or (model.model_path if model else None),
+            target_revision=server.revision,
+            target_weight_version=weight_version,
+            draft_model_path=server.speculative_draft_model_path,
+            draft_revision=server.speculative_draft_model_revision,
+            algorithm=_algorithm(server.speculative_algorithm),
+            draft_tokens=server.speculative_num_draft_tokens if server.speculative_algorithm else None,
+            per_request_speculation=server.specgate_per_request_speculation,
+        )
+
+
+def _algorithm(value: str | None) -> str | None:
+    """Normalise: None, "" and "none" mean no speculation; NEXTN is SGLang's alias of EAGLE."""
+    if value is None or value.strip().lower() in ("", "none"):
+        return None
+    upper = value.strip().upper()
+    return "EAGLE" if upper == "NEXTN" else upper
+
+
+def pair_mismatches(expected: ExpectedPair, actual: PairIdentity) -> list[str]:
+    """Human-readable differences on the declared fields; empty when the worker matches."""
+    problems: list[str] = []
+    checks: list[tuple[str, object, object]] = [
+        ("target_model_path", expected.target_model_path, actual.target_model_path),
+        ("target_revision", expected.target_revision, actual.target_revision),
+        ("target_weight_version", expected.target_weight_version, actual.target_weight_version),
+        ("draft_model_path", expected.draft_model_path, actual.draft_model_path),
+        ("draft_revision", expected.draft_revision, actual.draft_revision),
+    ]
+    if not actual.per_request_speculation:
+        if expected.algorithm is not None:
+            checks.append(("algorithm", _algorithm(expected.algorithm), actual.algorithm))
+        checks.append(("draft_tokens", expected.draft_tokens, actual.draft_tokens))
+    for name, want, got in checks:
+        if name != "algorithm" and want is None:
+            continue
+        if want != got:
+            problems.append(f"{name}: declared {want!r}, worker reports {got!r}")
+    return problems
