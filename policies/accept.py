@@ -1,0 +1,77 @@
+"""Acceptance curve math: from decayed per-position counts to E[P](k).
+
+For draft position j (1-based), ``reached_j`` counts rounds where position j was drafted and drafts
+1..j-1 were all accepted; ``accepted_j`` counts those where draft j was accepted too. The conditional
+acceptance rate, with a prior of ``prior.rounds`` pseudo-rounds accepting with probability
+``prior.accept`` (so a new pair version starts cautious and unvisited positions fall back to it), is
+
+    a_j = (f * accepted_j + prior.accept * prior.rounds) / (f * reached_j + prior.rounds)
+
+with f the decay factor. Expected committed tokens per round with k drafts (accept length, including the
+recovered/bonus token) is
+
+    E[P](k) = 1 + sum_{j=1..k} prod_{i=1..j} a_i
+
+No constant-alpha assumption: each a_i is measured; the geometric alpha^j model is the special case
+a_i = alpha. From a per-round histogram h[n] (rounds that accepted n of k drafts) the counts are
+reached_j = sum_{n >= j-1} h[n] and accepted_j = sum_{n >= j} h[n].
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class AcceptanceSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Decayed sums for one (route, slice, pool, pair_version), referenced to time ``t_ref``.
+    ``rounds``/``tokens`` come from totals (completion tokens, verify count) and give the observed mean
+    accept length; ``curve_rounds`` counts rounds that also carried per-position data."""
+
+    t_ref: float
+    requests: float = 0.0
+    rounds: float = 0.0
+    tokens: float = 0.0
+    curve_rounds: float = 0.0
+    reached: tuple[float, ...] = ()
+    accepted: tuple[float, ...] = ()
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        """Observed committed tokens per round (decay-invariant ratio); None without rounds."""
+        return self.tokens / self.rounds if self.rounds > 0 else None
+
+
+def conditional_curve(summary: AcceptanceSummary | None, factor: float, prior_accept: float,
+                      prior_rounds: float, k_max: int) -> list[float]:
+    """a_1..a_{k_max} (see module docstring)."""
+    curve = []
+    for j in range(k_max):
+        reached = accepted = 0.0
+        if summary is not None and j < len(summary.reached):
+            reached, accepted = summary.reached[j] * factor, summary.accepted[j] * factor
+        denom = reached + prior_rounds
+        curve.append((accepted + prior_accept * prior_rounds) / denom if denom > 0 else prior_accept)
+    return curve
+
+
+def expected_tokens(curve: list[float]) -> list[float]:
+    """[E[P](0), E[P](1), ..., E[P](len(curve))]; E[P](0) = 1 (plain decoding)."""
+    out = [1.0]
+    survive = 1.0
+    for a in curve:
+        survive *= a
+        out.append(out[-1] + survive)
+    return out
+
+
+def counts_from_histogram(histogram: list[int], k: int) -> tuple[list[int], list[int]]:
+    """(reached, accepted) per position 1..k from rounds-by-accepted-count ``histogram``."""
+    reached, accepted = [0] * k, [0] * k
+    tail = 0
+    for n in range(len(histogram) - 1, -1, -1):
+        tail += histogram[n]
+        if n < k:
+            reached[n] = tail
+        if 0 < n <= k:
+            accepted[n - 1] = tail
+    return reached, accepted

@@ -1,0 +1,112 @@
+"""``auto``: pick the pool and draft length with the best predicted speedup over plain decoding, or bypass.
+
+For a candidate pool p (healthy, pair verified) and draft length k in its range:
+
+    predicted TPOT(p, k) = t_round(p, k) / E[P](k)        speedup = t_plain / predicted TPOT
+
+- E[P](k) from the conditional acceptance curve of (route, slice, p, pair version) (:mod:`policies.accept`;
+  the route's own curve once it has ``min_rounds`` decayed rounds, else all routes pooled);
+- t_round(p, k): seconds per speculative round (draft + verify + overhead) fitted per pool and
+  concurrency bucket (:mod:`policies.cost`);
+- t_plain: measured TPOT of requests served without speculation in this slice and concurrency bucket.
+
+Where a pool has no per-position data (SGLang reports only totals) but has ``min_rounds`` rounds and
+``min_requests`` requests, its measured TPOT per (pool, slice, bucket) replaces the model:
+speedup = t_plain / TPOT(p). A candidate with less evidence is not exploited (cautious start: a new pair
+version has no evidence, and its curve starts at the prior); with probability ``explore`` the decision
+instead serves the least-sampled candidate at its largest k, which measures every draft position and
+lets decayed (stale) estimates recover. The best candidate is used only if its speedup >= ``min_gain``.
+
+Assumptions: acceptance depends on (route, slice, pool, pair version) but not on concurrency; cost
+depends on (pool, concurrency bucket) and is linear in k; TPOT of plain decoding does not depend on
+which plain pool serves it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from policies.accept import conditional_curve, expected_tokens
+from policies.schema import Policy
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    """One (pool, k) the optimizer considered, for explain and the admin endpoint."""
+
+    pool: str
+    draft_tokens: int
+    eligible: bool
+    note: str
+    expected_accept_length: float | None = None
+    predicted_tpot_ms: float | None = None
+    speedup: float | None = None
+    samples: float = 0.0
+
+
+def candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, pools: tuple[str, ...]
+               ) -> tuple[list[Candidate], float | None]:
+    """Every (pool, k) option with its prediction; memoized in the snapshot. Returns (options, t_plain)."""
+    key = ("auto", id(comp), route, slice_, pools)
+    hit = snap._memo.get(key)
+    if hit is None:
+        hit = snap._memo[key] = _candidates(policy, comp, snap, route, slice_, pools)
+    return hit
+
+
+def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, pools: tuple[str, ...]
+                ) -> tuple[list[Candidate], float | None]:
+    learn = policy.learning
+    plain = snap.tpot("none", slice_)
+    t_plain = plain[0].mean if plain else None
+    out: list[Candidate] = []
+    for name in pools:
+        pool = policy.pools[name]
+        lo, hi = pool.k_range
+        summary, f = snap.acceptance(route, slice_, name, comp.pair_versions[name], learn.min_rounds)
+        rounds = summary.rounds * f if summary else 0.0
+        curve_rounds = summary.curve_rounds * f if summary else 0.0
+        requests = summary.requests * f if summary else 0.0
+        enough_requests = requests >= learn.min_requests
+        fit = snap.fit("rounds", name)
+        measured = snap.tpot(name, slice_)
+        if t_plain is None:
+            out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds,
+                                 note="no plain TPOT measured yet for this slice"))
+        elif curve_rounds >= learn.min_rounds and enough_requests and fit is not None:
+            curve = conditional_curve(summary, f, learn.prior.accept, learn.prior.rounds, hi)
+            e_p = expected_tokens(curve)
+            for k in range(lo, hi + 1):
+                tpot = fit[0].predict(k, learn.draft_token_cost) / e_p[k]
+                out.append(Candidate(pool=name, draft_tokens=k, eligible=True, samples=curve_rounds,
+                                     note="acceptance curve x round-time fit", expected_accept_length=e_p[k],
+                                     predicted_tpot_ms=tpot * 1e3, speedup=t_plain / tpot))
+        elif rounds >= learn.min_rounds and enough_requests and measured is not None:
+            tpot = measured[0].mean
+            out.append(Candidate(pool=name, draft_tokens=hi, eligible=True, samples=rounds,
+                                 note="measured TPOT (per-request totals only)",
+                                 expected_accept_length=summary.mean_accept_length,
+                                 predicted_tpot_ms=tpot * 1e3, speedup=t_plain / tpot))
+        else:
+            out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds,
+                                 note=f"cold: {rounds:.0f} rounds / {requests:.0f} requests < min_rounds "
+                                      f"{learn.min_rounds} / min_requests {learn.min_requests}"))
+    return out, t_plain
+
+
+def explore_target(options: list[Candidate]) -> Candidate | None:
+    """The least-sampled pool at its largest k (ties: declaration order)."""
+    best: Candidate | None = None
+    for c in options:
+        if best is None or c.samples < best.samples or (c.pool == best.pool and c.draft_tokens > best.draft_tokens):
+            best = c
+    return best
+
+
+def best_option(options: list[Candidate]) -> Candidate | None:
+    best: Candidate | None = None
+    for c in options:
+        if c.eligible and (best is None or c.speedup > best.speedup):
+            best = c
+    return best

@@ -1,0 +1,155 @@
+"""Policy conditions compiled once into predicate closures, so a decision costs a few microseconds.
+
+A compiled form is cached per Policy object (policies are immutable; the cache entry dies with the policy).
+Each predicate comes with a label (``prompt_tokens >= 1500``) for :func:`policies.decide.explain`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+from policies.schema import Policy, PoolAction, Range, Rule, RuleWhen, SliceWhen
+
+Pred = Callable[["Ctx"], bool]
+
+
+class Ctx:
+    """What predicates read: the features, the slice, the snapshot and the rule's subject pools."""
+
+    __slots__ = ("f", "slice", "snap", "compiled", "subjects")
+
+    def __init__(self, f: Any, slice_: str, snap: Any, compiled: "Compiled") -> None:
+        self.f, self.slice, self.snap, self.compiled, self.subjects = f, slice_, snap, compiled, ()
+
+
+def _num(cond: float | Range) -> tuple[Callable[[float | None], bool], str]:
+    if not isinstance(cond, Range):
+        return (lambda v: v is not None and v == cond), f"== {cond:g}"
+    checks = [(op, bound) for op, bound in (("gt", cond.gt), ("gte", cond.gte), ("lt", cond.lt),
+                                            ("lte", cond.lte), ("eq", cond.eq)) if bound is not None]
+    ops = {"gt": float.__gt__, "gte": float.__ge__, "lt": float.__lt__, "lte": float.__le__, "eq": float.__eq__}
+    symbols = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<=", "eq": "=="}
+    fns = [(ops[op], float(b)) for op, b in checks]
+
+    def test(v: float | None) -> bool:
+        if v is None:
+            return False
+        v = float(v)
+        return all(fn(v, b) for fn, b in fns)
+    return test, " and ".join(f"{symbols[op]} {b:g}" for op, b in checks)
+
+
+def _one_of(cond: str | list[str]) -> tuple[frozenset[str], str]:
+    values = frozenset([cond] if isinstance(cond, str) else cond)
+    return values, (f"== {cond}" if isinstance(cond, str) else "in [" + ", ".join(cond) + "]")
+
+
+def _feature_preds(when: SliceWhen) -> list[tuple[str, Pred]]:
+    out: list[tuple[str, Pred]] = []
+    for name in ("route", "model"):
+        cond = getattr(when, name)
+        if cond is not None:
+            values, label = _one_of(cond)
+            out.append((f"{name} {label}", lambda c, n=name, s=values: getattr(c.f, n) in s))
+    if when.response_format is not None:
+        values, label = _one_of(when.response_format)
+        out.append((f"response_format {label}", lambda c, s=values: (c.f.response_format or "none") in s))
+    for name in ("has_tools", "stream"):
+        cond = getattr(when, name)
+        if cond is not None:
+            out.append((f"{name} is {cond}", lambda c, n=name, v=cond: getattr(c.f, n) is v))
+    for name in ("prompt_tokens", "max_tokens", "temperature", "code_score"):
+        cond = getattr(when, name)
+        if cond is not None:
+            test, label = _num(cond)
+            out.append((f"{name} {label}", lambda c, n=name, t=test: t(getattr(c.f, n))))
+    for header, cond in (when.headers or {}).items():
+        values, label = _one_of(cond)
+        out.append((f"header {header.lower()} {label}",
+                    lambda c, h=header.lower(), s=values: c.f.headers.get(h) in s))
+    return out
+
+
+def _pool_num(label: str, cond: float | Range, read: Callable[[Ctx, str], float | None]) -> tuple[str, Pred]:
+    test, text = _num(cond)
+    return f"{label} {text}", lambda c: any(test(read(c, p)) for p in c.subjects)
+
+
+def _rule_preds(when: RuleWhen) -> list[tuple[str, Pred]]:
+    out = _feature_preds(when)
+    if when.slice is not None:
+        values, label = _one_of(when.slice)
+        out.append((f"slice {label}", lambda c, s=values: c.slice in s))
+    for name, read in (("budget_tokens", lambda f: f.budget), ("concurrency", None)):
+        cond = getattr(when, name)
+        if cond is not None:
+            test, label = _num(cond)
+            getter = (lambda c, r=read: r(c.f)) if read else (lambda c: c.snap.concurrency)
+            out.append((f"{name} {label}", lambda c, t=test, g=getter: t(g(c))))
+    if when.pool_healthy is not None:
+        out.append((f"pool.healthy is {when.pool_healthy}",
+                    lambda c, v=when.pool_healthy: any(c.snap.pool(p).healthy is v for p in c.subjects)))
+    if when.pair_verified is not None:
+        want = when.pair_verified  # false also matches "not yet probed" (None)
+        out.append((f"pair_verified is {want}",
+                    lambda c: any((c.snap.pool(p).pair_verified is True) is want for p in c.subjects)))
+    for field in ("kv_usage", "running", "waiting", "workers_healthy"):
+        cond = getattr(when, f"pool_{field}")
+        if cond is not None:
+            out.append(_pool_num(f"pool.{field}", cond, lambda c, p, n=field: getattr(c.snap.pool(p), n)))
+    for field in ("mean_accept_length", "rounds", "requests"):
+        cond = getattr(when, f"stats_{field}")
+        if cond is not None:
+            out.append(_pool_num(f"stats.{field}", cond, lambda c, p, n=field: c.compiled.stat(c, p, n)))
+    return out
+
+
+class CompiledRule:
+    __slots__ = ("rule", "preds", "subjects")
+
+    def __init__(self, rule: Rule, policy: Policy) -> None:
+        self.rule = rule
+        when = rule.when
+        self.preds = _rule_preds(when) if when is not None else []
+        action = rule.then
+        if when is not None and when.pool is not None:
+            self.subjects = (when.pool,)
+        elif isinstance(action, PoolAction):
+            self.subjects = (action.pool,) if action.pool else tuple(action.pools or ())
+        else:
+            self.subjects = tuple(n for n, p in policy.pools.items() if p.proposer != "none")
+
+
+class Compiled:
+    """Per-policy precomputation: slice and rule predicates, pair versions, the plain pool."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.slices = [(s.name, _feature_preds(s.when) if s.when is not None else []) for s in policy.slices]
+        self.rules = [CompiledRule(r, policy) for r in policy.rules]
+        self.pair_versions = {name: policy.pool_pair_version(name) for name in policy.pools}
+        self.plain_pools = [n for n, p in policy.pools.items() if p.proposer == "none"]
+        self.speculative = [n for n, p in policy.pools.items() if p.proposer != "none"]
+        self.learning = policy.learning
+
+    def stat(self, ctx: Ctx, pool: str, name: str) -> float | None:
+        summary, factor = ctx.snap.acceptance(ctx.f.route, ctx.slice, pool, self.pair_versions[pool],
+                                              self.learning.min_rounds)
+        if summary is None:
+            return None if name == "mean_accept_length" else 0.0
+        if name == "mean_accept_length":
+            return summary.mean_accept_length
+        return (summary.rounds if name == "rounds" else summary.requests) * factor
+
+
+_CACHE: dict[int, Compiled] = {}
+
+
+def compiled(policy: Policy) -> Compiled:
+    """The cached compiled form of ``policy``."""
+    key = id(policy)
+    hit = _CACHE.get(key)
+    if hit is None:
+        hit = _CACHE[key] = Compiled(policy)
+        weakref.finalize(policy, _CACHE.pop, key, None)
+    return hit

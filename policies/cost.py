@@ -1,0 +1,53 @@
+"""Cost model: decayed means and decayed linear fits of time against draft length k.
+
+Per pool and concurrency bucket the learner fits ``t_round(k) = c0 + c1 * k`` (seconds per
+speculative round: draft + verify + overhead, from ``tpot * (completion_tokens - 1) / verify_ct``) by
+weighted least squares over decayed sums; when only one k has been observed the slope is not
+identified, so the prior ``c1 = draft_token_cost * c0`` (each extra draft token costs that fraction of a
+round) is used. The same fit is kept for ``draft_s`` and ``verify_s`` when the worker reports them, for
+display (overhead = round - draft - verify). Plain decoding is measured directly as TPOT of requests
+served without speculation, per slice and bucket.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class MeanSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Decayed weight and weighted sum of one quantity (mean = total / weight)."""
+
+    t_ref: float
+    weight: float = 0.0
+    total: float = 0.0
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.weight if self.weight > 0 else None
+
+
+class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Decayed sums w, w*k, w*k^2, w*y, w*k*y for a least-squares line y = c0 + c1 * k."""
+
+    t_ref: float
+    w: float = 0.0
+    sk: float = 0.0
+    skk: float = 0.0
+    sy: float = 0.0
+    sky: float = 0.0
+
+    def coefficients(self, draft_token_cost: float) -> tuple[float, float] | None:
+        """(c0, c1), or None without data. Slope clamped at >= 0 (more drafts never cost less)."""
+        if self.w <= 0:
+            return None
+        mean_k, mean_y = self.sk / self.w, self.sy / self.w
+        var_k = self.skk / self.w - mean_k * mean_k
+        if var_k > 1e-6:
+            c1 = max(0.0, (self.sky / self.w - mean_k * mean_y) / var_k)
+            return mean_y - c1 * mean_k, c1
+        c0 = mean_y / (1.0 + draft_token_cost * mean_k)
+        return c0, draft_token_cost * c0
+
+    def predict(self, k: int, draft_token_cost: float) -> float | None:
+        coef = self.coefficients(draft_token_cost)
+        return None if coef is None else max(1e-9, coef[0] + coef[1] * k)

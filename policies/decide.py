@@ -1,0 +1,179 @@
+"""``decide(policy, features, snapshot) -> Decision``: a pure function (same inputs and seed, same result).
+
+Order: slice (first matching slice) -> rules (first match decides) -> action (bypass | a pool with a fixed
+or auto draft length | auto). Built-in safety, whatever the rules say: a speculative pool that is unhealthy
+or whose pair is not verified (False, or not yet probed) is never chosen for speculation; the request falls
+back to a healthy plain pool, else to the same per-request workers with speculation switched off.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import msgspec
+
+from policies.auto import Candidate, best_option, candidates, explore_target
+from policies.compiled import Compiled, Ctx, compiled
+from policies.features import RequestFeatures
+from policies.schema import Policy, PoolAction
+from policies.slicing import classify
+from policies.snapshot import Snapshot
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """What to do with one request. ``draft_tokens`` 0 and ``bypass`` True mean no speculation.
+    ``speculation_override``: send as ``custom_params.speculation`` (per_request pools only)."""
+
+    slice: str
+    pool: str
+    proposer: str
+    draft_tokens: int
+    bypass: bool
+    rule: str
+    reason: str
+    speculation_override: dict[str, Any] | None = None
+    fallback: bool = False
+    explored: bool = False
+    predicted_speedup: float | None = None
+
+
+class RuleTrace(msgspec.Struct, frozen=True, kw_only=True):
+    rule: str
+    matched: bool
+    conditions: list[str]
+    failed: str | None = None
+
+
+class Explanation(msgspec.Struct, frozen=True, kw_only=True):
+    """The structured trace behind a decision (``specgate policy explain``, the admin endpoint)."""
+
+    features: RequestFeatures
+    slice: str
+    slice_index: int
+    rules: list[RuleTrace]
+    candidates: list[Candidate]
+    plain_tpot_ms: float | None
+    decision: Decision
+
+
+class _Trace:
+    __slots__ = ("rules", "candidates", "t_plain")
+
+    def __init__(self) -> None:
+        self.rules: list[RuleTrace] = []
+        self.candidates: list[Candidate] = []
+        self.t_plain: float | None = None
+
+
+def decide(policy: Policy, features: RequestFeatures, snapshot: Snapshot, *,
+           rng: random.Random | None = None) -> Decision:
+    """Decide for one request; ``rng`` drives exploration (None = never explore)."""
+    return _decide(policy, features, snapshot, rng, None)
+
+
+def explain(policy: Policy, features: RequestFeatures, snapshot: Snapshot, *,
+            rng: random.Random | None = None) -> Explanation:
+    """:func:`decide` plus the slice, every rule tried and every auto candidate."""
+    trace = _Trace()
+    decision = _decide(policy, features, snapshot, rng, trace)
+    name, index = classify(policy, features)
+    return Explanation(features=features, slice=name, slice_index=index, rules=trace.rules,
+                       candidates=trace.candidates, decision=decision,
+                       plain_tpot_ms=trace.t_plain * 1e3 if trace.t_plain is not None else None)
+
+
+def _safe(snap: Snapshot, pool: str) -> str | None:
+    """Why ``pool`` may not speculate now, or None when it may."""
+    state = snap.pool(pool)
+    if not state.healthy:
+        return f"pool '{pool}' is unhealthy"
+    if state.pair_verified is not True:
+        return f"pool '{pool}' pair is {'not yet verified' if state.pair_verified is None else 'mismatched'}"
+    return None
+
+
+def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: str, reason: str,
+           near: tuple[str, ...], fallback: bool = False) -> Decision:
+    """Serve without speculation: a healthy plain pool, else the same per-request workers, else any."""
+    options = [p for p in comp.plain_pools if snap.pool(p).healthy]
+    options += [p for p in near + tuple(comp.speculative)
+                if policy.pools[p].speculation == "per_request" and snap.pool(p).healthy]
+    options += comp.plain_pools + [p for p in comp.speculative if policy.pools[p].speculation == "per_request"]
+    pool = options[0]
+    per_request = policy.pools[pool].speculation == "per_request"
+    return Decision(slice=slice_, pool=pool, proposer="none", draft_tokens=0, bypass=True, rule=rule,
+                    reason=reason, fallback=fallback,
+                    speculation_override={"proposer": "none", "draft_tokens": 0} if per_request else None)
+
+
+def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason: str,
+               explored: bool = False, speedup: float | None = None) -> Decision:
+    spec = policy.pools[pool]
+    override = {"proposer": spec.proposer, "draft_tokens": k} if spec.speculation == "per_request" else None
+    return Decision(slice=slice_, pool=pool, proposer=spec.proposer, draft_tokens=k, bypass=False, rule=rule,
+                    reason=reason, speculation_override=override, explored=explored, predicted_speedup=speedup)
+
+
+def _decide(policy: Policy, features: RequestFeatures, snap: Snapshot, rng: random.Random | None,
+            trace: _Trace | None) -> Decision:
+    comp = compiled(policy)
+    slice_, _ = classify(policy, features)
+    ctx = Ctx(features, slice_, snap, comp)
+    for crule in comp.rules:
+        ctx.subjects = crule.subjects
+        failed = next((label for label, pred in crule.preds if not pred(ctx)), None)
+        if trace is not None:
+            trace.rules.append(RuleTrace(rule=crule.rule.name, matched=failed is None, failed=failed,
+                                         conditions=[label for label, _ in crule.preds]))
+        if failed is None:
+            return _act(policy, comp, snap, features, slice_, crule, rng, trace)
+    return _plain(policy, comp, snap, slice_, "(none)", "no rule matched; serving without speculation", ())
+
+
+def _act(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatures, slice_: str, crule: Any,
+         rng: random.Random | None, trace: _Trace | None) -> Decision:
+    rule, action = crule.rule.name, crule.rule.then
+    why = " and ".join(label for label, _ in crule.preds) or "catch-all"
+    if action == "bypass":
+        return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' ({why}) bypasses speculation",
+                      crule.subjects)
+    if isinstance(action, PoolAction) and isinstance(action.draft_tokens, int):
+        unsafe = _safe(snap, action.pool)
+        if unsafe:
+            return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' chose pool '{action.pool}' but "
+                          f"{unsafe}; safety fallback without speculation", crule.subjects, fallback=True)
+        return _speculate(policy, slice_, action.pool, action.draft_tokens, rule,
+                          f"rule '{rule}' ({why}) pins pool '{action.pool}' with k={action.draft_tokens}")
+    return _auto(policy, comp, snap, features.route, slice_, rule, crule.subjects, rng, trace)
+
+
+def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: str, rule: str,
+          pools: tuple[str, ...], rng: random.Random | None, trace: _Trace | None) -> Decision:
+    unsafe = [(p, why) for p in pools if (why := _safe(snap, p))]
+    safe = tuple(p for p in pools if not any(p == u for u, _ in unsafe))
+    if not safe:
+        notes = "; ".join(why for _, why in unsafe) or "no speculative pool"
+        return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: no pool may speculate ({notes})",
+                      pools, fallback=bool(unsafe))
+    options, t_plain = candidates(policy, comp, snap, route, slice_, safe)
+    if trace is not None:
+        trace.candidates, trace.t_plain = options, t_plain
+    learn = policy.learning
+    if rng is not None and learn.explore > 0 and rng.random() < learn.explore:
+        target = explore_target(options)
+        return _speculate(policy, slice_, target.pool, target.draft_tokens, rule,
+                          f"rule '{rule}' auto: exploring pool '{target.pool}' k={target.draft_tokens} "
+                          f"({target.samples:.0f} rounds of evidence)", explored=True)
+    best = best_option(options)
+    if best is None:
+        return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: no candidate has enough "
+                      f"evidence yet (cautious start); serving without speculation", pools)
+    if best.speedup < learn.min_gain:
+        return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: best prediction pool "
+                      f"'{best.pool}' k={best.draft_tokens} speedup {best.speedup:.2f}x < min_gain "
+                      f"{learn.min_gain:g}; bypass", pools)
+    return _speculate(policy, slice_, best.pool, best.draft_tokens, rule,
+                      f"rule '{rule}' auto: pool '{best.pool}' k={best.draft_tokens} predicted speedup "
+                      f"{best.speedup:.2f}x (E[accept length] {best.expected_accept_length:.2f})",
+                      speedup=best.speedup)

@@ -1,0 +1,112 @@
+"""Request features the policy conditions look at, and the cheap estimators behind two of them.
+
+Both estimators run per request in the gateway, before any worker is called, so they must cost
+microseconds and need no tokenizer:
+
+- :func:`approx_tokens` = ceil(UTF-8 bytes / 3.6). Against SmolLM2's tokenizer on Spec-Bench,
+  HumanEval and BFCL prompts it is within about +-20% per prompt on English prose and code (whitespace-
+  heavy code is over-counted, dense JSON under-counted); thresholds in a policy are coarse (hundreds of
+  tokens), so that is accurate enough, and the docs say so.
+- :func:`code_score` in [0, 1] mixes five signals on the first 8000 characters: a Markdown code fence
+  (0.35), the share of indented lines (0.2), the share of lines ending in ``{ } ; : ) ,`` (0.15),
+  programming keywords per line (0.15) and the density of brackets/operators (0.15). Prose scores
+  about 0-0.2, code about 0.5-1.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+import msgspec
+
+BYTES_PER_TOKEN = 3.6
+_SAMPLE_CHARS = 8000
+_KEYWORDS = re.compile(
+    r"\b(def|class|return|import|from|function|const|let|var|public|private|static|void|for|while|elif|"
+    r"else|try|except|catch|struct|fn|impl|package|func|lambda|async|await|self|this|null|None|True|"
+    r"False|println|printf|include|namespace|interface|extends|yield)\b")
+_SYMBOLS = re.compile(r"[{}()\[\];=<>+*/%&|!]")
+_INDENTED = re.compile(r"^(?:\t| {2,})\S", re.MULTILINE)
+_CODE_END = re.compile(r"[{};:),]\s*$", re.MULTILINE)
+
+
+class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What the gateway knows about a request before dispatch. ``headers``: lowercase name -> value, only
+    those the policy references (:func:`referenced_headers`). ``budget_tokens``: the generation budget
+    left (defaults to max_tokens; the gateway may lower it for the context window or a rate limit)."""
+
+    route: str = "default"
+    model: str = ""
+    has_tools: bool = False
+    response_format: Literal["text", "json_object", "json_schema"] | None = None
+    prompt_tokens: int = 0
+    max_tokens: int | None = None
+    temperature: float | None = None
+    stream: bool = False
+    headers: dict[str, str] = {}
+    code_score: float = 0.0
+    budget_tokens: int | None = None
+
+    @property
+    def budget(self) -> int | None:
+        return self.budget_tokens if self.budget_tokens is not None else self.max_tokens
+
+
+def approx_tokens(text: str) -> int:
+    """Token count estimate: ceil(UTF-8 bytes / 3.6) (see the module docstring for its error)."""
+    return math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN)
+
+
+def code_score(text: str) -> float:
+    """How much ``text`` looks like source code, 0..1 (weights in the module docstring)."""
+    sample = text[:_SAMPLE_CHARS]
+    lines = [line for line in sample.splitlines() if line.strip()]
+    if not lines:
+        return 0.0
+    n = len(lines)
+    fence = 1.0 if "```" in sample else 0.0
+    indented = min(1.0, 2.0 * len(_INDENTED.findall(sample)) / n)
+    endings = min(1.0, 2.0 * len(_CODE_END.findall(sample)) / n)
+    keywords = min(1.0, len(_KEYWORDS.findall(sample)) / n)
+    symbols = min(1.0, 12.0 * len(_SYMBOLS.findall(sample)) / max(1, len(sample)))
+    return round(0.35 * fence + 0.2 * indented + 0.15 * endings + 0.15 * keywords + 0.15 * symbols, 4)
+
+
+def referenced_headers(policy: Any) -> set[str]:
+    """Lowercase header names any slice or rule condition looks at; the gateway extracts only these."""
+    names: set[str] = set()
+    for item in list(policy.slices) + list(policy.rules):
+        if item.when is not None and item.when.headers:
+            names.update(h.lower() for h in item.when.headers)
+    return names
+
+
+def _message_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def features_from_openai(body: dict[str, Any], *, route: str = "default", headers: dict[str, str] | None = None,
+                         wanted_headers: set[str] | None = None) -> RequestFeatures:
+    """Features of an OpenAI chat/completions request body (already validated by the gateway)."""
+    if "messages" in body:
+        text = "\n".join(_message_text(m.get("content")) for m in body.get("messages") or [])
+    else:
+        prompt = body.get("prompt", "")
+        text = prompt if isinstance(prompt, str) else "\n".join(map(str, prompt))
+    fmt = body.get("response_format")
+    fmt_type = fmt.get("type") if isinstance(fmt, dict) else None
+    lowered = {k.lower(): v for k, v in (headers or {}).items()}
+    if wanted_headers is not None:
+        lowered = {k: v for k, v in lowered.items() if k in wanted_headers}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    return RequestFeatures(
+        route=route, model=str(body.get("model", "")), has_tools=bool(body.get("tools")),
+        response_format=fmt_type if fmt_type in ("text", "json_object", "json_schema") else None,
+        prompt_tokens=approx_tokens(text), max_tokens=max_tokens, temperature=body.get("temperature"),
+        stream=bool(body.get("stream", False)), headers=lowered, code_score=code_score(text))

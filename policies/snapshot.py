@@ -1,0 +1,127 @@
+"""An immutable view of everything live that a decision may read: pool health and load, gateway
+concurrency, and the learned acceptance/cost statistics (produced by :class:`policies.stats.LearningState`).
+
+Statistics are stored as time-decayed sums referenced to ``t_ref``; reading them at ``now`` multiplies
+every sum by ``2 ** (-(now - t_ref) / half_life_s)``. Ratios (acceptance rates, mean times) do not change
+under that uniform factor, only sample counts do. ``SnapshotData`` is the JSON form (``specgate policy
+explain --stats``, the admin endpoint); :class:`Snapshot` adds read helpers with a private memo.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import msgspec
+
+from policies.accept import AcceptanceSummary
+from policies.cost import FitSummary, MeanSummary
+
+
+class PoolState(msgspec.Struct, frozen=True, kw_only=True):
+    """Live state of one pool, filled by the gateway's pool poller. ``pair_verified``: True when the
+    workers report the declared pair version, False on mismatch, None when not yet probed."""
+
+    healthy: bool
+    pair_verified: bool | None = None
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    workers_healthy: int = 0
+
+
+UNKNOWN_POOL = PoolState(healthy=False, pair_verified=None)
+
+
+class SnapshotData(msgspec.Struct, frozen=True, kw_only=True):
+    """Serializable snapshot. Keys: acceptance ``route|slice|pool|pair_version`` (route ``*`` = all
+    routes); tpot ``pool|slice|bucket`` (pool ``none`` = plain decoding anywhere); rounds/draft/verify
+    ``pool|bucket``."""
+
+    now: float = 0.0
+    concurrency: int = 0
+    half_life_s: float = 300.0
+    buckets: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    pools: dict[str, PoolState] = {}
+    acceptance: dict[str, AcceptanceSummary] = {}
+    tpot: dict[str, MeanSummary] = {}
+    rounds: dict[str, FitSummary] = {}
+    draft: dict[str, FitSummary] = {}
+    verify: dict[str, FitSummary] = {}
+
+
+class Snapshot:
+    """Read-only helpers over :class:`SnapshotData`. Never mutated after construction (the memo only
+    caches pure functions of the data)."""
+
+    __slots__ = ("data", "_memo")
+
+    def __init__(self, data: SnapshotData) -> None:
+        self.data = data
+        self._memo: dict[Any, Any] = {}
+
+    @property
+    def now(self) -> float:
+        return self.data.now
+
+    @property
+    def concurrency(self) -> int:
+        return self.data.concurrency
+
+    def to_json(self) -> bytes:
+        return msgspec.json.encode(self.data)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Snapshot:
+        return cls(msgspec.json.decode(raw, type=SnapshotData))
+
+    def pool(self, name: str) -> PoolState:
+        return self.data.pools.get(name, UNKNOWN_POOL)
+
+    def factor(self, t_ref: float) -> float:
+        """Decay weight of sums referenced at ``t_ref``, read at ``now``."""
+        return 2.0 ** (-max(0.0, self.data.now - t_ref) / self.data.half_life_s)
+
+    def bucket(self) -> int:
+        """Concurrency bucket: index of the first edge >= concurrency (edges 1,2,4,...)."""
+        return bisect.bisect_left(self.data.buckets, max(1, self.data.concurrency))
+
+    def acceptance(self, route: str, slice_: str, pool: str, pair_version: str,
+                   min_rounds: float) -> tuple[AcceptanceSummary | None, float]:
+        """The route's own curve if it has ``min_rounds`` decayed rounds, else all routes' pooled curve.
+        Returns (summary, decay factor)."""
+        key = (route, slice_, pool, pair_version, min_rounds)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = (None, 1.0)
+            for r in (route, "*"):
+                summary = self.data.acceptance.get(f"{r}|{slice_}|{pool}|{pair_version}")
+                if summary is not None:
+                    f = self.factor(summary.t_ref)
+                    hit = (summary, f)
+                    if summary.curve_rounds * f >= min_rounds:
+                        break
+            self._memo[key] = hit
+        return hit
+
+    def _nearest(self, table: dict[str, Any], prefix: str) -> tuple[Any, float] | None:
+        """Entry for the current concurrency bucket, else the nearest bucket that has one."""
+        b = self.bucket()
+        for d in range(len(self.data.buckets) + 1):
+            for cand in (b - d, b + d) if d else (b,):
+                entry = table.get(f"{prefix}|{cand}")
+                if entry is not None:
+                    return entry, self.factor(entry.t_ref)
+        return None
+
+    def tpot(self, pool: str, slice_: str) -> tuple[MeanSummary, float] | None:
+        key = ("tpot", pool, slice_)
+        if key not in self._memo:
+            self._memo[key] = self._nearest(self.data.tpot, f"{pool}|{slice_}")
+        return self._memo[key]
+
+    def fit(self, kind: str, pool: str) -> tuple[FitSummary, float] | None:
+        key = (kind, pool)
+        if key not in self._memo:
+            self._memo[key] = self._nearest(getattr(self.data, kind), pool)
+        return self._memo[key]
