@@ -1,0 +1,192 @@
+"""`specgate worker`'s HTTP app: SGLang's native and OpenAI-compatible endpoints over the engine.
+
+Handlers are thin (STYLE.md #9): decode the body, translate it into an engine request, run it through
+the bridge, shape the answer. Every refusal is a ``WorkerRequestError`` turned into the OpenAI error
+shape by one exception handler; anything unexpected becomes a 500 with the same shape, never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.response import Stream
+
+from backends.engine.types import GenerateRequest
+from backends.worker.errors import NotFound, WorkerRequestError, error_body, from_decode_error
+from backends.worker.requests import AbortBody, ChatCompletionBody, CompletionBody, GenerateBody
+from backends.worker.responses import OpenAIShaper, generate_body
+from backends.worker.runtime import EngineFactory, WorkerRuntime
+from backends.worker.settings import WorkerSettings
+from backends.worker.translate import chat_request, completion_request, generate_request
+
+log = logging.getLogger("specgate.worker")
+T = TypeVar("T")
+_JSON = "application/json"
+_DONE = b"data: [DONE]\n\n"
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(content=msgspec.json.encode(obj), media_type=_JSON, status_code=status)
+
+
+async def _decode(request: Request, kind: type[T]) -> T:
+    raw = await request.body()
+    if not raw.strip():
+        raise from_decode_error(msgspec.DecodeError("empty body"))
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.DecodeError as exc:
+        raise from_decode_error(exc) from exc
+
+
+def _stream(chunks: AsyncIterator[bytes]) -> Stream:
+    return Stream(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _stream_error(out_message: str, code: int) -> bytes:
+    """SGLang's mid-stream error chunk."""
+    return _sse({"error": {"message": out_message, "type": "InternalServerError" if code >= 500 else
+                           "BadRequestError", "code": code, "retryable": code >= 500}})
+
+
+def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = None) -> Litestar:
+    """The worker app. ``engine_factory`` builds the engine from its config (tests pass a tiny model)."""
+    runtime = WorkerRuntime(settings, engine_factory)
+
+    @post("/generate")
+    async def generate(request: Request) -> Response | Stream:
+        body = await _decode(request, GenerateBody)
+        bridge = runtime.ready_bridge()
+        req = generate_request(body, bridge.engine.tokenizer, runtime.limits)
+        prompt_tokens, version = len(req.input_ids), settings.weight_version
+        events = bridge.events(req)
+        if not body.stream:
+            async for out in events:
+                if out.finished:
+                    return _finished_json(out, generate_body(out, prompt_tokens, version))
+        async def chunks() -> AsyncIterator[bytes]:
+            async for out in events:
+                if out.finished and _is_error(out):
+                    yield _stream_error(out.finish_reason.message or "internal error", 500)
+                    break
+                yield _sse(generate_body(out, prompt_tokens, version))
+            yield _DONE
+        return _stream(chunks())
+
+    async def openai(req: GenerateRequest, body: Any, chat: bool) -> Response | Stream:
+        bridge = runtime.ready_bridge()
+        shaper = OpenAIShaper(chat=chat, rid=req.rid, model=body.model or runtime.served_model_name,
+                              prompt_tokens=len(req.input_ids), weight_version=settings.weight_version,
+                              spec_details=body.return_spec_tokens_details)
+        events = bridge.events(req)
+        if not body.stream:
+            async for out in events:
+                if out.finished:
+                    return _finished_json(out, shaper.response(out))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            first = shaper.first_chunk()
+            if first is not None:
+                yield _sse(first)
+            async for out in events:
+                if out.finished and _is_error(out):
+                    yield _stream_error(out.finish_reason.message or "internal error", 500)
+                    break
+                if (chunk := shaper.chunk(out)) is not None:
+                    yield _sse(chunk)
+                if out.finished:
+                    for chunk in shaper.tail_chunks(out, include_usage):
+                        yield _sse(chunk)
+            yield _DONE
+        return _stream(chunks())
+
+    @post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response | Stream:
+        body = await _decode(request, ChatCompletionBody)
+        req = chat_request(body, runtime.ready_bridge().engine.tokenizer, runtime.limits)
+        return await openai(req, body, chat=True)
+
+    @post("/v1/completions")
+    async def completions(request: Request) -> Response | Stream:
+        body = await _decode(request, CompletionBody)
+        req = completion_request(body, runtime.ready_bridge().engine.tokenizer, runtime.limits)
+        return await openai(req, body, chat=False)
+
+    @post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        body = await _decode(request, AbortBody)
+        bridge = runtime.ready_bridge()
+        if body.abort_all:
+            for rid in list(bridge.active):
+                bridge.abort(rid)
+            return _json({"aborted": True})
+        if not bridge.abort(body.rid):
+            raise NotFound(f"no running request with rid {body.rid!r}", "rid")
+        return _json({"aborted": True})
+
+    @get(["/health", "/health_generate"])
+    async def health(request: Request) -> Response:
+        await runtime.health(force_generate=request.url.path == "/health_generate")
+        return Response(content=b"", status_code=200)
+
+    @get("/v1/loads")
+    async def loads() -> Response:
+        return _json(runtime.loads())
+
+    @get(["/server_info", "/get_server_info"])
+    async def server_info() -> Response:
+        return _json(runtime.server_info())
+
+    @get(["/model_info", "/get_model_info"])
+    async def model_info() -> Response:
+        return _json(runtime.model_info())
+
+    @get("/v1/models")
+    async def models() -> Response:
+        return _json(runtime.models())
+
+    @get("/metrics")
+    async def metrics() -> Response:
+        if runtime.bridge is not None:
+            runtime.metrics.refresh(runtime.bridge.engine.load())
+        return Response(content=runtime.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    def on_refusal(_: Request, exc: WorkerRequestError) -> Response:
+        return _json(exc.body(), exc.status)
+
+    def on_crash(_: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        if status >= 500:
+            log.exception("unhandled error", exc_info=exc)
+        message = getattr(exc, "detail", None) or str(exc) or type(exc).__name__
+        return _json(error_body(message, "InternalServerError" if status >= 500 else "BadRequestError",
+                                status), status)
+
+    return Litestar(
+        route_handlers=[generate, chat_completions, completions, abort_request, health, loads,
+                        server_info, model_info, models, metrics],
+        on_startup=[runtime.start], on_shutdown=[runtime.stop],
+        exception_handlers={WorkerRequestError: on_refusal, Exception: on_crash},
+        state={"runtime": runtime}, debug=False,
+    )
+
+
+def _is_error(out: Any) -> bool:
+    return out.finish_reason is not None and out.finish_reason.type == "abort" and \
+        (out.finish_reason.status_code or 0) >= 500
+
+
+def _finished_json(out: Any, body: dict) -> Response:
+    """A non-streamed answer: 500 in the error shape when the engine failed the request."""
+    if _is_error(out):
+        return _json(error_body(out.finish_reason.message or "internal error", "InternalServerError", 500), 500)
+    return _json(body)

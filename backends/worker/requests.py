@@ -1,0 +1,126 @@
+"""Request bodies the worker accepts, validated like SGLang validates them.
+
+Strict where SGLang is strict, tolerant where it is tolerant (STYLE.md #6):
+- top-level keys of every body are open (smg and OpenAI SDKs add keys such as ``model``,
+  ``return_text_in_logprobs``, ``log_metrics``, ``echo``, ``logprobs``; SGLang ignores them);
+- ``sampling_params`` is closed: an unknown key is a 400 naming it, as in SGLang, except inside
+  ``custom_params`` (free-form);
+- ``custom_params.speculation`` is ours and closed (``SpeculationOverride``).
+Value checks SGLang performs in ``SamplingParams.verify`` live in ``translate.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from backends.engine.types import MAX_DRAFT_TOKENS
+
+StopField = str | list[str] | None
+
+
+class SamplingParamsBody(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``sampling_params`` of ``POST /generate`` (SGLang ``srt/sampling/sampling_params.py``)."""
+
+    max_new_tokens: int | None = 128
+    min_new_tokens: int = 0
+    stop: StopField = None
+    stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    n: int = 1
+    logit_bias: dict[str, float] | None = None
+    sampling_seed: int | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    custom_params: dict[str, Any] | None = None
+
+
+class GenerateBody(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /generate``: exactly one of ``text`` / ``input_ids``; unknown top-level keys ignored."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    input_embeds: Any = None
+    sampling_params: SamplingParamsBody = SamplingParamsBody()
+    rid: str | None = None
+    stream: bool = False
+    return_logprob: bool = False
+
+
+class SpeculationOverride(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``custom_params.speculation``: per-request speculation (specgate's extension).
+
+    Any field left out keeps the worker's launch default. A real SGLang server ignores the whole object.
+    """
+
+    proposer: Literal["none", "ngram", "draft_model"] | None = None
+    draft_tokens: Annotated[int, Meta(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
+    adaptive: bool | None = None
+
+
+class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _OpenAIFields(msgspec.Struct, frozen=True, kw_only=True):
+    """Fields shared by /v1/completions and /v1/chat/completions, incl. SGLang's extensions."""
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    stop: StopField = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    n: int = 1
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    rid: str | None = None
+    custom_params: dict[str, Any] | None = None
+    return_spec_tokens_details: bool = False
+    user: str | None = None
+
+
+class ChatCompletionBody(_OpenAIFields, frozen=True, kw_only=True):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionBody(_OpenAIFields, frozen=True, kw_only=True):
+    prompt: str | list[int] | list[str]
+    echo: bool = False
+    suffix: str | None = None
+
+
+class AbortBody(msgspec.Struct, frozen=True, kw_only=True):
+    rid: str = ""
+    abort_all: bool = False

@@ -1,0 +1,192 @@
+"""The worker's long-lived state: engine, bridge, metrics, identity; built in the app's lifespan.
+
+The model loads on a thread after the HTTP listener is up, so /health answers 503 while starting (as
+SGLang does) instead of the port being closed. Configuration errors (no prepared model, bad settings)
+surface in ``WorkerRuntime.__init__``, before the server starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from backends.engine.config import EngineConfig
+from backends.engine.engine import Engine
+from backends.engine.model_store import load_prepared
+from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
+from backends.worker.bridge import EngineBridge
+from backends.worker.errors import NotReady
+from backends.worker.metrics import WorkerMetrics
+from backends.worker.settings import PROPOSER_ALGORITHM, WorkerSettings
+from backends.worker.translate import Limits
+
+log = logging.getLogger("specgate.worker")
+EngineFactory = Callable[[EngineConfig], Engine]
+HEALTH_TIMEOUT_S = 20.0
+BUSY_IS_HEALTHY_S = 5.0  # a worker that committed tokens this recently is alive (SGLang's shortcut)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("specgate")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0.0.0"
+
+
+class WorkerRuntime:
+    def __init__(self, settings: WorkerSettings, engine_factory: EngineFactory | None = None) -> None:
+        self.settings = settings
+        prepared = load_prepared(settings.model_dir)  # raises ModelNotPrepared with the fix
+        self.model_path = str(prepared.path)
+        self.revision = prepared.revision
+        self.served_model_name = settings.served_model_name or prepared.name
+        config = json.loads((Path(prepared.path) / "config.json").read_text())
+        self.model_type = config.get("model_type")
+        self.architectures = config.get("architectures") or []
+        self.engine_config = EngineConfig(
+            model_path=self.model_path, dtype=settings.dtype,
+            max_running_requests=settings.max_running_requests, max_total_tokens=settings.max_total_tokens,
+            max_waiting_requests=settings.max_queued_requests, draft_layers=settings.draft_layers,
+            default_speculation=settings.default_speculation, num_threads=settings.num_threads,
+            calibrate=settings.calibrate)
+        self.engine_factory = engine_factory or Engine
+        self.metrics = WorkerMetrics(self.served_model_name)
+        self.engine: Engine | None = None
+        self.bridge: EngineBridge | None = None
+        self.startup_error: str | None = None
+        self._loader: asyncio.Task | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loader = asyncio.create_task(self._load())
+
+    async def _load(self) -> None:
+        started = time.perf_counter()
+        try:
+            engine = await asyncio.to_thread(self.engine_factory, self.engine_config)
+        except Exception as exc:
+            self.startup_error = f"engine failed to start: {exc}"
+            log.exception("engine failed to start")
+            return
+        engine.start()
+        self.engine = engine
+        self.bridge = EngineBridge(engine, self.metrics, self.settings.max_queued_requests)
+        log.info("engine ready in %.1f s (model %s)", time.perf_counter() - started, self.model_path)
+
+    async def stop(self) -> None:
+        if self._loader is not None and not self._loader.done():
+            await asyncio.wait({self._loader}, timeout=60)
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.shutdown)
+
+    def ready_bridge(self) -> EngineBridge:
+        if self.bridge is None:
+            raise NotReady(self.startup_error or "the worker is still loading its model; retry shortly")
+        return self.bridge
+
+    @property
+    def limits(self) -> Limits:
+        engine = self.ready_bridge().engine
+        return Limits(context_length=engine.context_length, default_speculation=self.settings.default_speculation)
+
+    # -- health -----------------------------------------------------------------------------------
+    async def health(self, *, force_generate: bool) -> None:
+        """Raise NotReady unless the engine can generate. A real one-token generation, unless the
+        engine is visibly making progress (then a queued probe would only measure the queue)."""
+        bridge = self.ready_bridge()
+        recent = time.monotonic() - bridge.last_output_at < BUSY_IS_HEALTHY_S
+        if not force_generate and bridge.engine.load().num_running_reqs and recent:
+            return
+        token = bridge.engine.tokenizer.bos_token_id or 0
+        probe = GenerateRequest(rid=f"HEALTH_CHECK_{time.time_ns()}", input_ids=(token,),
+                                sampling=SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True),
+                                speculation=SpeculationParams(proposer="none"))
+        try:
+            out = await asyncio.wait_for(bridge.complete(probe, bypass_queue_limit=True), HEALTH_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise NotReady(f"health generation did not finish in {HEALTH_TIMEOUT_S:.0f} s") from exc
+        if len(out.output_ids) != 1:
+            raise NotReady(f"health generation failed: {out.finish_reason}")
+
+    # -- info endpoints ---------------------------------------------------------------------------
+    def loads(self) -> dict[str, Any]:
+        load = self.ready_bridge().engine.load()
+        return {
+            "timestamp": datetime.now(timezone.utc).isoformat(),
+            "version": _version(),
+            "dp_rank_count": 1,
+            "loads": [{
+                "dp_rank": 0,
+                "num_running_reqs": load.num_running_reqs,
+                "num_waiting_reqs": load.num_waiting_reqs,
+                "num_total_reqs": load.num_running_reqs + load.num_waiting_reqs,
+                "num_used_tokens": load.num_used_tokens,
+                "max_total_num_tokens": load.max_total_num_tokens,
+                "max_running_requests": load.max_running_requests,
+                "token_usage": load.token_usage,
+                "gen_throughput": self.metrics.gen_throughput(),
+                "cache_hit_rate": 0.0,
+                "utilization": load.num_running_reqs / load.max_running_requests,
+                "speculative": {"accept_length": self.metrics.avg_accept_length,
+                                "accept_rate": self.metrics.avg_accept_rate},
+            }],
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        s = self.settings
+        engine = self.ready_bridge().engine
+        spec = s.default_speculation
+        algorithm = PROPOSER_ALGORITHM[spec.proposer]
+        draft_path = f"{self.model_path}#layers={s.draft_layers}" if spec.proposer == "draft_model" else None
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "revision": self.revision,
+            "weight_version": s.weight_version,
+            "dtype": s.dtype,
+            "context_length": engine.context_length,
+            "speculative_algorithm": algorithm,
+            "speculative_num_steps": spec.draft_tokens if algorithm else None,
+            "speculative_eagle_topk": 1 if algorithm else None,
+            "speculative_num_draft_tokens": spec.draft_tokens if algorithm else None,  # k drafts per round
+            "speculative_adaptive": spec.adaptive if algorithm else False,
+            "speculative_draft_model_path": draft_path,
+            "speculative_draft_model_revision": self.revision if draft_path else None,
+            "max_running_requests": s.max_running_requests,
+            "max_queued_requests": s.max_queued_requests,
+            "max_total_num_tokens": s.max_total_tokens,
+            "version": _version(),
+            "specgate_per_request_speculation": True,
+            "specgate_draft_layers": s.draft_layers,
+            "internal_states": [{"avg_spec_accept_length": self.metrics.avg_accept_length}],
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "weight_version": self.settings.weight_version,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": self.model_type,
+            "architectures": self.architectures,
+        }
+
+    def models(self) -> dict[str, Any]:
+        engine = self.ready_bridge().engine
+        return {"object": "list", "data": [{
+            "id": self.served_model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "sglang", "root": self.served_model_name, "parent": None,
+            "max_model_len": engine.context_length,
+        }]}

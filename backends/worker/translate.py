@@ -1,0 +1,218 @@
+"""SGLang / OpenAI request bodies -> the engine's ``GenerateRequest``.
+
+Value checks follow SGLang's ``SamplingParams.verify`` (same bounds, messages naming the field). Fields
+SGLang accepts but the embedded engine does not implement (constrained decoding, logit_bias, n > 1)
+are refused with a 400 that says so, rather than silently ignored. Both OpenAI endpoints are turned
+into a ``SamplingParamsBody`` first, so every path goes through the same checks.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
+from backends.worker.errors import BadRequest
+from backends.worker.requests import (
+    ChatCompletionBody, CompletionBody, GenerateBody, SamplingParamsBody, SpeculationOverride,
+    _OpenAIFields,
+)
+
+_UNSUPPORTED = ("stop_regex", "json_schema", "regex", "ebnf", "structural_tag", "logit_bias")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a request is checked against: the model's window and the worker's launch speculation."""
+
+    context_length: int
+    default_speculation: SpeculationParams
+
+
+def _check(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise BadRequest(f"{field} {message}", field)
+
+
+def sampling_params(body: SamplingParamsBody, prompt_len: int, limits: Limits, where: str) -> SamplingParams:
+    """Validate like SGLang and convert; ``where`` prefixes field names in messages."""
+    for name in _UNSUPPORTED:
+        _check(getattr(body, name) is None, f"{where}{name}",
+               "is not supported by the specgate embedded engine; remove it")
+    _check(body.n == 1, f"{where}n", f"must be 1 on the specgate embedded engine, got {body.n}")
+    room = limits.context_length - prompt_len
+    max_new = room if body.max_new_tokens is None else body.max_new_tokens
+    _check(max_new >= 1, f"{where}max_new_tokens", f"must be at least 1, got {max_new}")
+    _check(0 <= body.min_new_tokens <= max_new, f"{where}min_new_tokens",
+           f"must be in [0, max_new_tokens={max_new}], got {body.min_new_tokens}")
+    _check(body.temperature >= 0, f"{where}temperature", f"must be non-negative, got {body.temperature}")
+    _check(0 < body.top_p <= 1, f"{where}top_p", f"must be in (0, 1], got {body.top_p}")
+    _check(0 <= body.min_p <= 1, f"{where}min_p", f"must be in [0, 1], got {body.min_p}")
+    _check(body.top_k >= -1, f"{where}top_k", f"must be -1 (disable), 0 (disable) or at least 1, got {body.top_k}")
+    _check(-2 <= body.frequency_penalty <= 2, f"{where}frequency_penalty",
+           f"must be in [-2, 2], got {body.frequency_penalty}")
+    _check(-2 <= body.presence_penalty <= 2, f"{where}presence_penalty",
+           f"must be in [-2, 2], got {body.presence_penalty}")
+    _check(0 < body.repetition_penalty <= 2, f"{where}repetition_penalty",
+           f"must be in (0, 2], got {body.repetition_penalty}")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return SamplingParams(
+        max_new_tokens=max_new, min_new_tokens=body.min_new_tokens, temperature=body.temperature,
+        top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty, repetition_penalty=body.repetition_penalty,
+        stop=stop, stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+        no_stop_trim=body.no_stop_trim, skip_special_tokens=body.skip_special_tokens,
+        sampling_seed=body.sampling_seed,
+    )
+
+
+def speculation(custom_params: dict[str, Any] | None, default: SpeculationParams, where: str) -> SpeculationParams:
+    """``custom_params.speculation`` merged over the worker's launch default (absent: the default)."""
+    raw = (custom_params or {}).get("speculation")
+    if raw is None:
+        return default
+    field = f"{where}custom_params.speculation"
+    try:
+        override = msgspec.convert(raw, SpeculationOverride)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        path = text.rsplit(" - at `$", 1)[1].rstrip("`") if " - at `$" in text else ""
+        raise BadRequest(f"invalid {field}{path}: {text.split(' - at ')[0]}; expected "
+                         "{proposer: none|ngram|draft_model, draft_tokens: 1..16, adaptive: bool}",
+                         f"{field}{path}") from exc
+    proposer = override.proposer or default.proposer
+    return SpeculationParams(
+        proposer=proposer,
+        draft_tokens=override.draft_tokens or default.draft_tokens,
+        adaptive=default.adaptive if override.adaptive is None else override.adaptive,
+        ngram_min=default.ngram_min, ngram_max=default.ngram_max,
+    )
+
+
+def _rid(rid: str | None) -> str:
+    if rid is not None and not rid:
+        raise BadRequest("rid must be a non-empty string when given", "rid")
+    return rid or uuid.uuid4().hex
+
+
+def generate_request(body: GenerateBody, tokenizer: Any, limits: Limits) -> GenerateRequest:
+    if body.input_embeds is not None:
+        raise BadRequest("input_embeds is not supported by the specgate embedded engine; send text or "
+                         "input_ids", "input_embeds")
+    if body.text is not None and body.input_ids is not None:
+        raise BadRequest("Only one of text and input_ids should be provided, not both", "text")
+    if body.text is None and body.input_ids is None:
+        raise BadRequest("Either text or input_ids should be provided", "text")
+    if body.text is not None:
+        if not body.text:
+            raise BadRequest("text is empty; send a non-empty prompt", "text")
+        input_ids = tokenizer.encode(body.text, add_special_tokens=False)
+    else:
+        input_ids = body.input_ids
+        if not input_ids:
+            raise BadRequest("input_ids is empty; send at least one token id", "input_ids")
+    return _request(input_ids, body.sampling_params, body.rid, limits, "sampling_params.")
+
+
+def _request(input_ids: list[int], params: SamplingParamsBody, rid: str | None, limits: Limits,
+             where: str) -> GenerateRequest:
+    if len(input_ids) >= limits.context_length:
+        raise BadRequest(f"the prompt has {len(input_ids)} tokens but the model's context window is "
+                         f"{limits.context_length}; shorten the prompt", "text")
+    return GenerateRequest(
+        rid=_rid(rid), input_ids=tuple(input_ids),
+        sampling=sampling_params(params, len(input_ids), limits, where),
+        speculation=speculation(params.custom_params, limits.default_speculation, where),
+    )
+
+
+def _openai_sampling(body: _OpenAIFields, max_tokens: int | None) -> SamplingParamsBody:
+    """OpenAI names -> SGLang's sampling_params (SGLang's ``to_sampling_params`` mapping)."""
+    try:
+        return SamplingParamsBody(
+            max_new_tokens=max_tokens, min_new_tokens=body.min_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=-1 if body.top_k is None else body.top_k, min_p=body.min_p or 0.0,
+            frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            stop=body.stop, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
+            no_stop_trim=body.no_stop_trim, skip_special_tokens=body.skip_special_tokens,
+            n=body.n, logit_bias=body.logit_bias, sampling_seed=body.seed, custom_params=body.custom_params,
+        )
+    except TypeError as exc:  # pragma: no cover - every field is typed by the body already
+        raise BadRequest(str(exc)) from exc
+
+
+def completion_request(body: CompletionBody, tokenizer: Any, limits: Limits) -> GenerateRequest:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise BadRequest("batched prompts are not supported; send one prompt per request", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadRequest("prompt is empty; send a non-empty prompt", "prompt")
+        input_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    else:
+        if not prompt:
+            raise BadRequest("prompt is empty; send a non-empty prompt", "prompt")
+        input_ids = list(prompt)
+    return _request(input_ids, _openai_sampling(body, body.max_tokens), body.rid, limits, "")
+
+
+def _message_text(index: int, message: dict[str, Any]) -> dict[str, str]:
+    role = message.get("role")
+    if role not in _ROLES:
+        raise BadRequest(f"messages[{index}].role must be one of {', '.join(_ROLES)}, got {role!r}",
+                         f"messages[{index}].role")
+    content = message.get("content")
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise BadRequest(f"messages[{index}].content: only text parts are supported "
+                                 "({\"type\": \"text\", \"text\": ...})", f"messages[{index}].content")
+            parts.append(part["text"])
+        content = "".join(parts)
+    if content is None and message.get("tool_calls"):
+        content = json.dumps(message["tool_calls"])
+    if not isinstance(content, str):
+        raise BadRequest(f"messages[{index}].content must be a string or a list of text parts",
+                         f"messages[{index}].content")
+    return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def chat_prompt(body: ChatCompletionBody, tokenizer: Any) -> list[int]:
+    """Render ``messages`` with the model's chat template.
+
+    Tools: the model has no tool parser. If its template renders ``tools`` they are passed to it;
+    otherwise (SmolLM2's template) they are described in a system message ahead of the conversation,
+    so the model sees them; tool calls are never parsed out of the answer.
+    """
+    if not body.messages:
+        raise BadRequest("messages is empty; send at least one message", "messages")
+    messages = [_message_text(i, m) for i, m in enumerate(body.messages)]
+    kwargs = dict(body.chat_template_kwargs or {})
+    if body.tools:
+        if "tools" in (tokenizer.chat_template or ""):
+            kwargs["tools"] = body.tools
+        else:
+            listing = json.dumps(body.tools, separators=(",", ":"))
+            messages.insert(0, {"role": "system", "content": f"You can call these tools (JSON): {listing}"})
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+    except Exception as exc:  # a template error is the client's input, not a worker failure
+        raise BadRequest(f"messages could not be rendered with the model's chat template: {exc}",
+                         "messages") from exc
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_request(body: ChatCompletionBody, tokenizer: Any, limits: Limits) -> GenerateRequest:
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return _request(chat_prompt(body, tokenizer), _openai_sampling(body, max_tokens), body.rid, limits, "")

@@ -1,0 +1,84 @@
+"""`specgate worker`: the embedded speculative engine behind SGLang's HTTP protocol.
+
+Flags follow SGLang's server flags where one exists (``--speculative-algorithm``,
+``--speculative-num-draft-tokens``, ``--max-running-requests``, ``--served-model-name``...), so a
+pool of these workers is configured like a pool of SGLang servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "worker", help="serve the embedded engine over SGLang's HTTP protocol",
+        description="Serve the embedded speculative engine (SmolLM2-135M-Instruct on CPU) with SGLang's "
+                    "native (/generate) and OpenAI-compatible endpoints, /v1/loads, /server_info, "
+                    "/model_info, /health and /metrics. Requests may override speculation per request in "
+                    "sampling_params.custom_params.speculation (or top-level custom_params.speculation on "
+                    "the OpenAI endpoints).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=30000, help="TCP port to listen on (SGLang's default)")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="prepared model directory (default: $SPECGATE_MODEL_DIR or the cache that "
+                        "`specgate model prepare` fills)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="weights/compute dtype; float32 keeps greedy output identical to plain decoding")
+    p.add_argument("--max-running-requests", type=int, default=8,
+                   help="requests decoded at once; the rest wait in a FIFO queue")
+    p.add_argument("--max-total-tokens", type=int, default=65536,
+                   help="KV capacity in token positions shared by running requests (token_usage's "
+                        "denominator); a request whose worst case exceeds it gets a 400")
+    p.add_argument("--max-queued-requests", type=int, default=64,
+                   help="waiting requests allowed; beyond this the worker answers 429 (smg retries "
+                        "elsewhere without tripping its circuit breaker)")
+    p.add_argument("--draft-layers", type=int, default=8,
+                   help="depth of the layer-truncated self-draft used by STANDALONE / proposer draft_model")
+    p.add_argument("--speculative-algorithm", choices=("NGRAM", "STANDALONE"), default=None,
+                   help="default speculation for requests without an override: NGRAM (prompt lookup) or "
+                        "STANDALONE (draft model = the target's first --draft-layers layers); omit for "
+                        "plain decoding")
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=4,
+                   help="draft tokens per round k (1..16) for the default speculation")
+    p.add_argument("--speculative-adaptive", action="store_true",
+                   help="let the engine choose k per round (up to --speculative-num-draft-tokens)")
+    p.add_argument("--served-model-name", default=None,
+                   help="model name reported by /v1/models and /server_info (default: the model's name)")
+    p.add_argument("--weight-version", default="default", help="weight_version reported in meta_info and info")
+    p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="skip timing forwards at start (adaptive k then learns costs online)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="log level of the worker and its HTTP server")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from backends.engine.model_store import ModelNotPrepared
+    from backends.worker.app import create_app
+    from backends.worker.settings import WorkerSettings
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = WorkerSettings(
+            model_dir=args.model_dir, host=args.host, port=args.port, dtype=args.dtype,
+            max_running_requests=args.max_running_requests, max_total_tokens=args.max_total_tokens,
+            max_queued_requests=args.max_queued_requests, draft_layers=args.draft_layers,
+            speculative_algorithm=args.speculative_algorithm,
+            speculative_num_draft_tokens=args.speculative_num_draft_tokens,
+            speculative_adaptive=args.speculative_adaptive, served_model_name=args.served_model_name,
+            weight_version=args.weight_version, calibrate=not args.no_calibrate, num_threads=args.num_threads)
+        app = create_app(settings)
+    except (ValueError, ModelNotPrepared) as exc:
+        print(f"error: {exc}")
+        return 2
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
+                timeout_graceful_shutdown=5)
+    return 0
