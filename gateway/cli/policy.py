@@ -1,0 +1,119 @@
+"""`specgate policy check|schema|explain`: validate a policy, export its JSON Schema, explain a decision.
+
+Exit codes: 0 valid / printed; 1 the policy (or the request/stats file) is invalid; 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("policy", help="validate, export the schema of, or explain a policy file")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = actions.add_parser("check", help="validate a policy file and print a summary")
+    check.add_argument("file", type=Path)
+    check.set_defaults(func=_check)
+    schema = actions.add_parser("schema", help="print the policy JSON Schema (for editors)")
+    schema.set_defaults(func=_schema)
+    explain = actions.add_parser("explain", help="show the slice, matching rule and decision for a request")
+    explain.add_argument("file", type=Path)
+    explain.add_argument("--request", type=Path, required=True,
+                         help="an OpenAI chat/completions body, or RequestFeatures as JSON")
+    explain.add_argument("--stats", type=Path, default=None,
+                         help="a snapshot JSON (admin endpoint); default: no statistics, every pool "
+                              "healthy and verified, concurrency 1")
+    explain.add_argument("--route", default=None, help="route of the request (default: the default route)")
+    explain.add_argument("--seed", type=int, default=None, help="enable exploration with this seed")
+    explain.add_argument("--json", action="store_true", help="print the full trace as JSON")
+    explain.set_defaults(func=_explain)
+
+
+def _load(path: Path):
+    from policies.errors import PolicyError
+    from policies.load import load_policy_file
+
+    try:
+        return load_policy_file(path)
+    except PolicyError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        print(f"{path}: invalid policy ({len(exc.errors)} error(s))", file=sys.stderr)
+        return None
+
+
+def _check(args: argparse.Namespace) -> int:
+    policy = _load(args.file)
+    if policy is None:
+        return 1
+    routes = ", ".join(r.name for r in policy.routes) or "default (implicit; auth off)"
+    slices = ", ".join(dict.fromkeys(s.name for s in policy.slices))
+    print(f"{args.file}: valid policy (version {policy.version})")
+    print(f"  routes: {routes}")
+    print(f"  slices: {slices} (default: {policy.slices[-1].name})")
+    for name, pool in policy.pools.items():
+        lo, hi = pool.k_range
+        k = "" if pool.proposer == "none" else f", k {lo}" + (f"..{hi}" if hi != lo else "")
+        pair = f", pair {pool.pair}@{policy.pool_pair_version(name)}" if pool.pair else ""
+        print(f"  pool {name}: {pool.proposer}{k}{pair}, {pool.speculation}, {len(pool.workers)} worker(s)")
+    print(f"  rules: {', '.join(r.name for r in policy.rules) or '(none: everything bypasses)'}")
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from policies.schema import Policy
+
+    print(json.dumps(msgspec.json.schema(Policy), indent=2))
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from policies.decide import explain
+    from policies.features import RequestFeatures, features_from_openai, referenced_headers
+    from policies.snapshot import PoolState, Snapshot, SnapshotData
+
+    policy = _load(args.file)
+    if policy is None:
+        return 1
+    route = args.route or policy.default_route or policy.route_names()[0]
+    try:
+        body = json.loads(args.request.read_text())
+        if isinstance(body, dict) and ("messages" in body or "prompt" in body):
+            features = features_from_openai(body, route=route, wanted_headers=referenced_headers(policy))
+        else:
+            features = msgspec.convert(body, RequestFeatures)
+        if args.stats is not None:
+            snapshot = Snapshot.from_json(args.stats.read_bytes())
+        else:
+            pools = {n: PoolState(healthy=True, pair_verified=True, workers_healthy=len(p.workers))
+                     for n, p in policy.pools.items()}
+            snapshot = Snapshot(SnapshotData(now=0.0, concurrency=1, pools=pools,
+                                             half_life_s=policy.learning.half_life_s))
+    except (OSError, ValueError, msgspec.ValidationError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    rng = random.Random(args.seed) if args.seed is not None else None
+    trace = explain(policy, features, snapshot, rng=rng)
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(trace), indent=2).decode())
+        return 0
+    d = trace.decision
+    print(f"slice: {trace.slice} (slices[{trace.slice_index}])")
+    for r in trace.rules:
+        status = "matched" if r.matched else f"no ({r.failed})"
+        print(f"rule {r.rule}: {status}")
+    for c in trace.candidates:
+        pred = f"speedup {c.speedup:.2f}x" if c.speedup is not None else c.note
+        print(f"  candidate {c.pool} k={c.draft_tokens}: {pred}")
+    what = "bypass (no speculation)" if d.bypass else f"{d.proposer} k={d.draft_tokens}"
+    print(f"decision: pool {d.pool}, {what}, rule {d.rule}" + (" [safety fallback]" if d.fallback else ""))
+    print(f"reason: {d.reason}")
+    return 0
