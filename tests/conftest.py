@@ -1,0 +1,46 @@
+"""Shared fixtures: the real SmolLM2 engine (loaded once per session) and tiny random engines.
+
+The tiny engines use a randomly initialised LlamaForCausalLM of the real architecture family (seeded),
+so engine logic is exercised for real in milliseconds; the real model is used where the issue asks for
+it (greedy identity, distribution on the real model, bf16). Real-model tests carry
+``@pytest.mark.real_model``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine.engine_helpers import make_tiny_engine
+
+@pytest.fixture(scope="session")
+def prepared_model():
+    from backends.engine.model_store import ModelNotPrepared, load_prepared
+
+    try:
+        return load_prepared()
+    except ModelNotPrepared as exc:  # `make test` prepares it; a bare pytest run may not have
+        pytest.skip(f"real model not prepared: {exc}")
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer(prepared_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(prepared_model.path), local_files_only=True)
+
+
+@pytest.fixture(scope="session")
+def real_model(prepared_model):
+    """The real SmolLM2-135M-Instruct engine (fp32), stepped synchronously by tests."""
+    from backends.engine.config import EngineConfig
+    from backends.engine.engine import Engine
+
+    engine = Engine(EngineConfig(model_path=str(prepared_model.path), calibrate=False))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture
+def tiny_engine(real_tokenizer):
+    """A fresh engine around a tiny random model with the real tokenizer (vocab 49152)."""
+    return make_tiny_engine(real_tokenizer)

@@ -1,0 +1,106 @@
+"""Helpers shared by the engine tests: tiny models, running requests, and a KV-cache recorder."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from backends.engine.config import EngineConfig
+from backends.engine.engine import Engine
+from backends.engine.runner import ModelRunner
+from backends.engine.types import GenerateRequest, RequestOutput
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def workloads_dir() -> Path:
+    """``$SPECGATE_WORKLOADS``, else ``<repo>/../shared/workloads`` (never copied into the repo)."""
+    return Path(os.environ.get("SPECGATE_WORKLOADS") or REPO_ROOT.parent / "shared" / "workloads")
+
+
+def tiny_llama(*, vocab: int, seed: int, layers: int = 2, hidden: int = 64, logit_scale: float = 1.0):
+    """A seeded, randomly initialised LlamaForCausalLM (2 layers, hidden 64, 4 heads, 2 kv heads).
+
+    ``logit_scale`` multiplies the (untied) lm_head so that random distributions are peaked enough
+    for n-gram drafts to be accepted sometimes and rejected sometimes.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    return model
+
+
+def make_tiny_engine(tokenizer, *, seed: int = 0, logit_scale: float = 20.0, vocab: int | None = None,
+                     **config) -> Engine:
+    """An engine around ``tiny_llama`` (draft_model = its first layer); ``config`` overrides EngineConfig."""
+    model = tiny_llama(vocab=vocab or len(tokenizer), seed=seed, logit_scale=logit_scale)
+    config.setdefault("draft_layers", 1)
+    return Engine(EngineConfig(model_path="<tiny>", calibrate=False, **config), model=model, tokenizer=tokenizer)
+
+
+def run_all(engine: Engine, requests: Iterable[GenerateRequest]) -> dict[str, list[RequestOutput]]:
+    """Submit every request, step the engine until all finish; return each request's events in order."""
+    events: dict[str, list[RequestOutput]] = {}
+    for request in requests:
+        events[request.rid] = []
+        engine.submit(request, events[request.rid].append)
+    while engine.step():
+        pass
+    for rid, evs in events.items():
+        assert evs and evs[-1].finished, f"{rid} did not finish"
+    return events
+
+
+def final(engine: Engine, request: GenerateRequest) -> RequestOutput:
+    return run_all(engine, [request])[request.rid][-1]
+
+
+class CacheRecorder:
+    """Wraps a runner's ``forward``/``rollback`` to keep a shadow copy of what each KV cache holds.
+
+    ``contents(cache)`` is the exact token list whose keys/values the cache holds, reconstructed from
+    every fed sequence and every crop, and checked against the cache's real length on every call.
+    ``on_forward(cache, before, fed)`` hooks let a test assert what the cache held when it was fed.
+    """
+
+    def __init__(self, runner: ModelRunner, on_forward=None) -> None:
+        self.runner = runner
+        self.shadow: dict[int, tuple[object, list[int]]] = {}  # keeps caches alive: ids never reused
+        self.fed: list[tuple[int, list[int]]] = []
+        self.on_forward = on_forward
+        self._forward, self._rollback = runner.forward, runner.rollback
+        runner.forward = self.forward  # instance attributes shadow the class methods
+        runner.rollback = self.rollback
+
+    def contents(self, cache) -> list[int]:
+        return self.shadow.setdefault(id(cache), (cache, []))[1]
+
+    def forward(self, cache, token_ids, keep):
+        before = list(self.contents(cache))
+        assert self.runner.cache_len(cache) == len(before)
+        if self.on_forward is not None:
+            self.on_forward(cache, before, list(token_ids))
+        result = self._forward(cache, token_ids, keep)
+        self.contents(cache).extend(token_ids)
+        self.fed.append((id(cache), list(token_ids)))
+        assert self.runner.cache_len(cache) == len(self.contents(cache))
+        return result
+
+    def rollback(self, cache, length):
+        self._rollback(cache, length)
+        del self.contents(cache)[length:]
+        assert self.runner.cache_len(cache) == len(self.contents(cache))
+
+    def close(self) -> None:
+        del self.runner.forward, self.runner.rollback
