@@ -1,0 +1,32 @@
+"""Every `specgate ...` command line in the kit parses with the real CLI (no typo'd flag reaches a pod)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from deploy_files import compose_services, find, k8s_objects
+from gateway.cli import build_parser
+
+
+def _commands() -> dict[str, list[str]]:
+    commands = {f"compose-cpu:{svc}": spec["command"] for svc, spec in compose_services("cpu").items()}
+    commands["compose-gpu:gateway"] = compose_services("gpu")["gateway"]["command"]
+    gateway = find(k8s_objects(), "Deployment", "specgate-gateway")
+    commands["k8s:gateway"] = gateway["spec"]["template"]["spec"]["containers"][0]["args"]
+    return commands
+
+
+COMMANDS = _commands()
+
+
+@pytest.mark.parametrize("where", sorted(COMMANDS))
+def test_command_parses_with_the_specgate_cli(where):
+    argv = COMMANDS[where]
+    if importlib.util.find_spec(f"gateway.cli.{argv[0]}") is None:
+        pytest.skip(f"`specgate {argv[0]}` (gateway/cli/{argv[0]}.py) is not there yet")
+    args = build_parser().parse_args(argv)
+    assert args.command == argv[0]
+    assert str(args.port) == argv[argv.index("--port") + 1]
+    assert args.host == argv[argv.index("--host") + 1]
