@@ -1,0 +1,146 @@
+"""Scripted acceptance traces drive the learner and auto deterministically (STYLE #7)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from policies.accept import conditional_curve, counts_from_histogram, expected_tokens
+from policies.decide import decide, explain
+from policies.features import RequestFeatures
+from policies.load import load_policy
+from policies.snapshot import PoolState
+from policies.stats import LearningState, Outcome
+
+POLICY = """
+version: 1
+slices: [{name: prose}]
+pairs:
+  p: {target: {model: m, revision: REV}, draft: {kind: ngram}}
+pools:
+  plain: {proposer: none, workers: ["http://w:1"], speculation: per_request}
+  ngram: {proposer: ngram, draft_tokens: {min: 2, max: 2}, pair: p, workers: ["http://w:1"], speculation: per_request}
+rules: [{name: learned, then: auto}]
+learning: {half_life_s: 100, min_rounds: 100, min_requests: 1, explore: EXPLORE, min_gain: GAIN,
+           prior: {accept: 0.3, rounds: 0}}
+"""
+FEATURES = RequestFeatures(max_tokens=256)
+HEALTHY = {"plain": PoolState(healthy=True), "ngram": PoolState(healthy=True, pair_verified=True)}
+
+
+def policy(rev: str = "r1", explore: float = 0.0, gain: float = 1.05):
+    return load_policy(POLICY.replace("REV", rev).replace("EXPLORE", str(explore)).replace("GAIN", repr(gain)),
+                       "t.yaml")
+
+
+def plain_outcome(tpot: float, t: float = 0.0) -> Outcome:
+    return Outcome(route="default", slice="prose", pool="plain", completion_tokens=101, tpot_s=tpot, timestamp=t)
+
+
+def spec_outcome(pv: str, rounds: int = 100, t: float = 0.0) -> Outcome:
+    """a_1 = 0.8, a_2 = 0.5 -> E[P](2) = 2.2; 0.088 s per round -> 0.04 s per token."""
+    reached, accepted = [rounds, rounds * 8 // 10], [rounds * 8 // 10, rounds * 4 // 10]
+    return Outcome(route="default", slice="prose", pool="ngram", pair_version=pv, proposer="ngram",
+                   draft_tokens=2, completion_tokens=1 + 22 * rounds // 10, verify_ct=rounds,
+                   reached_per_position=reached, accepted_per_position=accepted, tpot_s=0.04, timestamp=t)
+
+
+def test_histogram_to_position_counts_and_curve() -> None:
+    # rounds accepting 0, 1, 2 of k=2 drafts: 20, 40, 40
+    reached, accepted = counts_from_histogram([20, 40, 40], 2)
+    assert (reached, accepted) == ([100, 80], [80, 40])
+    assert expected_tokens([0.8, 0.5]) == [1.0, 1.8, 1.8 + 0.4]
+    assert conditional_curve(None, 1.0, 0.3, 20.0, 3) == [0.3, 0.3, 0.3]
+
+
+def test_cold_start_bypasses_with_reason() -> None:
+    p = policy()
+    d = decide(p, FEATURES, LearningState(p.learning).snapshot(0.0, HEALTHY, 1))
+    assert d.bypass and d.pool == "plain" and d.draft_tokens == 0
+    assert d.reason == ("rule 'learned' auto: no candidate has enough evidence yet (cautious start); "
+                        "serving without speculation")
+    assert d.speculation_override == {"proposer": "none", "draft_tokens": 0}
+
+
+def test_min_rounds_boundary_is_inclusive() -> None:
+    p = policy()
+    pv = p.pool_pair_version("ngram")
+    for rounds, speculates in ((99, False), (100, True)):
+        state = LearningState(p.learning)
+        state.record(plain_outcome(0.05))
+        state.record(spec_outcome(pv, rounds=rounds))
+        d = decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1))
+        assert (not d.bypass) is speculates, (rounds, d.reason)
+
+
+def test_min_gain_boundary_is_inclusive() -> None:
+    state = LearningState(policy().learning)
+    pv = policy().pool_pair_version("ngram")
+    state.record(plain_outcome(0.05))
+    state.record(spec_outcome(pv))
+    snap = state.snapshot(0.0, HEALTHY, 1)
+    cand = explain(policy(), FEATURES, snap).candidates[0]
+    assert cand.expected_accept_length == 2.2
+    assert math.isclose(cand.speedup, 0.05 / (0.088 / 2.2))  # 1.25x
+    at = decide(policy(gain=cand.speedup), FEATURES, snap)
+    above = decide(policy(gain=math.nextafter(cand.speedup, 2.0)), FEATURES, snap)
+    assert not at.bypass and at.draft_tokens == 2 and at.speculation_override == {"proposer": "ngram",
+                                                                                  "draft_tokens": 2}
+    assert above.bypass and "< min_gain" in above.reason
+
+
+def test_decay_halves_evidence_after_one_half_life() -> None:
+    p = policy()
+    pv = p.pool_pair_version("ngram")
+    state = LearningState(p.learning)
+    state.record(plain_outcome(0.05))
+    state.record(spec_outcome(pv, rounds=150))
+    assert not decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1)).bypass
+    # 150 rounds decay to 75 < min_rounds 100 one half-life later: back to cautious
+    later = decide(p, FEATURES, state.snapshot(100.0, HEALTHY, 1))
+    assert later.bypass and "cautious" in later.reason
+    summary, factor = state.snapshot(100.0, HEALTHY, 1).acceptance("default", "prose", "ngram", pv, 100)
+    assert factor == 0.5 and summary.curve_rounds * factor == 75.0
+
+
+def test_pair_version_change_resets_statistics() -> None:
+    old, new = policy("r1"), policy("r2")
+    assert old.pool_pair_version("ngram") != new.pool_pair_version("ngram")
+    state = LearningState(old.learning)
+    state.record(plain_outcome(0.05))
+    state.record(spec_outcome(old.pool_pair_version("ngram")))
+    snap = state.snapshot(0.0, HEALTHY, 1)
+    assert not decide(old, FEATURES, snap).bypass
+    assert decide(new, FEATURES, snap).bypass  # the new version starts from nothing: cautious
+    state.forget_pair_versions({new.pool_pair_version("ngram")})
+    assert state.snapshot(0.0, HEALTHY, 1).data.acceptance == {}
+
+
+def test_exploration_off_and_on_with_fixed_seed() -> None:
+    off, on = policy(explore=0.0), policy(explore=0.5)
+    snap = LearningState(on.learning).snapshot(0.0, HEALTHY, 1)
+    assert not any(decide(off, FEATURES, snap, rng=random.Random(3)).explored for _ in range(20))
+    assert not any(decide(on, FEATURES, snap).explored for _ in range(20))  # no rng: never explores
+    rng, mirror = random.Random(3), random.Random(3)
+    got = [decide(on, FEATURES, snap, rng=rng) for _ in range(20)]
+    assert [d.explored for d in got] == [mirror.random() < 0.5 for _ in range(20)]
+    explored = [d for d in got if d.explored]
+    assert explored and all((d.pool, d.draft_tokens, d.bypass) == ("ngram", 2, False) for d in explored)
+
+
+def test_totals_only_outcomes_use_measured_tpot() -> None:
+    p = policy()
+    pv = p.pool_pair_version("ngram")
+    state = LearningState(p.learning)
+    state.record(plain_outcome(0.05))
+    state.record(Outcome(route="default", slice="prose", pool="ngram", pair_version=pv, proposer="ngram",
+                         draft_tokens=2, completion_tokens=201, verify_ct=100, tpot_s=0.025))
+    cand = explain(p, FEATURES, state.snapshot(0.0, HEALTHY, 1)).candidates[0]
+    assert cand.note == "measured TPOT (per-request totals only)"
+    assert cand.expected_accept_length == 2.01 and math.isclose(cand.speedup, 2.0)
+
+
+def test_failed_outcomes_are_counted_not_learned() -> None:
+    state = LearningState(policy().learning)
+    state.record(Outcome(route="default", slice="prose", pool="plain", ok=False, status=503))
+    assert state.failures == 1 and state.snapshot(0.0, HEALTHY, 1).data.tpot == {}

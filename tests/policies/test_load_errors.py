@@ -1,0 +1,114 @@
+"""Every error class the loader reports, with the exact one-line message (file:line:col: path: what; fix)."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.errors import PolicyError
+from policies.load import load_policy
+
+BASE = """version: 1
+slices:
+  - {name: code, when: {code_score: {gte: 0.5}}}
+  - {name: prose}
+pairs:
+  p: {target: {model: m, revision: r1}, draft: {kind: ngram}}
+pools:
+  plain: {proposer: none, workers: ["http://w:1"]}
+  ngram: {proposer: ngram, draft_tokens: 4, pair: p, workers: ["http://w:1"]}
+rules:
+  - {name: tiny, when: {max_tokens: {lt: 8}}, then: bypass}
+  - {name: code-edits, when: {slice: code}, then: {pool: ngram, draft_tokens: 4}}
+  - {name: learned, then: auto}
+"""
+
+
+def errors_of(text: str) -> list[str]:
+    with pytest.raises(PolicyError) as info:
+        load_policy(text, "p.yaml")
+    assert str(info.value) == "\n".join(info.value.errors)
+    return info.value.errors
+
+
+def test_base_policy_is_valid() -> None:
+    policy = load_policy(BASE, "p.yaml")
+    assert list(policy.pools) == ["plain", "ngram"] and policy.default_route == "default"
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("then: {pool: ngram, draft_tokens: 4}", "then: {pool: ngramm, draft_tokens: 4}",
+     "p.yaml:12:58: rules[1] (Rule 'code-edits').then.pool: unknown pool 'ngramm'; declared pools: plain, ngram"),
+    ("{name: tiny, when: {max_tokens: {lt: 8}}", "{name: tiny, when: {max_token: {lt: 8}}",
+     "p.yaml:11:25: rules[0] (Rule 'tiny').when.max_token: unknown key 'max_token'; did you mean 'max_tokens'?"),
+    ("draft_tokens: 4, pair", "draft_tokens: four, pair",
+     "p.yaml:9:42: pools.ngram.draft_tokens: expected int | mapping | null, got 'four'"),
+    ("draft_tokens: 4, pair", "draft_tokens: 0, pair",
+     "p.yaml:9:42: pools.ngram.draft_tokens: expected int >= 1, got 0"),
+    ("proposer: ngram", "proposer: ngrm",
+     "p.yaml:9:21: pools.ngram.proposer: invalid value 'ngrm'; expected one of: none, ngram, draft_model, "
+     "eagle, eagle3, standalone"),
+    ("then: auto}", "then: autoo}",
+     "p.yaml:13:27: rules[2] (Rule 'learned').then: invalid value 'autoo'; expected one of: bypass, auto, "
+     "a mapping with pool, pools, draft_tokens"),
+    ("  - {name: prose}\n", "",
+     "p.yaml:3:3: slices: no default slice; add a last slice without 'when', e.g. {name: prose}"),
+    ("  - {name: learned, then: auto}\n", "  - {name: learned, then: auto}\n  - {name: late, then: bypass}\n",
+     "p.yaml:14:5: rules[3] (Rule 'late'): unreachable: rule 'late' comes after the catch-all rule 'learned' "
+     "(rules[2]); move it up or remove it"),
+    ("  - {name: learned, then: auto}\n", "  - {name: tiny, then: auto}\n",
+     "p.yaml:13:12: rules[2] (Rule 'tiny').name: duplicate rule name 'tiny' (also rules[0]); rule names must "
+     "be unique"),
+    ("  ngram: {", "  plain: {",
+     "p.yaml:9:3: pools.plain: duplicate key 'plain' (first defined at line 8); remove or rename one"),
+    ("when: {slice: code}", "when: {slice: cod}",
+     "p.yaml:12:38: rules[1] (Rule 'code-edits').when.slice: unknown slice 'cod'; declared slices: code, prose"),
+    ("pair: p,", "pair: q,",
+     "p.yaml:9:51: pools.ngram.pair: unknown pair 'q'; declared pairs: p"),
+    ("draft: {kind: ngram}", "draft: {kind: layer_truncated, layers: 8}",
+     "p.yaml:9:21: pools.ngram.proposer: proposer ngram cannot run pair 'p' (draft kind layer_truncated); "
+     "use proposer draft_model or standalone"),
+    ("draft_tokens: 4}}", "draft_tokens: 9}}",
+     "p.yaml:12:79: rules[1] (Rule 'code-edits').then.draft_tokens: draft_tokens 9 is outside pool 'ngram' "
+     "range 4..4; pick a value in range or auto"),
+    ("draft_tokens: 4, pair", "draft_tokens: {min: 4, max: 2}, pair",
+     "p.yaml:9:42: pools.ngram.draft_tokens: min 4 > max 2; swap them"),
+    ("draft_tokens: 4, pair", "draft_tokens: {min: 1, max: 4}, pair",
+     "p.yaml:9:10: pools.ngram: a server pool's draft length is fixed when its server starts; give an int "
+     "or use speculation: per_request"),
+    ("version: 1", "version: 2", "p.yaml:1:10: version: invalid value 2; expected one of: 1"),
+    ("pools:\n", "pools:\n  bad: {proposer: none}\n",
+     "p.yaml:8:8: pools.bad: missing required key 'workers'"),
+])
+def test_exact_error_messages(old: str, new: str, expected: str) -> None:
+    assert old in BASE
+    assert errors_of(BASE.replace(old, new, 1)) == [expected]
+
+
+def test_yaml_syntax_error_has_position() -> None:
+    assert errors_of("version: 1\nslices: [\n") == ["p.yaml:3:1: (top level): invalid YAML: expected the node "
+                                                     "content, but found '<stream end>'"]
+
+
+def test_out_of_range_learning_value() -> None:
+    assert errors_of(BASE + "learning: {explore: 1.5}\n") == [
+        "p.yaml:14:21: learning.explore: expected float <= 1.0, got 1.5"]
+
+
+def test_unreachable_slice_and_unknown_route_are_all_reported() -> None:
+    text = BASE.replace("  - {name: prose}\n", "  - {name: prose}\n  - {name: late, when: {route: idee}}\n")
+    assert errors_of(text) == [
+        "p.yaml:5:32: slices[2] (Slice 'late').when.route: unknown route 'idee'; declared routes: default",
+        "p.yaml:5:5: slices[2] (Slice 'late'): unreachable: slice 'late' comes after the default slice 'prose' "
+        "(slices[1]); move it up or remove it",
+    ]
+
+
+def test_two_keyless_routes_and_missing_plain_pool() -> None:
+    text = BASE.replace("  plain: {proposer: none, workers: [\"http://w:1\"]}\n", "") + \
+        "routes:\n  - {name: a}\n  - {name: b}\n"
+    assert errors_of(text) == [
+        "p.yaml:15:5: routes[1] (Route 'b'): route 'b' has no api keys, like route 'a'; only one default "
+        "(key-less) route is allowed: give it api_keys_env or api_keys_file",
+        "p.yaml:8:3: pools: no pool with proposer none, and pool(s) ngram cannot switch speculation off per "
+        "request; declare a plain pool (bypass and the safety fallback need one)",
+    ]
