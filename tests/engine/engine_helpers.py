@@ -11,7 +11,7 @@ import torch
 from backends.engine.config import EngineConfig
 from backends.engine.engine import Engine
 from backends.engine.runner import ModelRunner
-from backends.engine.types import GenerateRequest, RequestOutput
+from backends.engine.types import GenerateRequest, RequestOutput, RequestStats
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,3 +104,17 @@ class CacheRecorder:
 
     def close(self) -> None:
         del self.runner.forward, self.runner.rollback
+
+
+class RoundLog:
+    """Captures every RoundStats the engine records, per request."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.rounds: dict[int, list] = {}
+        original = RequestStats.record
+
+        def record(stats, r):
+            self.rounds.setdefault(id(stats), []).append(r)
+            original(stats, r)
+
+        monkeypatch.setattr(RequestStats, "record", record)
