@@ -1,0 +1,63 @@
+"""`specgate policy check|schema|explain` as a user runs them (subprocess of the installed script)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECGATE = str(ROOT / ".venv" / "bin" / "specgate")
+DEFAULT = str(ROOT / "deploy" / "policies" / "default.yaml")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SPECGATE, "policy", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def test_check_valid_and_invalid(tmp_path: Path) -> None:
+    ok = run("check", DEFAULT)
+    assert ok.returncode == 0, ok.stderr
+    assert "valid policy (version 1)" in ok.stdout and "rules: unverified-pair, kv-pressure, tiny-budget, learned" \
+        in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(DEFAULT).read_text().replace("then: auto}", "then: {pool: ngramm}}"))
+    out = run("check", str(bad))
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.splitlines()[0].startswith("bad.yaml:")
+    assert out.stderr.splitlines()[0].endswith("rules[3] (Rule 'learned').then.pool: unknown pool 'ngramm'; "
+                                                "declared pools: plain, ngram, draft")
+    for path in sorted((ROOT / "deploy" / "policies" / "examples").glob("*.yaml")):
+        assert run("check", str(path)).returncode == 0, path
+
+
+def test_schema_is_json_schema_for_policy() -> None:
+    out = run("schema")
+    assert out.returncode == 0
+    schema = json.loads(out.stdout)
+    assert schema["$ref"] == "#/$defs/Policy"
+    assert set(schema["$defs"]["Policy"]["required"]) == {"version", "slices", "pools"}
+    import jsonschema
+    import yaml
+    jsonschema.validate(yaml.safe_load(Path(DEFAULT).read_text()), schema)
+
+
+def test_explain_request_and_stats(tmp_path: Path) -> None:
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps({"model": "SmolLM2-135M-Instruct", "max_tokens": 4,
+                               "messages": [{"role": "user", "content": "Write a haiku."}]}))
+    out = run("explain", DEFAULT, "--request", str(req))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == "slice: prose (slices[4])"
+    assert "rule tiny-budget: matched" in out.stdout
+    assert "decision: pool plain, bypass (no speculation), rule tiny-budget" in out.stdout
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"pools": {"plain": {"healthy": True}, "ngram": {"healthy": True,
+                                                                               "pair_verified": False}}}))
+    req.write_text(json.dumps({"max_tokens": 64, "code_score": 0.9}))
+    out = run("explain", DEFAULT, "--request", str(req), "--stats", str(stats), "--json")
+    trace = json.loads(out.stdout)
+    assert trace["slice"] == "code" and trace["decision"]["rule"] == "unverified-pair"
+    req.write_text(json.dumps({"max_tokens": 64, "bogus": 1}))
+    out = run("explain", DEFAULT, "--request", str(req))
+    assert out.returncode == 1 and "bogus" in out.stderr
