@@ -6,6 +6,7 @@ Each predicate comes with a label (``prompt_tokens >= 1500``) for :func:`policie
 
 from __future__ import annotations
 
+import operator
 import weakref
 from typing import Any, Callable
 
@@ -23,21 +24,22 @@ class Ctx:
         self.f, self.slice, self.snap, self.compiled, self.subjects = f, slice_, snap, compiled, ()
 
 
+_OPS = {"gt": (operator.gt, ">"), "gte": (operator.ge, ">="), "lt": (operator.lt, "<"),
+        "lte": (operator.le, "<="), "eq": (operator.eq, "==")}
+
+
 def _num(cond: float | Range) -> tuple[Callable[[float | None], bool], str]:
+    """A None-safe numeric test; single-bound tests (the common case) get a closure of their own."""
     if not isinstance(cond, Range):
         return (lambda v: v is not None and v == cond), f"== {cond:g}"
-    checks = [(op, bound) for op, bound in (("gt", cond.gt), ("gte", cond.gte), ("lt", cond.lt),
-                                            ("lte", cond.lte), ("eq", cond.eq)) if bound is not None]
-    ops = {"gt": float.__gt__, "gte": float.__ge__, "lt": float.__lt__, "lte": float.__le__, "eq": float.__eq__}
-    symbols = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<=", "eq": "=="}
-    fns = [(ops[op], float(b)) for op, b in checks]
-
-    def test(v: float | None) -> bool:
-        if v is None:
-            return False
-        v = float(v)
-        return all(fn(v, b) for fn, b in fns)
-    return test, " and ".join(f"{symbols[op]} {b:g}" for op, b in checks)
+    checks = [(_OPS[op][0], float(b), f"{_OPS[op][1]} {b:g}") for op in _OPS
+              if (b := getattr(cond, op)) is not None]
+    label = " and ".join(text for _, _, text in checks)
+    if len(checks) == 1:
+        fn, bound, _ = checks[0]
+        return (lambda v: v is not None and fn(v, bound)), label
+    fns = [(fn, bound) for fn, bound, _ in checks]
+    return (lambda v: v is not None and all(fn(v, b) for fn, b in fns)), label
 
 
 def _one_of(cond: str | list[str]) -> tuple[frozenset[str], str]:
@@ -59,15 +61,15 @@ def _feature_preds(when: SliceWhen) -> list[tuple[str, Pred]]:
         cond = getattr(when, name)
         if cond is not None:
             out.append((f"{name} is {cond}", lambda c, n=name, v=cond: getattr(c.f, n) is v))
+    for header, cond in (when.headers or {}).items():
+        values, label = _one_of(cond)
+        out.append((f"header {header.lower()} {label}",
+                    lambda c, h=header.lower(), s=values: c.f.headers.get(h) in s))
     for name in ("prompt_tokens", "max_tokens", "temperature", "code_score"):
         cond = getattr(when, name)
         if cond is not None:
             test, label = _num(cond)
             out.append((f"{name} {label}", lambda c, n=name, t=test: t(getattr(c.f, n))))
-    for header, cond in (when.headers or {}).items():
-        values, label = _one_of(cond)
-        out.append((f"header {header.lower()} {label}",
-                    lambda c, h=header.lower(), s=values: c.f.headers.get(h) in s))
     return out
 
 
@@ -77,10 +79,11 @@ def _pool_num(label: str, cond: float | Range, read: Callable[[Ctx, str], float 
 
 
 def _rule_preds(when: RuleWhen) -> list[tuple[str, Pred]]:
-    out = _feature_preds(when)
+    out: list[tuple[str, Pred]] = []
     if when.slice is not None:
         values, label = _one_of(when.slice)
         out.append((f"slice {label}", lambda c, s=values: c.slice in s))
+    out += _feature_preds(when)
     for name, read in (("budget_tokens", lambda f: f.budget), ("concurrency", None)):
         cond = getattr(when, name)
         if cond is not None:
@@ -106,12 +109,13 @@ def _rule_preds(when: RuleWhen) -> list[tuple[str, Pred]]:
 
 
 class CompiledRule:
-    __slots__ = ("rule", "preds", "subjects")
+    __slots__ = ("rule", "preds", "fns", "subjects")
 
     def __init__(self, rule: Rule, policy: Policy) -> None:
         self.rule = rule
         when = rule.when
         self.preds = _rule_preds(when) if when is not None else []
+        self.fns = tuple(fn for _, fn in self.preds)
         action = rule.then
         if when is not None and when.pool is not None:
             self.subjects = (when.pool,)

@@ -122,6 +122,13 @@ def _decide(policy: Policy, features: RequestFeatures, snap: Snapshot, rng: rand
     ctx = Ctx(features, slice_, snap, comp)
     for crule in comp.rules:
         ctx.subjects = crule.subjects
+        if trace is None:
+            for fn in crule.fns:
+                if not fn(ctx):
+                    break
+            else:
+                return _act(policy, comp, snap, features, slice_, crule, rng, trace)
+            continue
         failed = next((label for label, pred in crule.preds if not pred(ctx)), None)
         if trace is not None:
             trace.rules.append(RuleTrace(rule=crule.rule.name, matched=failed is None, failed=failed,
