@@ -27,6 +27,9 @@ log = logging.getLogger("specgate.worker")
 T = TypeVar("T")
 _JSON = "application/json"
 _DONE = b"data: [DONE]\n\n"
+# Built at import: a body type msgspec cannot decode is a startup error, never a per-request 500.
+_DECODERS = {kind: msgspec.json.Decoder(kind)
+             for kind in (GenerateBody, ChatCompletionBody, CompletionBody, AbortBody)}
 
 
 def _sse(obj: Any) -> bytes:
@@ -42,7 +45,7 @@ async def _decode(request: Request, kind: type[T]) -> T:
     if not raw.strip():
         raise from_decode_error(msgspec.DecodeError("empty body"))
     try:
-        return msgspec.json.decode(raw, type=kind)
+        return _DECODERS[kind].decode(raw)
     except msgspec.DecodeError as exc:
         raise from_decode_error(exc) from exc
 

@@ -116,7 +116,7 @@ class ChatCompletionBody(_OpenAIFields, frozen=True, kw_only=True):
 
 
 class CompletionBody(_OpenAIFields, frozen=True, kw_only=True):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int | str]  # one prompt: text, token ids, or a one-element list of text
     echo: bool = False
     suffix: str | None = None
 

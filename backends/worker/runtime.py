@@ -180,7 +180,8 @@ class WorkerRuntime:
             "has_image_understanding": False,
             "has_audio_understanding": False,
             "model_type": self.model_type,
-            "architectures": self.architectures,
+            # the GGUF-converted config carries no architectures: name the class actually loaded
+            "architectures": self.architectures or [type(self.ready_bridge().engine.runner.model).__name__],
         }
 
     def models(self) -> dict[str, Any]:

@@ -151,9 +151,10 @@ def _openai_sampling(body: _OpenAIFields, max_tokens: int | None) -> SamplingPar
 
 def completion_request(body: CompletionBody, tokenizer: Any, limits: Limits) -> GenerateRequest:
     prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and any(isinstance(p, str) for p in prompt):
         if len(prompt) != 1:
-            raise BadRequest("batched prompts are not supported; send one prompt per request", "prompt")
+            raise BadRequest("batched prompts are not supported; send one prompt (a string or a list "
+                             "of token ids) per request", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
         if not prompt:

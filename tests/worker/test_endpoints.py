@@ -1,0 +1,178 @@
+"""Response shapes of every endpoint, streaming, and per-request speculation (tiny model, in-process)."""
+
+from __future__ import annotations
+
+import json
+
+REPEAT = "alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta"
+META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version"}
+SPEC_KEYS = {"spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
+             "spec_num_proposed_drafts", "spec_correct_drafts_histogram", "spec_accepted_per_position",
+             "spec_proposed_per_position", "spec_draft_s", "spec_verify_s"}
+
+
+def _sse(response) -> list:
+    events = [line[len("data: "):] for line in response.text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def _generate(worker, speculation=None, **sampling):
+    sp = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True, **sampling}
+    if speculation is not None:
+        sp["custom_params"] = {"speculation": speculation}
+    response = worker.post("/generate", json={"text": REPEAT, "sampling_params": sp})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_generate_body_and_meta_info(worker, real_tokenizer):
+    response = worker.post("/generate", json={"text": REPEAT, "rid": "r-1", "sampling_params": {
+        "max_new_tokens": 7, "temperature": 0, "ignore_eos": True}})
+    body = response.json()
+    meta = body["meta_info"]
+    assert set(meta) == META_KEYS | SPEC_KEYS | {"e2e_latency", "spec_reached_per_position"}
+    assert meta["id"] == "r-1"
+    assert meta["finish_reason"] == {"type": "length", "length": 7}
+    assert meta["prompt_tokens"] == len(real_tokenizer.encode(REPEAT, add_special_tokens=False))
+    assert meta["completion_tokens"] == len(body["output_ids"]) == 7
+    assert body["text"] == real_tokenizer.decode(body["output_ids"], skip_special_tokens=True)
+    # plain decoding (the worker was started without speculation): one token per verification round
+    assert meta["spec_verify_ct"] == 7 and meta["spec_accept_length"] == 1.0
+    assert meta["spec_num_proposed_drafts"] == 0 and meta["spec_correct_drafts_histogram"] == [7]
+    assert meta["weight_version"] == "default" and meta["e2e_latency"] > 0
+
+
+def test_per_request_speculation_keeps_greedy_output_and_reports_drafts(worker):
+    plain = _generate(worker)
+    for speculation in ({"proposer": "ngram", "draft_tokens": 3}, {"proposer": "draft_model", "draft_tokens": 2},
+                        {"proposer": "ngram", "draft_tokens": 4, "adaptive": True}):
+        spec = _generate(worker, speculation)
+        assert spec["output_ids"] == plain["output_ids"], speculation
+        meta = spec["meta_info"]
+        assert meta["spec_num_proposed_drafts"] > 0, speculation
+        assert sum(meta["spec_correct_drafts_histogram"]) == meta["spec_verify_ct"]
+        assert meta["spec_num_correct_drafts"] == sum(meta["spec_accepted_per_position"])
+        assert meta["spec_num_proposed_drafts"] == sum(meta["spec_proposed_per_position"])
+        assert len(meta["spec_proposed_per_position"]) <= speculation["draft_tokens"]
+        assert meta["spec_accept_length"] == meta["completion_tokens"] / meta["spec_verify_ct"]
+        assert meta["spec_accept_rate"] == meta["spec_num_correct_drafts"] / meta["spec_num_proposed_drafts"]
+
+
+def test_worker_default_speculation_applies_without_override(worker_factory):
+    with worker_factory(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3) as worker:
+        info = worker.get("/server_info").json()
+        assert (info["speculative_algorithm"], info["speculative_num_draft_tokens"]) == ("NGRAM", 3)
+        default = _generate(worker)["meta_info"]
+        assert default["spec_num_proposed_drafts"] > 0
+        assert len(default["spec_proposed_per_position"]) == 3
+        bypass = _generate(worker, {"proposer": "none"})["meta_info"]
+        assert bypass["spec_num_proposed_drafts"] == 0
+
+
+def test_generate_stream_is_cumulative_and_ends_with_done(worker):
+    response = worker.post("/generate", json={"text": REPEAT, "stream": True, "sampling_params": {
+        "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    chunks = _sse(response)
+    assert len(chunks) == 6
+    for before, after in zip(chunks, chunks[1:]):
+        assert after["text"].startswith(before["text"])
+        assert after["output_ids"][:len(before["output_ids"])] == before["output_ids"]
+    assert all(c["meta_info"]["finish_reason"] is None and "e2e_latency" not in c["meta_info"]
+               for c in chunks[:-1])
+    final = chunks[-1]["meta_info"]
+    assert final["finish_reason"] == {"type": "length", "length": 6} and final["spec_verify_ct"] == 6
+    assert _generate(worker, max_new_tokens=6)["text"] == chunks[-1]["text"]
+
+
+def test_stop_string_finish_reason(worker):
+    free = _generate(worker, max_new_tokens=8)["text"]
+    stop = free[3:6]
+    meta = _generate(worker, max_new_tokens=8, stop=[stop])
+    assert meta["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert meta["text"] == free[:free.index(stop)]
+
+
+def test_chat_completion_with_spec_details(worker):
+    body = {"model": "anything", "messages": [{"role": "user", "content": REPEAT}], "max_tokens": 5,
+            "temperature": 0, "ignore_eos": True, "return_spec_tokens_details": True,
+            "custom_params": {"speculation": {"proposer": "ngram", "draft_tokens": 2}}}
+    out = worker.post("/v1/chat/completions", json=body).json()
+    assert out["object"] == "chat.completion" and out["model"] == "anything"
+    choice = out["choices"][0]
+    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 5
+    assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + 5
+    details = out["sglext"]["spec_tokens_details"]
+    assert details["spec_verify_ct"] >= 3 and details["spec_num_proposed_drafts"] > 0
+    assert {"spec_cap_length", "spec_block_accept_length", "spec_cap_lens_histogram"} <= set(details)
+    assert "sglext" not in worker.post("/v1/chat/completions", json={**body, "return_spec_tokens_details": False}).json()
+
+    stream = _sse(worker.post("/v1/chat/completions", json={**body, "stream": True,
+                                                            "stream_options": {"include_usage": True}}))
+    assert stream[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in stream if c["choices"])
+    assert text == choice["message"]["content"]
+    assert [c["choices"][0]["finish_reason"] for c in stream if c["choices"]][-1] == "length"
+    sglext, usage = stream[-2], stream[-1]
+    assert sglext["choices"] == [] and sglext["sglext"]["spec_tokens_details"]["spec_verify_ct"] == details["spec_verify_ct"]
+    assert usage["choices"] == [] and usage["usage"] == out["usage"]
+
+
+def test_chat_tools_are_rendered_into_the_prompt(worker):
+    base = {"messages": [{"role": "user", "content": "weather?"}], "max_tokens": 1, "temperature": 0}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    plain = worker.post("/v1/chat/completions", json=base).json()["usage"]["prompt_tokens"]
+    with_tools = worker.post("/v1/chat/completions", json={**base, "tools": tools}).json()["usage"]["prompt_tokens"]
+    assert with_tools > plain
+
+
+def test_completions_plain_and_stream(worker):
+    body = {"prompt": REPEAT, "max_tokens": 5, "temperature": 0, "ignore_eos": True, "echo": False}
+    out = worker.post("/v1/completions", json=body).json()
+    assert out["object"] == "text_completion" and out["choices"][0]["finish_reason"] == "length"
+    assert out["choices"][0]["text"] == _generate(worker, max_new_tokens=5)["text"]
+    stream = _sse(worker.post("/v1/completions", json={**body, "stream": True}))
+    assert "".join(c["choices"][0]["text"] for c in stream) == out["choices"][0]["text"]
+    assert all(c["object"] == "text_completion" for c in stream)
+
+
+def test_info_endpoints(worker, prepared_model):
+    models = worker.get("/v1/models").json()["data"]
+    assert models == [{"id": "SmolLM2-135M-Instruct", "object": "model", "created": models[0]["created"],
+                       "owned_by": "sglang", "root": "SmolLM2-135M-Instruct", "parent": None,
+                       "max_model_len": 512}]
+    for path in ("/server_info", "/get_server_info"):
+        info = worker.get(path).json()
+        assert info["model_path"] == str(prepared_model.path) and info["revision"] == prepared_model.revision
+        assert info["speculative_algorithm"] is None and info["specgate_per_request_speculation"] is True
+        assert info["context_length"] == 512 and info["internal_states"][0]["avg_spec_accept_length"] >= 0
+    for path in ("/model_info", "/get_model_info"):
+        assert worker.get(path).json()["architectures"] == ["LlamaForCausalLM"]
+    loads = worker.get("/v1/loads", params={"include": "core,memory"}).json()
+    assert isinstance(loads["timestamp"], str) and loads["dp_rank_count"] == 1
+    rank = loads["loads"][0]
+    assert (rank["num_running_reqs"], rank["num_waiting_reqs"], rank["token_usage"]) == (0, 0, 0.0)
+    assert rank["max_total_num_tokens"] == 65536
+
+
+def test_metrics_use_sglang_names(worker):
+    _generate(worker, max_new_tokens=3)
+    text = worker.get("/metrics").text
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+                 "sglang:spec_accept_length", "sglang:spec_accept_rate", "sglang:time_to_first_token_seconds",
+                 "sglang:inter_token_latency_seconds", "sglang:e2e_request_latency_seconds",
+                 "sglang:generation_tokens_total", "sglang:prompt_tokens_total"):
+        assert f"\n{name}" in text, name
+    assert 'sglang:num_running_reqs{model_name="SmolLM2-135M-Instruct"} 0.0' in text
+
+
+def test_served_model_name_and_weight_version(worker_factory, prepared_model):
+    with worker_factory(served_model_name="smol", weight_version="v7", speculative_algorithm="STANDALONE") as w:
+        info = w.get("/server_info").json()
+        assert (info["served_model_name"], info["weight_version"]) == ("smol", "v7")
+        assert info["speculative_draft_model_path"] == f"{prepared_model.path}#layers=1"
+        assert info["speculative_draft_model_revision"] == prepared_model.revision
+        assert w.get("/v1/models").json()["data"][0]["id"] == "smol"
+        assert _generate(w, max_new_tokens=2)["meta_info"]["weight_version"] == "v7"

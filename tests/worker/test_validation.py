@@ -1,0 +1,88 @@
+"""Bad input gets SGLang-style 400s naming the field; nothing a client sends crashes the worker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+G = "/generate"
+C = "/v1/chat/completions"
+P = "/v1/completions"
+OK_SP = {"max_new_tokens": 2}
+CASES = [
+    # (path, body, param, message fragment)
+    (G, {"text": "hi", "sampling_params": {"max_new_token": 4}}, "sampling_params",
+     "Object contains unknown field `max_new_token`"),
+    (G, {"text": "", "sampling_params": OK_SP}, "text", "text is empty"),
+    (G, {"text": "hi", "input_ids": [1, 2], "sampling_params": OK_SP}, "text", "Only one of text and input_ids"),
+    (G, {"sampling_params": OK_SP}, "text", "Either text or input_ids"),
+    (G, {"input_ids": [], "sampling_params": OK_SP}, "input_ids", "input_ids is empty"),
+    (G, {"input_ids": [10**9]}, "input_ids", "input_ids must be token ids in [0, 49152)"),
+    (G, {"text": "hi", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens",
+     "must be at least 1, got -1"),
+    (G, {"text": "hi", "sampling_params": {"top_p": 0}}, "sampling_params.top_p", "must be in (0, 1], got 0"),
+    (G, {"text": "hi", "sampling_params": {"top_p": 1.5}}, "sampling_params.top_p", "must be in (0, 1], got 1.5"),
+    (G, {"text": "hi", "sampling_params": {"temperature": -0.5}}, "sampling_params.temperature",
+     "must be non-negative"),
+    (G, {"text": "hi", "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature",
+     "Expected `float`, got `str`"),
+    (G, {"text": "hi", "sampling_params": {"n": 2}}, "sampling_params.n", "must be 1"),
+    (G, {"text": "hi", "sampling_params": {"regex": "a+"}}, "sampling_params.regex", "is not supported"),
+    (G, {"input_ids": [5] * 600, "sampling_params": OK_SP}, "text", "context window is 512"),
+    (G, {"text": "hi", "sampling_params": {"custom_params": {"speculation": {"proposer": "eagle"}}}},
+     "sampling_params.custom_params.speculation.proposer", "Invalid enum value 'eagle'"),
+    (G, {"text": "hi", "sampling_params": {"custom_params": {"speculation": {"draft_tokens": 17}}}},
+     "sampling_params.custom_params.speculation.draft_tokens", "Expected `int` <= 16"),
+    (G, {"text": "hi", "sampling_params": {"custom_params": {"speculation": {"k": 3}}}},
+     "sampling_params.custom_params.speculation", "Object contains unknown field `k`"),
+    (G, {"text": "hi", "sampling_params": {"custom_params": {"speculation": "ngram"}}},
+     "sampling_params.custom_params.speculation", "Expected `object`, got `str`"),
+    (C, {"messages": []}, "messages", "messages is empty"),
+    (C, {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "must be one of"),
+    (C, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content",
+     "only text parts"),
+    (C, {"messages": [{"role": "user", "content": "x"}], "top_p": 2}, "top_p", "must be in (0, 1]"),
+    (C, {"messages": [{"role": "user", "content": "x"}], "custom_params": {"speculation": {"adaptive": 1}}},
+     "custom_params.speculation.adaptive", "Expected `bool | null`, got `int`"),
+    (P, {"prompt": ""}, "prompt", "prompt is empty"),
+    (P, {"prompt": "x", "max_tokens": 0}, "max_new_tokens", "must be at least 1, got 0"),
+    (P, {"model": "m"}, None, "Object missing required field `prompt`"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "fragment"), CASES,
+                         ids=[f"{c[0]}:{c[2]}:{i}" for i, c in enumerate(CASES)])
+def test_bad_input_is_a_400_naming_the_field(worker, path, body, param, fragment):
+    response = worker.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert fragment in error["message"]
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+
+
+@pytest.mark.parametrize("raw", [b"", b"{not json", b"[1, 2]", b"\xff\xfe"])
+def test_body_that_is_not_a_json_object_is_a_400(worker, raw):
+    response = worker.post(G, content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith(("request body is not valid JSON",
+                                                            "invalid request body: Expected `object`"))
+
+
+def test_unknown_top_level_keys_are_ignored_like_sglang(worker):
+    # the keys smg adds when it re-serialises /generate
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+            "model": "x", "return_text_in_logprobs": True, "log_metrics": True, "background": False,
+            "no_logs": False, "return_bytes": False, "return_entropy": False, "whatever": {"a": 1}}
+    response = worker.post(G, json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["meta_info"]["completion_tokens"] <= 2
+
+
+def test_worker_survives_garbage_and_still_generates(worker):
+    for payload in (b"null", b"1e999999", json.dumps({"text": "a" * 10, "sampling_params": None}).encode(),
+                    json.dumps({"text": ["a", "b"]}).encode(), b'{"input_ids": [-1]}'):
+        assert worker.post(G, content=payload).status_code == 400, payload
+    assert worker.post("/abort_request", json={"rid": "nope"}).status_code == 404
+    assert worker.get("/health_generate").status_code == 200
