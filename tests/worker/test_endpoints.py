@@ -50,13 +50,15 @@ def test_per_request_speculation_keeps_greedy_output_and_reports_drafts(worker):
         spec = _generate(worker, speculation)
         assert spec["output_ids"] == plain["output_ids"], speculation
         meta = spec["meta_info"]
-        assert meta["spec_num_proposed_drafts"] > 0, speculation
+        if not speculation.get("adaptive"):  # adaptive may rightly choose k = 0 on an uncalibrated engine
+            assert meta["spec_num_proposed_drafts"] > 0, speculation
         assert sum(meta["spec_correct_drafts_histogram"]) == meta["spec_verify_ct"]
         assert meta["spec_num_correct_drafts"] == sum(meta["spec_accepted_per_position"])
         assert meta["spec_num_proposed_drafts"] == sum(meta["spec_proposed_per_position"])
         assert len(meta["spec_proposed_per_position"]) <= speculation["draft_tokens"]
         assert meta["spec_accept_length"] == meta["completion_tokens"] / meta["spec_verify_ct"]
-        assert meta["spec_accept_rate"] == meta["spec_num_correct_drafts"] / meta["spec_num_proposed_drafts"]
+        assert meta["spec_accept_rate"] == (meta["spec_num_correct_drafts"] / meta["spec_num_proposed_drafts"]
+                                            if meta["spec_num_proposed_drafts"] else 0.0)
 
 
 def test_worker_default_speculation_applies_without_override(worker_factory):
