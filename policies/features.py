@@ -3,14 +3,15 @@
 Both estimators run per request in the gateway, before any worker is called, so they must cost
 microseconds and need no tokenizer:
 
-- :func:`approx_tokens` = ceil(UTF-8 bytes / 3.6). Against SmolLM2's tokenizer on Spec-Bench,
-  HumanEval and BFCL prompts it is within about +-20% per prompt on English prose and code (whitespace-
-  heavy code is over-counted, dense JSON under-counted); thresholds in a policy are coarse (hundreds of
-  tokens), so that is accurate enough, and the docs say so.
+- :func:`approx_tokens` = ceil(UTF-8 bytes / 3.6). Measured against SmolLM2's tokenizer (estimate /
+  true, median [p5, p95]): QMSum long prose 1.05 [0.95, 1.28], HumanEval code 0.85 [0.50, 1.14] (runs
+  of indentation are single tokens), BFCL short questions 1.2-1.4 [0.8, 1.8]. Policy thresholds are coarse
+  (hundreds of tokens), so that is accurate enough.
 - :func:`code_score` in [0, 1] mixes five signals on the first 8000 characters: a Markdown code fence
   (0.35), the share of indented lines (0.2), the share of lines ending in ``{ } ; : ) ,`` (0.15),
-  programming keywords per line (0.15) and the density of brackets/operators (0.15). Prose scores
-  about 0-0.2, code about 0.5-1.
+  programming keywords per line (0.15) and the density of brackets/operators (0.15). On the shared
+  workloads: HumanEval prompts p10 0.37 / median 0.45; Spec-Bench, QMSum and BFCL questions p90 <= 0.19;
+  fenced code scores >= 0.7. The default policy splits at 0.3.
 """
 
 from __future__ import annotations
