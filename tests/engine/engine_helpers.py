@@ -111,10 +111,17 @@ class RoundLog:
 
     def __init__(self, monkeypatch) -> None:
         self.rounds: dict[int, list] = {}
+        self._alive: list[RequestStats] = []  # keeps ids unique while the log lives
         original = RequestStats.record
 
         def record(stats, r):
+            if id(stats) not in self.rounds:
+                self._alive.append(stats)
             self.rounds.setdefault(id(stats), []).append(r)
             original(stats, r)
 
         monkeypatch.setattr(RequestStats, "record", record)
+
+    def of(self, output: RequestOutput) -> list:
+        """The rounds of the request whose event this is."""
+        return self.rounds[id(output.stats)]

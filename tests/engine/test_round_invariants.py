@@ -125,7 +125,7 @@ def test_round_invariants(engine, monkeypatch, prompt, proposer, k, adaptive, te
     assert not errors, errors[0]
     out = events[-1]
     assert out.finished and not engine.scheduler.running and not engine._slots
-    (rounds,) = log.rounds.values()
+    rounds = log.of(out)
     check_rounds(rounds, out.finish_reason)
     assert sum(r.committed for r in rounds) == len(out.output_ids) <= max_new_tokens
     if temperature == 0.0:
