@@ -1,0 +1,50 @@
+"""One finished (or failed) gateway request, as telemetry sees it.
+
+The gateway builds one ``RequestRecord`` per request after the last byte (or the error) and hands it
+to ``Telemetry.observe`` (metrics, logs, dashboard history); the policy learner gets a
+``policies.stats.Outcome`` built from the same values. Label-able fields (route, slice, pool,
+proposer, rule, status class) come from the policy or from a closed set, never from the client, so
+metric cardinality stays bounded; ``request_id`` and ``worker`` are for logs only.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    route: str  # policy route name ("default" when auth is off)
+    slice: str  # policy slice name
+    pool: str  # policy pool name ("" when the request never reached a pool)
+    proposer: str  # none | ngram | draft_model | eagle | eagle3 | standalone
+    rule: str  # policy rule that decided ("" when rejected before deciding)
+    reason: str = ""  # the decision's human-readable reason (logs only)
+    draft_tokens: int = 0  # k chosen (0 = bypass)
+    endpoint: str = "chat"  # chat | completions
+    stream: bool = False
+    status: str = "ok"  # ok | client_error | rate_limited | upstream_error | aborted | unavailable
+    http_status: int = 200
+    error_type: str | None = None
+    error_message: str | None = None  # never contains prompt text or keys
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ttft_s: float | None = None  # gateway-observed: request received -> first content byte sent
+    tpot_s: float | None = None  # (e2e - ttft) / (completion_tokens - 1)
+    e2e_s: float | None = None
+    overhead_s: float | None = None  # time the gateway itself added (parse, decide, dispatch, relay)
+    # speculation as reported by the worker (absent for plain or when SGLang reports nothing)
+    verify_ct: int | None = None
+    accept_length: float | None = None
+    num_proposed_drafts: int | None = None
+    num_correct_drafts: int | None = None
+    correct_drafts_histogram: list[int] | None = None
+    accepted_per_position: list[int] | None = None
+    reached_per_position: list[int] | None = None
+    slo_ttft_s: float | None = None  # the route's SLO in force
+    slo_tpot_s: float | None = None
+    slo_met: bool | None = None  # both TTFT and TPOT met (DistServe goodput); None when not ok
+    retries: int = 0
+    worker: str = ""  # URL, logs only
+    fallback: bool = False  # a safety fallback changed the decision
+    timestamp: float = 0.0  # wall clock (time.time()) when the request finished
