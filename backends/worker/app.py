@@ -16,7 +16,7 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
 from backends.engine.types import GenerateRequest
-from backends.worker.errors import NotFound, WorkerRequestError, error_body, from_decode_error
+from backends.worker.errors import WorkerRequestError, error_body, from_decode_error
 from backends.worker.requests import AbortBody, ChatCompletionBody, CompletionBody, GenerateBody
 from backends.worker.responses import OpenAIShaper, generate_body
 from backends.worker.runtime import EngineFactory, WorkerRuntime
@@ -132,9 +132,8 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
             for rid in list(bridge.active):
                 bridge.abort(rid)
             return _json({"aborted": True})
-        if not bridge.abort(body.rid):
-            raise NotFound(f"no running request with rid {body.rid!r}", "rid")
-        return _json({"aborted": True})
+        # SGLang answers 200 whether or not the rid is still running (it may just have finished)
+        return _json({"aborted": bridge.abort(body.rid)})
 
     @get(["/health", "/health_generate"])
     async def health(request: Request) -> Response:

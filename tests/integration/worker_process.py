@@ -1,0 +1,68 @@
+"""Start and always stop real `specgate worker` (and smg) processes on free loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+STARTUP_TIMEOUT_S = 180  # model load is ~10 s alone; this machine is shared
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = STARTUP_TIMEOUT_S, ok=(200,)) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered; see its log")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=5).status_code in ok:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer {ok} within {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen, grace: float = 10) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@contextlib.contextmanager
+def running(argv: list[str], health_url: str, log: Path, ok=(200,)) -> Iterator[subprocess.Popen]:
+    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_http(health_url, proc, ok=ok)
+            yield proc
+        finally:
+            stop(proc)
+
+
+@contextlib.contextmanager
+def worker(tmp: Path, *flags: str) -> Iterator[str]:
+    """A real `specgate worker`; yields its base URL. ``--no-calibrate`` keeps startup ~10 s."""
+    port = free_port()
+    argv = [str(BIN / "specgate"), "worker", "--port", str(port), "--no-calibrate", "--log-level", "warning",
+            *flags]
+    with running(argv, f"http://127.0.0.1:{port}/health", tmp / f"worker-{port}.log"):
+        yield f"http://127.0.0.1:{port}"
