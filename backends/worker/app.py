@@ -51,7 +51,7 @@ async def _decode(request: Request, kind: type[T]) -> T:
 
 
 def _stream(chunks: AsyncIterator[bytes]) -> Stream:
-    return Stream(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return Stream(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}, status_code=200)
 
 
 def _stream_error(out_message: str, code: int) -> bytes:
@@ -64,7 +64,7 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
     """The worker app. ``engine_factory`` builds the engine from its config (tests pass a tiny model)."""
     runtime = WorkerRuntime(settings, engine_factory)
 
-    @post("/generate")
+    @post("/generate", status_code=200)
     async def generate(request: Request) -> Response | Stream:
         body = await _decode(request, GenerateBody)
         bridge = runtime.ready_bridge()
@@ -112,19 +112,19 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
             yield _DONE
         return _stream(chunks())
 
-    @post("/v1/chat/completions")
+    @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response | Stream:
         body = await _decode(request, ChatCompletionBody)
         req = chat_request(body, runtime.ready_bridge().engine.tokenizer, runtime.limits)
         return await openai(req, body, chat=True)
 
-    @post("/v1/completions")
+    @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response | Stream:
         body = await _decode(request, CompletionBody)
         req = completion_request(body, runtime.ready_bridge().engine.tokenizer, runtime.limits)
         return await openai(req, body, chat=False)
 
-    @post("/abort_request")
+    @post("/abort_request", status_code=200)
     async def abort_request(request: Request) -> Response:
         body = await _decode(request, AbortBody)
         bridge = runtime.ready_bridge()

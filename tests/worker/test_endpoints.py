@@ -75,6 +75,7 @@ def test_worker_default_speculation_applies_without_override(worker_factory):
 def test_generate_stream_is_cumulative_and_ends_with_done(worker):
     response = worker.post("/generate", json={"text": REPEAT, "stream": True, "sampling_params": {
         "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
+    assert response.status_code == 200  # not Litestar's POST default 201: smg forwards it verbatim
     assert response.headers["content-type"].startswith("text/event-stream")
     chunks = _sse(response)
     assert len(chunks) == 6
