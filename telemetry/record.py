@@ -48,3 +48,6 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     worker: str = ""  # URL, logs only
     fallback: bool = False  # a safety fallback changed the decision
     timestamp: float = 0.0  # wall clock (time.time()) when the request finished
+    # Set ONLY when the gateway runs with its debug-text flag; logged only then, never exported as metrics.
+    prompt_text: str | None = None
+    completion_text: str | None = None

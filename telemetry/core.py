@@ -1,0 +1,207 @@
+"""``Telemetry``: the one object the gateway hands every finished request, pool state and policy change.
+
+It fans each ``RequestRecord`` out to Prometheus counters and histograms, one structured log line, and
+the dashboard's in-memory history. Labels are bounded by the policy in force (:mod:`telemetry.labels`),
+so a client can never create a series. Single event loop, no locks: every method is called from the
+gateway's loop, including ``metrics_response`` (the scrape handler).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+import msgspec
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from backends.sglang.pool import PoolSnapshot, WorkerState
+from policies.schema import Policy
+from telemetry.derive import SpecCounts, is_speculative, spec_counts
+from telemetry.labels import LabelSets
+from telemetry.logs import log_request
+from telemetry.metrics import Metrics
+from telemetry.record import RequestRecord
+from telemetry.series import History
+
+
+def policy_digest(policy: Policy) -> str:
+    """Short sha256 of the canonical policy: the version shown until the gateway names one."""
+    return hashlib.sha256(msgspec.json.encode(policy, order="sorted")).hexdigest()[:12]
+
+
+def _pair_state(verified: bool | None) -> str:
+    return "unknown" if verified is None else ("verified" if verified else "mismatch")
+
+
+class Telemetry:
+    """Metrics, logs and dashboard history of one gateway. ``registry``: a private one by default."""
+
+    def __init__(self, policy: Policy, *, debug_text: bool = False,
+                 registry: CollectorRegistry | None = None, history: History | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = Metrics(self.registry)
+        self.debug_text = debug_text
+        self.logger = structlog.get_logger("specgate")
+        self.history = history if history is not None else History()
+        self.policy = policy
+        self.labels = LabelSets.from_policy(policy)
+        self.policy_state: dict[str, Any] = {}
+        # (route, slice, pool) -> [accepted per position, reached per position], since start
+        self.positions: dict[tuple[str, str, str], list[list[int]]] = {}
+        self.pools: list[dict[str, Any]] = []
+        self.started = time.time()
+        self.set_policy(policy, version=policy_digest(policy), reload_ok=True)
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def observe(self, record: RequestRecord) -> None:
+        """Count one finished (or failed) request everywhere."""
+        lab = self.labels
+        key = (lab.route(record.route), lab.slice(record.slice), lab.pool(record.pool),
+               lab.proposer(record.proposer))
+        rule = lab.rule(record.rule)
+        m = self.metrics
+        m.requests.labels(*key, rule, lab.status(record.status)).inc()
+        m.prompt_tokens.labels(*key).inc(record.prompt_tokens)
+        m.output_tokens.labels(*key).inc(record.completion_tokens)
+        if record.slo_met is True:
+            m.slo_met.labels(*key).inc()
+        elif record.slo_met is False:
+            m.slo_missed.labels(*key).inc()
+        for hist, value in ((m.ttft, record.ttft_s), (m.tpot, record.tpot_s), (m.e2e, record.e2e_s)):
+            if value is not None:
+                hist.labels(*key).observe(value)
+        if record.overhead_s is not None:
+            m.overhead.observe(record.overhead_s)
+        counts = spec_counts(record)
+        if counts is not None:
+            self._observe_spec(key, counts, record.accept_length)
+        log_request(self.logger, record, debug_text=self.debug_text)
+        self._remember(key, rule, record, counts)
+
+    def _observe_spec(self, key: tuple[str, ...], counts: SpecCounts, accept_length: float | None) -> None:
+        m = self.metrics
+        m.rounds.labels(*key).inc(counts.rounds)
+        m.draft_tokens.labels(*key).inc(counts.draft_tokens)
+        m.accepted_tokens.labels(*key).inc(counts.accepted_tokens)
+        for j, (acc, reached) in enumerate(zip(counts.accepted_per_position, counts.reached_per_position)):
+            m.position_accepted.labels(*key, str(j + 1)).inc(acc)
+            m.position_reached.labels(*key, str(j + 1)).inc(reached)
+        if accept_length is None:
+            accept_length = 1.0 + counts.accepted_tokens / counts.rounds
+        m.accept_length.labels(*key).observe(accept_length)
+
+    def _remember(self, key: tuple[str, ...], rule: str, record: RequestRecord, counts: SpecCounts | None) -> None:
+        route, slice_, pool = key[0], key[1], key[2]
+        ok = record.status == "ok"
+        sums: dict[str, float] = {"requests": 1, "ok": int(ok), "errors": int(not ok),
+                                  "slo_met": int(record.slo_met is True), "slo_missed": int(record.slo_met is False),
+                                  "output_tokens": record.completion_tokens}
+        if counts is not None:
+            sums.update(rounds=counts.rounds, accepted=counts.accepted_tokens, drafts=counts.draft_tokens)
+            acc, reached = self.positions.setdefault((route, slice_, pool), [[], []])
+            for j, (a, r) in enumerate(zip(counts.accepted_per_position, counts.reached_per_position)):
+                if j == len(acc):
+                    acc.append(0)
+                    reached.append(0)
+                acc[j] += a
+                reached[j] += r
+        if record.tpot_s is not None:
+            mode = "spec" if is_speculative(record) else "plain"
+            sums[f"tpot_{mode}_sum"] = record.tpot_s
+            sums[f"tpot_{mode}_n"] = 1
+        if record.ttft_s is not None:
+            sums.update(ttft_sum=record.ttft_s, ttft_n=1)
+        self.history.add_request(record.timestamp or time.time(), route, slice_, rule, sums)
+
+    def observe_overhead(self, seconds: float) -> None:
+        """Gateway overhead measured outside a record. Use this OR ``RequestRecord.overhead_s`` for a
+        request, not both, or it is counted twice."""
+        self.metrics.overhead.observe(seconds)
+
+    # -- pools and policy --------------------------------------------------------------------------
+
+    def set_pools(self, snapshots: dict[str, PoolSnapshot], workers: dict[str, list[WorkerState]] | None = None,
+                  *, now: float | None = None) -> None:
+        """Replace every pool and worker gauge with the monitor's latest view (pools the policy does not
+        name are exported as ``other``)."""
+        m, lab = self.metrics, self.labels
+        m.clear_pool_gauges()
+        current: list[dict[str, Any]] = []
+        for name, snap in sorted(snapshots.items()):
+            pool = lab.pool(name)
+            m.pool_workers.labels(pool).set(snap.workers)
+            m.pool_healthy.labels(pool).set(len(snap.healthy_workers))
+            m.pool_running.labels(pool).set(snap.running)
+            m.pool_waiting.labels(pool).set(snap.waiting)
+            m.pool_in_flight.labels(pool).set(snap.in_flight)
+            if snap.kv_usage is not None:
+                m.pool_kv.labels(pool).set(snap.kv_usage)
+            if snap.accept_length is not None:
+                m.pool_accept_length.labels(pool).set(snap.accept_length)
+            m.pool_pair.labels(pool).state(_pair_state(snap.pair_verified))
+            worker_rows = [self._set_worker(pool, w) for w in (workers or {}).get(name, [])]
+            spec = self.policy.pools.get(name)
+            current.append({"pool": pool, "proposer": spec.proposer if spec else "other",
+                            "workers": snap.workers, "healthy_workers": len(snap.healthy_workers),
+                            "running": snap.running, "waiting": snap.waiting, "in_flight": snap.in_flight,
+                            "kv_usage": snap.kv_usage, "accept_length": snap.accept_length,
+                            "pair": _pair_state(snap.pair_verified), "worker_states": worker_rows})
+        self.pools = current
+        self.history.add_pools(now if now is not None else time.time(), {
+            row["pool"]: {"running": row["running"], "waiting": row["waiting"], "kv_usage": row["kv_usage"],
+                          "healthy_workers": row["healthy_workers"]} for row in current})
+
+    def _set_worker(self, pool: str, worker: WorkerState) -> dict[str, Any]:
+        m = self.metrics
+        label = (pool, self.labels.worker(worker.url))
+        m.worker_healthy.labels(*label).set(int(worker.healthy))
+        load = worker.load
+        if load is not None:
+            m.worker_running.labels(*label).set(load.running)
+            m.worker_waiting.labels(*label).set(load.waiting)
+            m.worker_kv.labels(*label).set(load.token_usage)
+        return {"worker": label[1], "healthy": worker.healthy, "last_error": worker.last_error,
+                "running": load.running if load else None, "waiting": load.waiting if load else None,
+                "kv_usage": load.token_usage if load else None, "mismatches": list(worker.mismatches)}
+
+    def set_policy(self, policy: Policy, *, version: str, reload_ok: bool, error: str | None = None) -> None:
+        """Record a (re)load. ``policy``/``version``: the policy now in force (the old one when the reload
+        failed); label sets follow it, so names a new policy drops become ``other`` from now on."""
+        m = self.metrics
+        self.policy = policy
+        self.labels = LabelSets.from_policy(policy)
+        m.policy.info({"version": version})
+        m.reload_ok.set(1 if reload_ok else 0)
+        now = time.time()
+        m.reload_time.set(now)
+        m.reloads.labels("ok" if reload_ok else "error").inc()
+        self.policy_state = {"version": version, "reload_ok": reload_ok, "error": error, "at": now}
+        if not reload_ok:
+            self.logger.error("policy_reload_failed", version_in_force=version, cause=error)
+
+    # -- export ------------------------------------------------------------------------------------
+
+    def metrics_response(self) -> tuple[bytes, str]:
+        """(body, content type) of the Prometheus text exposition."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def dashboard_data(self, now: float | None = None) -> dict[str, Any]:
+        """What ``GET /dashboard/data`` returns: the policy, time series, acceptance curves and pools."""
+        now = now if now is not None else time.time()
+        policy = self.policy
+        return {
+            "now": now,
+            "started": self.started,
+            "policy": {**self.policy_state, "routes": sorted(self.labels.routes),
+                       "slices": sorted(self.labels.slices), "rules": [r.name for r in policy.rules],
+                       "pools": {name: {"proposer": p.proposer, "k": list(p.k_range)}
+                                 for name, p in policy.pools.items()},
+                       "slo": {r: msgspec.to_builtins(policy.route_slo(r)) for r in sorted(self.labels.routes)}},
+            "series": self.history.export(now),
+            "positions": [{"route": r, "slice": s, "pool": p, "accepted": acc, "reached": reached}
+                          for (r, s, p), (acc, reached) in sorted(self.positions.items())],
+            "pools": self.pools,
+        }
