@@ -1,0 +1,122 @@
+"""The gateway's view of its workers: one ``WorkerPool`` per policy pool, one ``PoolMonitor`` over
+all of them, the model catalog (served model names and context windows from ``/server_info``).
+
+A ``Backend`` is built per pool topology (pool names, worker URLs, declared pairs). A policy reload
+that keeps the topology keeps the Backend (and its health state); one that changes it builds a new
+Backend, and the old one is closed once its in-flight requests are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import structlog
+
+from backends.sglang.client import ClientTimeouts, SGLangClient
+from backends.sglang.errors import WorkerError
+from backends.sglang.monitor import PoolMonitor
+from backends.sglang.pair import ExpectedPair
+from backends.sglang.pool import PoolSnapshot, WorkerPool
+from policies.schema import Policy
+from policies.snapshot import PoolState
+
+log = structlog.get_logger("specgate.gateway")
+
+# policy proposer -> SGLang's --speculative-algorithm
+_ALGORITHM = {"none": "none", "ngram": "NGRAM", "draft_model": "STANDALONE", "standalone": "STANDALONE",
+              "eagle": "EAGLE", "eagle3": "EAGLE3"}
+
+
+def expected_pair(policy: Policy, pool_name: str) -> ExpectedPair | None:
+    """What a pool's workers must report. The target's model NAME is not compared with the worker's
+    model_path (a filesystem path or hub id); its revision and weight version are. A layer-truncated
+    draft has no separate weights, so only its algorithm is checked."""
+    pool = policy.pools[pool_name]
+    pair = policy.pairs.get(pool.pair) if pool.pair else None
+    if pair is None:
+        return None
+    draft = pair.draft
+    fixed_k = pool.draft_tokens if isinstance(pool.draft_tokens, int) else None
+    model_draft = draft.kind in ("model", "eagle", "eagle3")
+    return ExpectedPair(
+        target_revision=pair.target.revision, target_weight_version=pair.target.weight_version,
+        draft_model_path=draft.model if model_draft else None,
+        draft_revision=draft.revision if model_draft else None,
+        algorithm=_ALGORITHM[pool.proposer],
+        draft_tokens=fixed_k if pool.speculation == "server" else None)
+
+
+def topology(policy: Policy) -> tuple:
+    return tuple(sorted((name, tuple(pool.workers), expected_pair(policy, name))
+                        for name, pool in policy.pools.items()))
+
+
+def pool_state(snap: PoolSnapshot) -> PoolState:
+    healthy = len(snap.healthy_workers)
+    return PoolState(healthy=healthy > 0, pair_verified=snap.pair_verified, running=snap.running,
+                     waiting=snap.waiting, kv_usage=snap.kv_usage or 0.0, workers_healthy=healthy)
+
+
+class Backend:
+    def __init__(self, policy: Policy, *, monitor_interval_s: float, read_timeout_s: float) -> None:
+        self.topology = topology(policy)
+        self.pools = {name: WorkerPool(name, pool.workers, expected=expected_pair(policy, name))
+                      for name, pool in policy.pools.items()}
+        timeouts = ClientTimeouts(read=read_timeout_s)
+        self.monitor = PoolMonitor(list(self.pools.values()), interval_s=monitor_interval_s,
+                                   timeouts=timeouts)
+        self.models: dict[str, str] = {}  # url -> served model name
+        self.context: dict[str, int] = {}  # url -> context_length
+        self.in_flight = 0
+        self._catalog_task: asyncio.Task[None] | None = None
+
+    def client(self, url: str) -> SGLangClient:
+        return self.monitor.client(url)
+
+    async def start(self) -> None:
+        await self.monitor.start()
+        await self.refresh_catalog()
+        self._catalog_task = asyncio.create_task(self._catalog_loop(), name="specgate-catalog")
+
+    async def stop(self) -> None:
+        if self._catalog_task is not None:
+            self._catalog_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catalog_task
+        await self.monitor.stop()
+
+    async def stop_when_idle(self, limit_s: float = 600.0) -> None:
+        deadline = time.monotonic() + limit_s
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+        await self.stop()
+
+    async def _catalog_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.monitor.interval_s * 5 if self.models else self.monitor.interval_s)
+            await self.refresh_catalog()
+
+    async def refresh_catalog(self) -> None:
+        async def one(url: str) -> None:
+            try:
+                info = await self.client(url).server_info()
+            except WorkerError as exc:
+                log.debug("server_info_failed", url=url, error=str(exc))
+                return
+            if info.served_model_name:
+                self.models[url] = info.served_model_name
+            if info.context_length:
+                self.context[url] = info.context_length
+        await asyncio.gather(*(one(url) for url in self.monitor.clients))
+
+    def model_names(self) -> list[str]:
+        return sorted(set(self.models.values()))
+
+    def context_length(self) -> int | None:
+        """The smallest context window any worker reported (requests may land on any of them)."""
+        return min(self.context.values()) if self.context else None
+
+    def pool_snapshots(self, now: float) -> dict[str, PoolSnapshot]:
+        return {name: pool.snapshot(now) for name, pool in self.pools.items()}

@@ -1,0 +1,112 @@
+"""Per-route admission: request and token rate limits (token buckets) and a concurrency cap.
+
+Token bucket: capacity C, refill r per second; at time t the level is min(C, level + r * (t - t_last)).
+A request costing c is admitted when level >= c (then level -= c); otherwise it is refused with
+Retry-After = (c - level) / r. Requests cost 1 against ``requests_per_s`` (capacity ``burst``, default
+max(1, ceil(rate))). Tokens cost prompt (approximate) + max_tokens against ``tokens_per_min``
+(capacity one minute's worth); the unused part of max_tokens is refunded when the request ends.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from gateway.errors import ApiError
+from policies.schema import Route
+
+
+class TokenBucket:
+    def __init__(self, rate_per_s: float, capacity: float, now: float) -> None:
+        self.rate = rate_per_s
+        self.capacity = capacity
+        self.level = capacity
+        self.t = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.t:
+            self.level = min(self.capacity, self.level + self.rate * (now - self.t))
+            self.t = now
+
+    def take(self, cost: float, now: float) -> float | None:
+        """None when admitted, else seconds until ``cost`` would be available."""
+        self._refill(now)
+        if self.level >= cost:
+            self.level -= cost
+            return None
+        return (cost - self.level) / self.rate
+
+    def give_back(self, amount: float, now: float) -> None:
+        self._refill(now)
+        self.level = min(self.capacity, self.level + amount)
+
+
+class RouteLimiter:
+    """Admission state of one route; rebuilt only when the route's limits change on reload."""
+
+    def __init__(self, route: Route, clock: Callable[[], float] = time.monotonic) -> None:
+        self.route_name = route.name
+        self.config = (route.rate_limit, route.max_concurrency)
+        self.clock = clock
+        now = clock()
+        rl = route.rate_limit
+        self.requests = self.tokens = None
+        if rl is not None and rl.requests_per_s is not None:
+            burst = rl.burst or max(1, math.ceil(rl.requests_per_s))
+            self.requests = TokenBucket(rl.requests_per_s, burst, now)
+        if rl is not None and rl.tokens_per_min is not None:
+            self.tokens = TokenBucket(rl.tokens_per_min / 60.0, rl.tokens_per_min, now)
+        self.max_concurrency = route.max_concurrency
+        self.in_flight = 0
+
+    def admit(self, cost_tokens: int) -> None:
+        """Reserve one slot and ``cost_tokens``; ApiError 429 (with Retry-After) when refused.
+        Every admitted request must be paired with exactly one ``finish``."""
+        name = self.route_name
+        if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
+            raise ApiError(429, f"route '{name}' already has {self.in_flight} requests in flight "
+                           f"(max_concurrency {self.max_concurrency}); retry when one finishes",
+                           retry_after=1, code="concurrency_limit")
+        now = self.clock()
+        if self.tokens is not None and cost_tokens > self.tokens.capacity:
+            raise ApiError(429, f"request needs ~{cost_tokens} tokens (prompt + max_tokens) but route "
+                           f"'{name}' allows {self.tokens.capacity:.0f} tokens per minute; lower "
+                           "max_tokens or the prompt", code="token_rate_limit", retry_after=60)
+        if self.requests is not None:
+            wait = self.requests.take(1, now)
+            if wait is not None:
+                raise ApiError(429, f"route '{name}' is over its limit of "
+                               f"{self.requests.rate:g} requests/s; retry after the Retry-After "
+                               "seconds", retry_after=wait, code="request_rate_limit")
+        if self.tokens is not None:
+            wait = self.tokens.take(cost_tokens, now)
+            if wait is not None:
+                if self.requests is not None:
+                    self.requests.give_back(1, now)
+                raise ApiError(429, f"route '{name}' is over its limit of "
+                               f"{self.tokens.capacity:.0f} tokens/min; retry after the Retry-After "
+                               "seconds", retry_after=wait, code="token_rate_limit")
+        self.in_flight += 1
+
+    def finish(self, refund_tokens: int) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+        if self.tokens is not None and refund_tokens > 0:
+            self.tokens.give_back(refund_tokens, self.clock())
+
+
+def limiters_for(routes: list[Route], names: list[str], old: dict[str, RouteLimiter]
+                 ) -> dict[str, RouteLimiter]:
+    """Limiters for a (re)loaded policy, keeping the state of routes whose limits did not change."""
+    by_name = {r.name: r for r in routes}
+    out: dict[str, RouteLimiter] = {}
+    for name in names:
+        route = by_name.get(name) or Route(name=name)
+        kept = old.get(name)
+        if kept is not None and kept.config == (route.rate_limit, route.max_concurrency):
+            out[name] = kept
+        else:
+            out[name] = RouteLimiter(route)
+            if kept is not None:
+                out[name].in_flight = kept.in_flight
+    return out

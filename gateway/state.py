@@ -1,0 +1,134 @@
+"""Everything the gateway holds between requests, in one object created by ``create_app``.
+
+``Active`` is one policy version with what is derived from it (keys, header names, limiters); a reload
+builds a new ``Active`` and swaps the reference between requests, so a request keeps the version it
+started with. The decision snapshot is rebuilt at most every ``snapshot_max_age_s`` (and only when
+something changed), not per request: ``decide`` then costs ~20 us.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gateway.auth import KeyRing
+from gateway.backend import Backend, pool_state, topology
+from gateway.limits import RouteLimiter, limiters_for
+from gateway.reload import PolicyWatcher, ReloadResult, read_policy
+from gateway.settings import GatewaySettings
+from gateway.telemetry_port import make_telemetry
+from policies.features import referenced_headers
+from policies.schema import Policy
+from policies.snapshot import Snapshot
+from policies.stats import LearningState, Outcome
+
+log = structlog.get_logger("specgate.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class Active:
+    policy: Policy
+    version: str
+    keys: KeyRing
+    wanted_headers: frozenset[str]
+    limiters: dict[str, RouteLimiter]
+    pair_versions: dict[str, str]
+
+
+class GatewayState:
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.path = Path(settings.policy_path)
+        policy, version = read_policy(self.path)  # PolicyError: a startup failure, not per request
+        self.active = self._build(policy, version, {})
+        self.last_reload = ReloadResult(ok=True, at=time.time(), version=version)
+        self.learning = LearningState(policy.learning)
+        self.telemetry = make_telemetry(policy, debug_text=settings.debug_log_text)
+        self.telemetry.set_policy(policy, version=version, reload_ok=True, error=None)
+        self.backend = Backend(policy, monitor_interval_s=settings.monitor_interval_s,
+                               read_timeout_s=settings.upstream_read_timeout_s)
+        self.watcher = PolicyWatcher(self.path, version, apply=self.apply_policy,
+                                     reject=self.reject_policy, interval_s=settings.reload_interval_s)
+        self.rng = random.Random()
+        self.in_flight = 0
+        self.background: set[asyncio.Task[Any]] = set()
+        self._snapshot: Snapshot | None = None
+        self._snapshot_at = 0.0
+        self._dirty = True
+
+    def _build(self, policy: Policy, version: str, old: dict[str, RouteLimiter]) -> Active:
+        keys = KeyRing(policy, base_dir=self.path.parent)
+        for problem in keys.problems:
+            log.warning("policy_keys_problem", problem=problem)
+        return Active(policy=policy, version=version, keys=keys,
+                      wanted_headers=frozenset(referenced_headers(policy)),
+                      limiters=limiters_for(policy.routes, policy.route_names(), old),
+                      pair_versions={p: policy.pool_pair_version(p) for p in policy.pools})
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.backend.start()
+        self.watcher.start()
+
+    async def stop(self) -> None:
+        await self.watcher.stop()
+        for task in list(self.background):
+            task.cancel()
+        await self.backend.stop()
+
+    def spawn(self, coro: Any) -> None:
+        """Fire-and-forget work (aborts, closing a stream) that must survive a cancelled request."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    # -- reload --------------------------------------------------------------------------------------
+
+    def apply_policy(self, policy: Policy, version: str) -> None:
+        self.active = self._build(policy, version, self.active.limiters)
+        self.learning.configure(policy.learning)
+        self.learning.forget_pair_versions(set(self.active.pair_versions.values()))
+        if topology(policy) != self.backend.topology:
+            old, self.backend = self.backend, Backend(
+                policy, monitor_interval_s=self.settings.monitor_interval_s,
+                read_timeout_s=self.settings.upstream_read_timeout_s)
+            self.spawn(self._swap_backend(old, self.backend))
+        self.last_reload = ReloadResult(ok=True, at=time.time(), version=version)
+        self.telemetry.set_policy(policy, version=version, reload_ok=True, error=None)
+        self._dirty = True
+
+    async def _swap_backend(self, old: Backend, new: Backend) -> None:
+        await new.start()
+        await old.stop_when_idle()
+
+    def reject_policy(self, result: ReloadResult) -> None:
+        self.last_reload = result
+        self.telemetry.set_policy(self.active.policy, version=self.active.version, reload_ok=False,
+                                  error="\n".join(result.errors))
+
+    # -- decisions -----------------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        now = time.monotonic()
+        age = now - self._snapshot_at
+        if self._snapshot is None or age >= self.settings.snapshot_max_age_s or \
+                (self._dirty and age >= self.settings.snapshot_max_age_s / 2):
+            pools = self.backend.pool_snapshots(now)
+            self._snapshot = self.learning.snapshot(
+                now, {name: pool_state(s) for name, s in pools.items()}, self.in_flight)
+            self._snapshot_at = now
+            self._dirty = False
+            self.telemetry.set_pools(pools, {n: list(p.workers.values())
+                                             for n, p in self.backend.pools.items()})
+        return self._snapshot
+
+    def learn(self, outcome: Outcome) -> None:
+        self.learning.record(outcome)
+        self._dirty = True
