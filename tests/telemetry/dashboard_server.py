@@ -1,0 +1,74 @@
+"""A real dashboard server for the browser test: Telemetry fed with 10 minutes of synthetic traffic,
+then a live trickle, served by uvicorn on ``--port`` (the test picks a free loopback port).
+
+Run: python tests/telemetry/dashboard_server.py --port 8123
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from pathlib import Path
+
+import uvicorn
+from litestar import Litestar, Response, get
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, when run as a script
+
+from policies.load import load_policy_file  # noqa: E402
+from telemetry import Telemetry  # noqa: E402
+from telemetry.dashboard import router  # noqa: E402
+from telemetry.logs import configure_logging  # noqa: E402
+from tests.telemetry.traffic import pool_state, traffic  # noqa: E402
+
+POLICY = Path(__file__).with_name("policy.yaml")
+
+
+def build(seed: int = 7, history_s: float = 600.0) -> Telemetry:
+    policy = load_policy_file(POLICY)
+    telemetry = Telemetry(policy)
+    rng = random.Random(seed)
+    now = time.time()
+    for record in traffic(policy, rng, now - history_s, now):
+        telemetry.observe(record)
+    t = now - history_s
+    while t <= now:
+        telemetry.set_pools(*pool_state(policy, rng, t), now=t)
+        t += 5.0
+    return telemetry
+
+
+def app(telemetry: Telemetry) -> Litestar:
+    @get("/metrics", sync_to_thread=False)
+    def metrics() -> Response[bytes]:
+        body, content_type = telemetry.metrics_response()
+        return Response(body, media_type=content_type)
+
+    async def trickle() -> None:
+        rng = random.Random(11)
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.time()
+            for record in traffic(telemetry.policy, rng, now - 1.0, now):
+                telemetry.observe(record)
+            telemetry.set_pools(*pool_state(telemetry.policy, rng, now))
+
+    tasks: list[asyncio.Task[None]] = []
+    return Litestar(route_handlers=[router(telemetry), metrics],
+                    on_startup=[lambda: tasks.append(asyncio.get_running_loop().create_task(trickle()))],
+                    on_shutdown=[lambda: [task.cancel() for task in tasks]])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    configure_logging(json=True, level="critical")
+    uvicorn.run(app(build()), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
