@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 
 import kubernetes_validate
@@ -63,7 +64,7 @@ def test_an_overlay_outside_the_repository_can_retarget_namespace_and_image(tmp_
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
         "namespace: specgate-staging\n"
-        f"resources: [{DEPLOY}]\n"
+        f"resources: [{os.path.relpath(DEPLOY, overlay)}]\n"  # kustomize rejects absolute roots
         "images:\n  - {name: specgate, newName: registry.example.com/specgate, newTag: 0.1.0}\n")
     rendered = _render_or_skip(overlay)
     assert {o["metadata"].get("namespace") for o in rendered if o["kind"] != "Namespace"} == {"specgate-staging"}
