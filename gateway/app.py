@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import structlog
 from litestar import Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
@@ -23,6 +24,8 @@ from gateway.relay import JSON, answer_json, answer_stream
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.telemetry_port import dashboard_router
+
+log = structlog.get_logger("specgate.gateway")
 
 
 def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> Response[bytes]:
@@ -63,6 +66,12 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
     """Litestar's own refusals (404 path, 405, 413 while streaming the body) in OpenAI's shape."""
     code = "body_too_large" if exc.status_code == 413 else None
     return error_response(ApiError(exc.status_code, str(exc.detail), code=code), dict(exc.headers or {}))
+
+
+def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.exception("gateway_internal_error", path=request.url.path)
+    return error_response(ApiError(500, "internal gateway error; see the gateway log",
+                                   error_type="internal_error"))
 
 
 def create_app(settings: GatewaySettings) -> Litestar:
@@ -107,7 +116,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
     app = Litestar(
         route_handlers=handlers, on_startup=[state.start], on_shutdown=[state.stop],
         request_max_body_size=settings.max_body_bytes,
-        exception_handlers={HTTPException: _http_exception},
+        exception_handlers={HTTPException: _http_exception, Exception: _internal},
         openapi_config=OpenAPIConfig(title="specgate gateway", version="0.1.0"),
         debug=False)
     app.state.gateway = state

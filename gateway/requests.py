@@ -108,7 +108,7 @@ class ChatRequest(_Common, kw_only=True):
 
 
 class CompletionRequest(_Common, kw_only=True):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str | int]  # text, token ids, or a one-element list of text
     echo: bool = False
     suffix: str | None = None
     logprobs: int | None = None
@@ -169,6 +169,7 @@ def _check(request: ChatRequest | CompletionRequest) -> None:
                            param="max_completion_tokens")
     elif not request.prompt or request.prompt == [""] or request.prompt == "":
         raise ApiError(400, "prompt is empty; send a non-empty prompt", param="prompt")
-    elif isinstance(request.prompt, list) and isinstance(request.prompt[0], str) and len(request.prompt) > 1:
-        raise ApiError(400, "batched prompts are not supported; send one prompt per request",
-                       param="prompt")
+    elif isinstance(request.prompt, list) and any(isinstance(p, str) for p in request.prompt):
+        if len(request.prompt) > 1:
+            raise ApiError(400, "batched prompts are not supported; send one prompt (a string or a "
+                           "list of token ids) per request", param="prompt")
