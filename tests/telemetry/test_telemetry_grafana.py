@@ -1,0 +1,86 @@
+"""The Grafana dashboard and the Prometheus scrape configs parse, and every metric they name exists:
+``specgate_*`` in the gateway's /metrics after one record of each kind, ``sglang:*`` in the worker's
+(the embedded worker exports SGLang's names)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from backends.engine.types import EngineLoad
+from backends.worker.metrics import WorkerMetrics
+from policies.load import load_policy_file
+from telemetry import Telemetry
+from tests.telemetry.traffic import plain_record, pool_state, speculative_record
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "specgate.json"
+METRIC = re.compile(r"(?<![\w:])((?:specgate_|sglang:)[A-Za-z0-9_:]+)")
+POLICY = load_policy_file(Path(__file__).with_name("policy.yaml"))
+
+
+def _exprs(node) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k in ("expr", "definition") and isinstance(v, str)] + \
+            [e for k, v in node.items() if k not in ("expr", "definition") for e in _exprs(v)]
+    if isinstance(node, list):
+        return [e for item in node for e in _exprs(item)]
+    return []
+
+
+def _exported_names() -> set[str]:
+    import random
+
+    telemetry = Telemetry(POLICY)
+    rng = random.Random(3)
+    telemetry.observe(speculative_record(rng, request_id="s", route="ide", slice_="code", pool="ngram",
+                                         proposer="ngram", rule="code-ngram", k=4, at=0.0, slo_tpot_s=0.03))
+    telemetry.observe(plain_record(rng, request_id="p", route="chat", slice_="prose", rule="learned", at=0.0,
+                                   slo_tpot_s=0.05))
+    telemetry.set_pools(*pool_state(POLICY, rng, 0.0))
+    worker = WorkerMetrics("m")
+    worker.refresh(EngineLoad(num_running_reqs=1, num_waiting_reqs=0, num_used_tokens=10, max_total_num_tokens=100,
+                              max_running_requests=4))
+    worker.itl.labels("m").observe(0.02)  # histograms export samples once a request was observed
+    worker.ttft.labels("m").observe(0.1)
+    text = telemetry.metrics_response()[0].decode() + worker.render().decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")} | \
+        {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+
+
+def test_dashboard_parses_and_every_metric_it_names_exists():
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] == "specgate"
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+    exprs = _exprs(dashboard)
+    named = {m for e in exprs for m in METRIC.findall(e)}
+    assert named - _exported_names() == set()
+    # what the issue asks the dashboard to show, by the metric it must query
+    for needed in ("specgate_spec_accepted_tokens_total", "specgate_spec_draft_tokens_total", "specgate_slo_met_total",
+                   "specgate_requests_total", "specgate_time_per_output_token_seconds_bucket",
+                   "specgate_spec_position_reached_total", "sglang:token_usage"):
+        assert needed in named, needed
+    assert any("by (rule)" in e for e in exprs), "decisions by rule"
+    # panel boxes do not overlap on the 24-column grid
+    cells = set()
+    for p in panels:
+        g = p["gridPos"]
+        box = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert g["x"] + g["w"] <= 24 and not box & cells, p["title"]
+        cells |= box
+
+
+def test_prometheus_configs_scrape_the_gateway_and_sglang_workers():
+    compose = yaml.safe_load((ROOT / "deploy" / "prometheus" / "compose.yml").read_text())
+    jobs = {job["job_name"]: job for job in compose["scrape_configs"]}
+    assert jobs["specgate-gateway"]["metrics_path"] == "/metrics"
+    assert jobs["specgate-gateway"]["static_configs"][0]["targets"] == ["gateway:8000"]
+    assert {g["labels"]["pool"] for g in jobs["sglang"]["static_configs"]} == {"plain", "eagle3"}
+    k8s = yaml.safe_load((ROOT / "deploy" / "prometheus" / "kubernetes.yml").read_text())
+    (job,) = k8s["scrape_configs"]
+    relabel = {(tuple(r.get("source_labels", [])), r.get("target_label")) for r in job["relabel_configs"]}
+    assert (("__meta_kubernetes_pod_label_specgate_io_pool",), "pool") in relabel  # dashboards group sglang:* by pool
