@@ -232,3 +232,86 @@ def test_auth_and_rate_limits(tmp_path, worker_url, revision):
         with pytest.raises(openai.RateLimitError, match="max_concurrency 1"):
             batch.chat.completions.create(**msg)
         stream.close()
+
+
+def _wait(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def test_policy_reload_via_configmap_symlink_swap(tmp_path, worker_url, revision):
+    """Kubernetes swaps ``..data`` to a new directory; an invalid version is kept out and reported."""
+    def version_dir(name: str, text: str) -> str:
+        (tmp_path / name).mkdir()
+        write_policy(tmp_path / name / "policy.yaml", text)
+        return name
+
+    def swap(target: str) -> None:
+        (tmp_path / "..tmp").symlink_to(target)
+        (tmp_path / "..tmp").replace(tmp_path / "..data")
+
+    good = policy_text([worker_url], revision=revision)
+    (tmp_path / "..data").symlink_to(version_dir("v1", good))
+    (tmp_path / "policy.yaml").symlink_to("..data/policy.yaml")
+    msg = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    with gateway(tmp_path, tmp_path / "policy.yaml") as url:
+        before = httpx.get(f"{url}/admin/policy", headers=ADMIN).json()["version"]
+        swap(version_dir("v2", good.replace("then: {pool: ngram, draft_tokens: 4}", "then: {pool: ngrm}")))
+        report = _wait(lambda: (r := httpx.get(f"{url}/admin/policy", headers=ADMIN).json())
+                       ["last_reload"]["ok"] is False and r)
+        assert report["version"] == before
+        assert any("policy.yaml:" in e and "ngrm" in e for e in report["last_reload"]["errors"])
+        assert httpx.post(f"{url}/v1/chat/completions", json=msg, timeout=60).status_code == 200
+        pinned = good.replace("  - {name: learned, then: auto}",
+                              "  - {name: prose-pinned, when: {slice: prose}, then: {pool: ngram, "
+                              "draft_tokens: 2}}\n  - {name: learned, then: auto}")
+        swap(version_dir("v3", pinned))
+        _wait(lambda: httpx.get(f"{url}/admin/policy", headers=ADMIN).json()["last_reload"]["ok"])
+        r = httpx.post(f"{url}/v1/chat/completions", json=msg, timeout=60)
+        assert (r.headers["x-specgate-rule"], r.headers["x-specgate-draft-tokens"]) == ("prose-pinned", "2")
+
+
+def test_killed_worker_is_retried_on_another(tmp_path, worker_url, revision):
+    with worker(tmp_path, "--num-threads", "1") as doomed:
+        policy = write_policy(tmp_path / "p.yaml", policy_text([doomed, worker_url], revision=revision))
+        with gateway(tmp_path, policy) as url:
+            _kill(doomed)
+            msg = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+            answers = [httpx.post(f"{url}/v1/chat/completions", json=msg, timeout=60) for _ in range(4)]
+            assert [a.status_code for a in answers] == [200] * 4
+            assert sum(int(a.headers["x-specgate-retries"]) for a in answers) >= 1
+            workers = httpx.get(f"{url}/admin/pools", headers=ADMIN).json()["plain"]["workers"]
+            dead = next(w for w in workers if w["url"] == doomed)
+            assert dead["last_error"] and "ConnectError" in dead["last_error"]
+
+
+def _kill(url: str) -> None:
+    """kill -9 the process listening on ``url``'s port (the worker this test started)."""
+    import os
+    import signal
+
+    import psutil
+
+    port = int(url.rsplit(":", 1)[1])
+    pid = next(c.pid for c in psutil.net_connections("tcp")
+               if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN)
+    os.kill(pid, signal.SIGKILL)
+    _wait(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+
+
+def test_no_healthy_worker_is_a_503(tmp_path, revision):
+    from tests.integration.worker_process import free_port
+
+    policy = write_policy(tmp_path / "p.yaml",
+                          policy_text([f"http://127.0.0.1:{free_port()}"], revision=revision))
+    with gateway(tmp_path, policy) as url:
+        assert httpx.get(f"{url}/ready").status_code == 503
+        r = httpx.post(f"{url}/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and r.headers["retry-after"] == "2"
+        assert r.json()["error"]["code"] == "no_healthy_worker"

@@ -1,0 +1,89 @@
+"""The app in-process (litestar TestClient) where no worker is needed: its pool points at a closed
+port, so every request that passes admission ends in a 503; everything before that is exercised."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from litestar.testing import TestClient
+
+from gateway.app import create_app
+from gateway.cli import main
+from gateway.settings import GatewaySettings
+
+MSG = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _policy(tmp_path, routes: str = ""):
+    path = tmp_path / "policy.yaml"
+    path.write_text(f"""version: 1
+{routes}
+slices: [{{name: prose}}]
+pools: {{plain: {{proposer: none, workers: ["http://127.0.0.1:{_closed_port()}"]}}}}
+rules: [{{name: plain, then: bypass}}]
+""")
+    return path
+
+
+@pytest.fixture
+def client(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGATE_ADMIN_TOKEN", "adm")
+    monkeypatch.setenv("KEYS_A", "key-a")
+    app = create_app(GatewaySettings(policy_path=str(_policy(tmp_path, "routes: [{name: a, api_keys_env: KEYS_A}]")),
+                                     max_body_bytes=2048, monitor_interval_s=30))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_statuses_before_and_at_dispatch(client):
+    auth = {"authorization": "Bearer key-a"}
+    r = client.post("/v1/chat/completions", json=MSG)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = client.post("/v1/chat/completions", content=b"x" * 3000, headers=auth)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    r = client.post("/v1/chat/completions", content=b"{nope", headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = client.post("/v1/chat/completions", json=MSG, headers=auth)
+    assert r.status_code == 503 and r.headers["retry-after"] == "2"
+    assert (r.headers["x-specgate-slice"], r.headers["x-specgate-rule"], r.headers["x-specgate-route"]) == \
+        ("prose", "plain", "a")
+    state = client.app.state.gateway
+    assert state.in_flight == 0 and state.active.limiters["a"].in_flight == 0
+
+
+def test_admin_needs_its_own_token(client):
+    assert client.get("/admin/policy").status_code == 401
+    assert client.get("/admin/policy", headers={"authorization": "Bearer key-a"}).status_code == 401
+    body = client.get("/admin/policy", headers={"authorization": "Bearer adm"}).json()
+    assert body["auth_enabled"] is True and body["api_keys"] == 1 and body["last_reload"]["ok"] is True
+    pools = client.get("/admin/pools", headers={"authorization": "Bearer adm"}).json()
+    assert pools["plain"]["workers"][0]["healthy"] is False
+    assert "ConnectError" in pools["plain"]["workers"][0]["last_error"]
+
+
+def test_admin_is_closed_without_a_token(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPECGATE_ADMIN_TOKEN", raising=False)
+    with TestClient(create_app(GatewaySettings(policy_path=str(_policy(tmp_path))))) as c:
+        r = c.get("/admin/policy", headers={"authorization": "Bearer x"})
+        assert r.status_code == 403 and "SPECGATE_ADMIN_TOKEN" in r.json()["error"]["message"]
+        assert c.get("/ready").status_code == 503
+        assert "/v1/completions" in c.get("/schema/openapi.json").json()["paths"]
+
+
+def test_serve_refuses_public_bind_without_keys(tmp_path, capsys):
+    assert main(["serve", "--policy", str(_policy(tmp_path)), "--host", "0.0.0.0"]) == 2
+    assert "refusing to listen on 0.0.0.0" in capsys.readouterr().err
+
+
+def test_serve_rejects_an_invalid_policy(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 2\n")
+    assert main(["serve", "--policy", str(bad)]) == 2
+    assert "bad.yaml:1:10" in capsys.readouterr().err
