@@ -78,6 +78,7 @@ class Call:
     stats: SpecStats | None = None
     finished: bool = False
     counted: bool = False  # counted in state.in_flight (the concurrency the policy sees)
+    overhead_final: float | None = None  # frozen when the answer is handed over (JSON answers)
 
     def overhead_s(self, now: float | None = None) -> float:
         return max(0.0, (now or time.perf_counter()) - self.t0 - self.upstream_s)
@@ -112,7 +113,8 @@ class Call:
         if self.counted:
             self.state.in_flight -= 1
         now = time.perf_counter()
-        e2e, overhead = now - self.t0, self.overhead_s(now)
+        e2e = now - self.t0
+        overhead = self.overhead_final if self.overhead_final is not None else self.overhead_s(now)
         if self.limiter is not None:
             self.limiter.finish(max(0, self.reserved_tokens - self.prompt_tokens - self.completion_tokens))
         d, s, ok = self.decision, self.stats, status == "ok"
@@ -135,9 +137,7 @@ class Call:
                 concurrency=max(1, self.state.in_flight), ok=ok, status=http_status,
                 draft_s=s.draft_s if s else None, verify_s=s.verify_s if s else None,
                 timestamp=time.monotonic()))
-        telemetry = self.state.telemetry
-        telemetry.observe_overhead(overhead)
-        telemetry.observe(RequestRecord(
+        self.state.telemetry.observe(RequestRecord(
             request_id=self.request_id, route=self.route, slice=d.slice if d else "", pool=self.pool,
             proposer=self.proposer, rule=d.rule if d else "", reason=(d.reason + self.fallback_note) if d else "",
             draft_tokens=self.draft_tokens, endpoint=self.endpoint, stream=self.stream, status=status,

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Response
+from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
 from backends.sglang.client import OpenAIResult, SGLangClient
@@ -56,8 +57,9 @@ async def answer_json(call: Call, body: dict[str, Any]) -> Response[bytes]:
     _take_usage(call, result.parsed)
     content = inject(result.raw, call.info_json())
     headers = call.headers()
-    call.finish(200)
-    return Response(content, media_type=JSON, headers=headers)
+    call.overhead_final = call.overhead_s()
+    # recorded after the body is sent: the client does not wait for metrics and logs
+    return Response(content, media_type=JSON, headers=headers, background=BackgroundTask(call.finish, 200))
 
 
 async def answer_stream(call: Call, body: dict[str, Any]) -> Stream:

@@ -61,6 +61,7 @@ class GatewayState:
         self._snapshot: Snapshot | None = None
         self._snapshot_at = 0.0
         self._dirty = True
+        self._pools_pushed = 0.0
 
     def _build(self, policy: Policy, version: str, old: dict[str, RouteLimiter]) -> Active:
         keys = KeyRing(policy, base_dir=self.path.parent)
@@ -125,8 +126,10 @@ class GatewayState:
                 now, {name: pool_state(s) for name, s in pools.items()}, self.in_flight)
             self._snapshot_at = now
             self._dirty = False
-            self.telemetry.set_pools(pools, {n: list(p.workers.values())
-                                             for n, p in self.backend.pools.items()})
+            if now - self._pools_pushed >= 1.0:
+                self._pools_pushed = now
+                self.telemetry.set_pools(pools, {n: list(p.workers.values())
+                                                 for n, p in self.backend.pools.items()})
         return self._snapshot
 
     def learn(self, outcome: Outcome) -> None:

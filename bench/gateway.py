@@ -1,0 +1,253 @@
+"""Gateway overhead benchmark: requests/s and p50/p99 latency through specgate's gateway vs directly to
+the worker, side by side with SGLang's gateway (smg 1.13.0) and LiteLLM's proxy (1.108.7), all in
+front of the SAME worker in the same run.
+
+    .venv/bin/python -m bench.gateway --duration 5 --concurrency 1 32 [--real] [--markdown FILE]
+
+Workers: ``instant`` (``bench/instant_worker.py``, answers at once: what remains is the gateway's own
+cost; a stand-in allowed only for this measurement) and, with ``--real``, a real ``specgate worker``
+(SmolLM2-135M on CPU, max_tokens 8) behind direct and specgate only. Load: ``wrk`` (Debian package
+``wrk``; installed with apt-get when missing), non-streaming chat completions with keep-alive
+connections, ``-t1`` at c=1 and ``-t2`` above. LiteLLM runs from its own venv (``.bench-venv``,
+created on first use) so it cannot change the project's pinned packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+LITELLM_VENV = REPO / ".bench-venv"
+LITELLM_PIN = "litellm[proxy]==1.108.7"
+SMG = BIN / "smg"
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(url: str, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}) before {url} answered")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=3).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not up in {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def process(argv: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                env={**os.environ, **(env or {})})
+        try:
+            wait_up(ready_url, proc)
+            yield
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def ensure_wrk() -> str:
+    if shutil.which("wrk") is None:
+        subprocess.run(["apt-get", "install", "-y", "wrk"], check=True, capture_output=True)
+    return shutil.which("wrk") or "wrk"
+
+
+def ensure_litellm() -> Path:
+    exe = LITELLM_VENV / "bin" / "litellm"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+        subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "--quiet", LITELLM_PIN], check=True)
+    return exe
+
+
+def wrk(url: str, body: dict, concurrency: int, duration: float, tmp: Path) -> dict[str, float]:
+    script = tmp / "post.lua"
+    script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                      f"wrk.body = {json.dumps(json.dumps(body))}\n")
+    threads = 1 if concurrency == 1 else 2
+    out = subprocess.run(["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{duration:g}s", "--latency",
+                          "-s", str(script), url], capture_output=True, text=True, check=True).stdout
+    lat = {m.group(1): float(m.group(2)) * _UNITS[m.group(3)]
+           for m in re.finditer(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.MULTILINE)}
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: (.*)", out)
+    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "p50_ms": lat.get("50", float("nan")), "p99_ms": lat.get("99", float("nan")),
+            "non_2xx": int(errors.group(1)) if errors else 0,
+            "socket_errors": socket_errors.group(1) if socket_errors else ""}
+
+
+def _policy(worker: str, tmp: Path) -> Path:
+    text = (REPO / "deploy/policies/default.yaml").read_text().replace("http://127.0.0.1:30000", worker)
+    path = tmp / f"policy-{worker.rsplit(':', 1)[1]}.yaml"
+    path.write_text(text)
+    return path
+
+
+@contextlib.contextmanager
+def gateways(worker: str, model: str, tmp: Path, which: list[str]) -> Iterator[dict[str, str]]:
+    """Start each requested gateway in front of ``worker``; yields name -> chat completions URL."""
+    urls = {"direct": f"{worker}/v1/chat/completions"}
+    with contextlib.ExitStack() as stack:
+        if "specgate" in which:
+            port = free_port()
+            stack.enter_context(process(
+                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
+                 "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-{port}.log"))
+            urls["specgate"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        if "smg" in which:
+            port, prom = free_port(), free_port()
+            stack.enter_context(process(
+                [str(SMG), "launch", "--worker-urls", worker, "--policy", "round_robin", "--host", "127.0.0.1",
+                 "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
+                 "--worker-startup-check-interval", "1", "--log-level", "warn"],
+                f"http://127.0.0.1:{port}/v1/models", tmp / f"smg-{port}.log"))
+            _wait_model(f"http://127.0.0.1:{port}", model)
+            urls["smg"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        if "litellm" in which:
+            port = free_port()
+            config = tmp / "litellm.yaml"
+            config.write_text(json.dumps({
+                "model_list": [{"model_name": model, "litellm_params": {
+                    "model": f"openai/{model}", "api_base": f"{worker}/v1", "api_key": "none"}}],
+                "litellm_settings": {"telemetry": False, "drop_params": True}}))
+            stack.enter_context(process(
+                [str(ensure_litellm()), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+                 "--num_workers", "1"], f"http://127.0.0.1:{port}/health/liveliness",
+                tmp / f"litellm-{port}.log", env={"LITELLM_LOG": "ERROR"}))
+            urls["litellm"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        yield urls
+
+
+def _wait_model(base: str, model: str, timeout: float = 60) -> None:
+    """smg answers before its worker is registered; wait until a request gets through."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            r = httpx.post(f"{base}/v1/chat/completions", timeout=30, json={
+                "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+            if r.status_code == 200:
+                return
+        time.sleep(1)
+    raise TimeoutError(f"{base} never served a request")
+
+
+def run_worker_set(label: str, worker: str, model: str, which: list[str], args: argparse.Namespace,
+                   tmp: Path) -> list[dict]:
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+    rows = []
+    with gateways(worker, model, tmp, which) as urls:
+        for name, url in urls.items():
+            wrk(url, body, 1, 1, tmp)  # warm-up: connections, caches
+            for c in args.concurrency:
+                result = wrk(url, body, c, args.duration, tmp)
+                rows.append({"worker": label, "via": name, "concurrency": c, **result})
+                print(f"  {label:8} {name:9} c={c:<3} {result['rps']:9.1f} req/s  p50 {result['p50_ms']:8.2f} ms"
+                      f"  p99 {result['p99_ms']:8.2f} ms  non-2xx {result['non_2xx']}", flush=True)
+    return rows
+
+
+def environment() -> dict[str, str]:
+    def version(argv: list[str]) -> str:
+        with contextlib.suppress(Exception):
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            return (out.stdout + out.stderr).strip().splitlines()[0]
+        return "n/a"
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"command": " ".join([Path(sys.executable).name, "-m", "bench.gateway", *sys.argv[1:]]),
+            "python": platform.python_version(), "cpu": f"{cpu} x {os.cpu_count()}",
+            "specgate": "0.1.0 (" + subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                                   capture_output=True, text=True).stdout.strip() + ")",
+            "smg": version([str(SMG), "--version"]),
+            "litellm": version([str(LITELLM_VENV / "bin" / "python"), "-c",
+                                "import importlib.metadata as m; print(m.version('litellm'))"]),
+            "wrk": version(["wrk", "-v"])}
+
+
+def table(rows: list[dict], env: dict[str, str]) -> str:
+    lines = ["```", *(f"{k}: {v}" for k, v in env.items()), "```", "",
+             "| worker | via | c | req/s | p50 ms | p99 ms | added p50 ms | non-2xx |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    direct = {(r["worker"], r["concurrency"]): r for r in rows if r["via"] == "direct"}
+    for r in rows:
+        base = direct.get((r["worker"], r["concurrency"]))
+        added = r["p50_ms"] - base["p50_ms"] if base and r["via"] != "direct" else 0.0
+        lines.append(f"| {r['worker']} | {r['via']} | {r['concurrency']} | {r['rps']:.1f} | {r['p50_ms']:.2f} | "
+                     f"{r['p99_ms']:.2f} | {added:+.2f} | {r['non_2xx']} |")
+    by = {(r["worker"], r["via"], r["concurrency"]): r for r in rows}
+    top = max(c for _, _, c in by)
+    ours = by.get(("instant", "specgate", top))
+    for other in ("litellm", "smg"):
+        theirs = by.get(("instant", other, top))
+        if ours and theirs:
+            lines.append(f"\nspecgate / {other} req/s at c={top} (instant worker): "
+                         f"{ours['rps'] / theirs['rps']:.2f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--via", nargs="+", default=["specgate", "smg", "litellm"],
+                        choices=["specgate", "smg", "litellm"], help="gateways in front of the instant worker")
+    parser.add_argument("--real", action="store_true", help="also direct vs specgate with the real engine")
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the table as Markdown")
+    args = parser.parse_args()
+    ensure_wrk()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    rows: list[dict] = []
+    port = free_port()
+    instant = f"http://127.0.0.1:{port}"
+    with process([sys.executable, "-m", "bench.instant_worker", "--port", str(port)], f"{instant}/health",
+                 tmp / "instant.log"):
+        rows += run_worker_set("instant", instant, "instant", args.via, args, tmp)
+    if args.real:
+        port = free_port()
+        real = f"http://127.0.0.1:{port}"
+        with process([str(BIN / "specgate"), "worker", "--port", str(port), "--no-calibrate",
+                      "--log-level", "warning"], f"{real}/health", tmp / "worker.log"):
+            rows += run_worker_set("real", real, "SmolLM2-135M-Instruct", ["specgate"], args, tmp)
+    env = environment()
+    text = table(rows, env)
+    print("\n" + text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"environment": env, "rows": rows}, indent=1))
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
