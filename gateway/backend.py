@@ -19,6 +19,7 @@ from backends.sglang.errors import WorkerError
 from backends.sglang.monitor import PoolMonitor
 from backends.sglang.pair import ExpectedPair
 from backends.sglang.pool import PoolSnapshot, WorkerPool
+from gateway.transport import ShardedTransport
 from policies.schema import Policy
 from policies.snapshot import PoolState
 
@@ -65,8 +66,9 @@ class Backend:
         self.pools = {name: WorkerPool(name, pool.workers, expected=expected_pair(policy, name))
                       for name, pool in policy.pools.items()}
         timeouts = ClientTimeouts(read=read_timeout_s)
-        self.monitor = PoolMonitor(list(self.pools.values()), interval_s=monitor_interval_s,
-                                   timeouts=timeouts)
+        self.monitor = PoolMonitor(
+            list(self.pools.values()), interval_s=monitor_interval_s, timeouts=timeouts,
+            client_factory=lambda url: SGLangClient(url, timeouts=timeouts, transport=ShardedTransport()))
         self.models: dict[str, str] = {}  # url -> served model name
         self.context: dict[str, int] = {}  # url -> context_length
         self.in_flight = 0
