@@ -29,12 +29,15 @@ class EngineBridge:
 
     def _admit(self, request: GenerateRequest, queue: asyncio.Queue[RequestOutput],
                bypass_queue_limit: bool) -> None:
-        """Submit or refuse at once: 429 when the waiting queue is full, 400 when it can never run.
+        """Submit or refuse at once: 429 when the waiting queue is full (``max_queued_requests``
+        beyond the free running slots), 400 when the request can never run.
 
         Checked before ``submit`` with no await in between, so concurrent handlers cannot overshoot.
         """
         load = self.engine.load()
-        if load.num_waiting_reqs >= self.max_queued_requests and not bypass_queue_limit:
+        # waiting requests that a free running slot will take at the next turn are not queued
+        queued = load.num_waiting_reqs - max(0, load.max_running_requests - load.num_running_reqs)
+        if queued >= self.max_queued_requests and not bypass_queue_limit:
             raise Overloaded(f"the worker's waiting queue is full ({load.num_waiting_reqs} waiting, "
                              f"{load.num_running_reqs} running); retry later or on another worker")
         if request.rid in self.active:

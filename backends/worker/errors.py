@@ -40,11 +40,6 @@ class NotReady(WorkerRequestError):
     error_type = "ServiceUnavailable"
 
 
-class NotFound(WorkerRequestError):
-    status = 404
-    error_type = "NotFoundError"
-
-
 def error_body(message: str, error_type: str, code: int, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 

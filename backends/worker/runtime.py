@@ -53,7 +53,9 @@ class WorkerRuntime:
         self.engine_config = EngineConfig(
             model_path=self.model_path, dtype=settings.dtype,
             max_running_requests=settings.max_running_requests, max_total_tokens=settings.max_total_tokens,
-            max_waiting_requests=settings.max_queued_requests, draft_layers=settings.draft_layers,
+            # the bridge refuses (429) beyond max_queued + free slots; the engine's own bound is never hit
+            max_waiting_requests=settings.max_queued_requests + settings.max_running_requests,
+            draft_layers=settings.draft_layers,
             default_speculation=settings.default_speculation, num_threads=settings.num_threads,
             calibrate=settings.calibrate)
         self.engine_factory = engine_factory or Engine

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -29,8 +30,13 @@ def stack(tmp_path_factory, prepared_model):
         argv = [str(BIN / "smg"), "launch", "--worker-urls", worker_url, "--policy", "round_robin",
                 "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
                 "--prometheus-port", str(metrics), "--worker-startup-check-interval", "1", "--log-level", "warn"]
-        with running(argv, f"http://127.0.0.1:{port}/health", tmp / "smg.log"):
-            yield worker_url, f"http://127.0.0.1:{port}"
+        smg = f"http://127.0.0.1:{port}"
+        with running(argv, f"{smg}/health", tmp / "smg.log"):
+            deadline = time.monotonic() + 60  # smg answers /health before it has registered the worker
+            while not httpx.get(f"{smg}/workers", timeout=10).json()["workers"]:
+                assert time.monotonic() < deadline, "smg did not register the worker within 60 s"
+                time.sleep(0.2)
+            yield worker_url, smg
 
 
 def _sse(text: str) -> list[dict]:
@@ -85,10 +91,13 @@ def test_overload_is_429_through_smg_and_the_worker_stays_registered(stack):
         async with httpx.AsyncClient(timeout=120) as http:
             running_req = asyncio.create_task(http.post(f"{worker_url}/generate", json={**long, "rid": "hog-1"}))
             queued_req = asyncio.create_task(http.post(f"{worker_url}/generate", json={**long, "rid": "hog-2"}))
-            for _ in range(100):
+            deadline = time.monotonic() + 60
+            while True:  # one running, one waiting: the queue (max 1) is full
                 load = (await http.get(f"{worker_url}/v1/loads")).json()["loads"][0]
                 if (load["num_running_reqs"], load["num_waiting_reqs"]) == (1, 1):
                     break
+                hogs = [t.result().text[:300] for t in (running_req, queued_req) if t.done()]
+                assert time.monotonic() < deadline, f"worker never got full: {load}; hogs: {hogs}"
                 await asyncio.sleep(0.05)
             refused = await http.post(f"{smg}/generate", json=GEN)
             for rid in ("hog-1", "hog-2"):

@@ -121,7 +121,7 @@ def test_concurrent_requests_queue_and_overload_answers_429(url):
                        for i in range(2)]
             firsts = await asyncio.gather(*(anext(s) for s in streams))  # both running now
             queued = asyncio.create_task(client.generate(_req(4, rid="queued")))
-            for _ in range(50):
+            for _ in range(600):  # the queued request reaches the engine's queue within a few ms
                 if (await _loads(client)).num_waiting_reqs == 1:
                     break
                 await asyncio.sleep(0.05)

@@ -59,12 +59,13 @@ def test_full_queue_answers_429_with_the_reason(worker_factory):
     with worker_factory(max_running_requests=1, max_queued_requests=1) as worker:
         engine = worker.app.state["runtime"].engine
         engine.shutdown()  # stop the step loop: a submitted request stays queued, deterministically
-        engine.submit(GenerateRequest(rid="parked", input_ids=(1, 2, 3)), lambda out: None)
-        assert engine.load().num_waiting_reqs == 1
+        engine.submit(GenerateRequest(rid="parked-1", input_ids=(1, 2, 3)), lambda out: None)
+        assert engine.load().num_waiting_reqs == 1  # would take the free running slot: not queued yet
+        engine.submit(GenerateRequest(rid="parked-2", input_ids=(1, 2, 3)), lambda out: None)
         refused = worker.post("/generate", json={"text": "b"})
         assert refused.status_code == 429
         error = refused.json()["error"]
-        assert error["message"] == ("the worker's waiting queue is full (1 waiting, 0 running); retry later "
+        assert error["message"] == ("the worker's waiting queue is full (2 waiting, 0 running); retry later "
                                     "or on another worker")
         assert (error["type"], error["code"]) == ("TooManyRequests", 429)
         assert worker.post("/generate", json={"text": "b", "sampling_params": {"top_p": 5}}).status_code == 400
