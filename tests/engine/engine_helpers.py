@@ -125,3 +125,60 @@ class RoundLog:
     def of(self, output: RequestOutput) -> list:
         """The rounds of the request whose event this is."""
         return self.rounds[id(output.stats)]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    import json
+
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def workload_prompts(tokenizer, per_slice: int = 8, long_tokens: int = 500,
+                     short_tokens: int = 160) -> list[tuple[str, str, tuple[int, ...]]]:
+    """``per_slice`` prompts from each of the four slices as (slice, item id, token ids).
+
+    Slice mapping from the workloads README: HumanEval and Spec-Bench ``coding`` are code, BFCL is
+    tool_call, Spec-Bench ``summarization``/``rag`` and QMSum are long_context, the rest of Spec-Bench is
+    prose. Chat prompts go through the model's chat template; HumanEval prompts are raw completions.
+    Prompts are cut to their LAST ``short_tokens`` (``long_tokens`` for long_context) tokens to bound time.
+    """
+    import json
+
+    root = workloads_dir()
+    if not root.is_dir():
+        raise FileNotFoundError(f"workloads not found at {root}; set SPECGATE_WORKLOADS")
+    spec_bench = _jsonl(root / "spec_bench" / "question.jsonl")
+
+    def chat(content: str, system: str | None = None) -> list[int]:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def cut(ids: list[int], limit: int) -> tuple[int, ...]:
+        return tuple(ids[-limit:])
+
+    out: list[tuple[str, str, tuple[int, ...]]] = []
+    coding = [q for q in spec_bench if q["category"] == "coding"][: per_slice // 4]
+    human = _jsonl(root / "humaneval" / "HumanEval.jsonl")[: per_slice - len(coding)]
+    out += [("code", h["task_id"], cut(tokenizer.encode(h["prompt"]), short_tokens)) for h in human]
+    out += [("code", f"spec_bench/{q['question_id']}", cut(chat(q["turns"][0]), short_tokens)) for q in coding]
+    bfcl = _jsonl(root / "bfcl" / "BFCL_v4_simple_python.jsonl")[: per_slice // 2]
+    bfcl += _jsonl(root / "bfcl" / "BFCL_v4_multiple.jsonl")[: per_slice - len(bfcl)]
+    for item in bfcl:
+        system = "You can call these functions. Reply with a JSON call.\n" + json.dumps(item["function"])
+        out.append(("tool_call", item["id"], cut(chat(item["question"][0][-1]["content"], system), short_tokens)))
+    prose_categories = [c for c in dict.fromkeys(q["category"] for q in spec_bench)
+                        if c not in ("coding", "summarization", "rag")]
+    for i in range(per_slice):
+        category = prose_categories[i % len(prose_categories)]
+        q = [q for q in spec_bench if q["category"] == category][i // len(prose_categories)]
+        out.append(("prose", f"spec_bench/{q['question_id']}", cut(chat(q["turns"][0]), short_tokens)))
+    long_spec = [q for q in spec_bench if q["category"] in ("summarization", "rag")][: per_slice // 2]
+    out += [("long_context", f"spec_bench/{q['question_id']}", cut(chat(q["turns"][0]), long_tokens))
+            for q in long_spec]
+    qmsum = _jsonl(root / "qmsum_longbench" / "qmsum_test_prompts.jsonl")[: per_slice - len(long_spec)]
+    for item in qmsum:
+        # keep the question at the end: truncate the transcript's head, not the instruction
+        out.append(("long_context", item["id"], cut(chat(item["prompt"][-4 * long_tokens:]), long_tokens)))
+    return out
