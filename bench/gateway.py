@@ -35,6 +35,7 @@ BIN = Path(sys.executable).parent
 LITELLM_VENV = REPO / ".bench-venv"
 LITELLM_PIN = "litellm[proxy]==1.108.7"
 SMG = BIN / "smg"
+BENCH_KEY = "sk-bench-4f1c2a9e7d3b8c6a0e5f4d3c2b1a0f9e"  # LiteLLM refuses to start without a master key
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
 
 
@@ -92,9 +93,10 @@ def ensure_litellm() -> Path:
 def wrk(url: str, body: dict, concurrency: int, duration: float, tmp: Path) -> dict[str, float]:
     script = tmp / "post.lua"
     script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                      f'wrk.headers["Authorization"] = "Bearer {BENCH_KEY}"\n'
                       f"wrk.body = {json.dumps(json.dumps(body))}\n")
     threads = 1 if concurrency == 1 else 2
-    out = subprocess.run(["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{duration:g}s", "--latency",
+    out = subprocess.run(["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{duration:g}s", "--timeout", "60s", "--latency",
                           "-s", str(script), url], capture_output=True, text=True, check=True).stdout
     lat = {m.group(1): float(m.group(2)) * _UNITS[m.group(3)]
            for m in re.finditer(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.MULTILINE)}
@@ -139,7 +141,8 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str]) -> Iterator[d
             config.write_text(json.dumps({
                 "model_list": [{"model_name": model, "litellm_params": {
                     "model": f"openai/{model}", "api_base": f"{worker}/v1", "api_key": "none"}}],
-                "litellm_settings": {"telemetry": False, "drop_params": True}}))
+                "litellm_settings": {"telemetry": False, "drop_params": True},
+                "general_settings": {"master_key": BENCH_KEY}}))
             stack.enter_context(process(
                 [str(ensure_litellm()), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
                  "--num_workers", "1"], f"http://127.0.0.1:{port}/health/liveliness",

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Response
-from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
 from backends.sglang.client import OpenAIResult, SGLangClient
@@ -58,8 +57,10 @@ async def answer_json(call: Call, body: dict[str, Any]) -> Response[bytes]:
     content = inject(result.raw, call.info_json())
     headers = call.headers()
     call.overhead_final = call.overhead_s()
-    # recorded after the body is sent: the client does not wait for metrics and logs
-    return Response(content, media_type=JSON, headers=headers, background=BackgroundTask(call.finish, 200))
+    # recorded on the next loop turn, after the body is handed to the server: the client does not
+    # wait for metrics and logs, and the record happens even if the client is gone by then
+    asyncio.get_running_loop().call_soon(call.finish, 200)
+    return Response(content, media_type=JSON, headers=headers)
 
 
 async def answer_stream(call: Call, body: dict[str, Any]) -> Stream:
