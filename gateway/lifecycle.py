@@ -84,7 +84,7 @@ def _plan(call: Call) -> list[tuple[str, str, int, dict[str, Any] | None]]:
     """(pool, proposer, draft_tokens, speculation override) to try, in order."""
     policy, d = call.active.policy, call.decision
     assert d is not None
-    plan = [(d.pool, d.proposer, d.draft_tokens, _override(d.speculation_override))]
+    plan = [(d.pool, d.proposer, d.draft_tokens, d.speculation_override)]
     plain = [p for p, spec in policy.pools.items() if spec.proposer == "none"]
     per_request = [p for p, spec in policy.pools.items() if spec.speculation == "per_request"]
     for name in plain + per_request:
@@ -92,15 +92,6 @@ def _plan(call: Call) -> list[tuple[str, str, int, dict[str, Any] | None]]:
             per_req = policy.pools[name].speculation == "per_request"
             plan.append((name, "none", 0, {"proposer": "none"} if per_req else None))
     return plan
-
-
-def _override(raw: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The worker wants draft_tokens >= 1 or absent; policies express bypass as k = 0."""
-    if raw is None:
-        return None
-    if raw.get("proposer") == "none" or not raw.get("draft_tokens"):
-        return {"proposer": "none"}
-    return {"proposer": raw["proposer"], "draft_tokens": raw["draft_tokens"]}
 
 
 async def dispatch(call: Call, body: dict[str, Any],

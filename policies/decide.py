@@ -104,7 +104,7 @@ def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: st
     per_request = policy.pools[pool].speculation == "per_request"
     return Decision(slice=slice_, pool=pool, proposer="none", draft_tokens=0, bypass=True, rule=rule,
                     reason=reason, fallback=fallback,
-                    speculation_override={"proposer": "none", "draft_tokens": 0} if per_request else None)
+                    speculation_override={"proposer": "none"} if per_request else None)
 
 
 def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason: str,

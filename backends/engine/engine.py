@@ -38,7 +38,7 @@ from backends.engine.verify import verify_greedy, verify_sampled
 
 log = logging.getLogger("specgate.engine")
 OutputCallback = Callable[[RequestOutput], None]
-CALIBRATION_WIDTHS = (1, 2, 3, 4, 5, 7, 9, 13, 17)
+CALIBRATION_WIDTHS = (1, 2, 3, 5, 9, 17)  # others interpolate (adaptive.StepCosts.forward)
 
 
 @dataclass(slots=True)
@@ -276,7 +276,7 @@ class Engine:
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def calibrate(self, context: int = 64, repeats: int = 2) -> None:
+    def calibrate(self, context: int = 32, repeats: int = 1) -> None:
         """Measure one target forward per width (feeds the adaptive controller's cost model)."""
         prompt = list(range(100, 100 + context))
         for width in CALIBRATION_WIDTHS:

@@ -98,7 +98,7 @@ rules: [{name: always, then: {pool: ngram, draft_tokens: 4}}]
     p = load_policy(text, "p.yaml")
     d = decide(p, RequestFeatures(), snap({"ngram": PoolState(healthy=True, pair_verified=False)}))
     assert (d.pool, d.bypass, d.fallback) == ("ngram", True, True)
-    assert d.speculation_override == {"proposer": "none", "draft_tokens": 0}
+    assert d.speculation_override == {"proposer": "none"}
     assert d.reason == ("rule 'always' chose pool 'ngram' but pool 'ngram' pair is mismatched; safety "
                         "fallback without speculation")
 

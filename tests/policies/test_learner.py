@@ -59,7 +59,7 @@ def test_cold_start_bypasses_with_reason() -> None:
     assert d.bypass and d.pool == "plain" and d.draft_tokens == 0
     assert d.reason == ("rule 'learned' auto: no candidate has enough evidence yet (cautious start); "
                         "serving without speculation")
-    assert d.speculation_override == {"proposer": "none", "draft_tokens": 0}
+    assert d.speculation_override == {"proposer": "none"}
 
 
 def test_min_rounds_boundary_is_inclusive() -> None:
