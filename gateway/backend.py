@@ -68,7 +68,8 @@ class Backend:
         timeouts = ClientTimeouts(read=read_timeout_s)
         self.monitor = PoolMonitor(
             list(self.pools.values()), interval_s=monitor_interval_s, timeouts=timeouts,
-            client_factory=lambda url: SGLangClient(url, timeouts=timeouts, transport=ShardedTransport()))
+            client_factory=lambda url: SGLangClient(url, timeouts=timeouts, transport=ShardedTransport(),
+                                            fast_json=True))
         self.models: dict[str, str] = {}  # url -> served model name
         self.context: dict[str, int] = {}  # url -> context_length
         self.in_flight = 0

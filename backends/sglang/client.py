@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Generic, TypeVar
 
 import httpx
@@ -23,6 +24,7 @@ from backends.sglang.errors import (
     WorkerStreamError,
     WorkerTimeout,
 )
+from backends.sglang.h1 import H1Pool
 from backends.sglang.streaming import DONE, DeltaTracker, sse_data
 from backends.sglang.wire import (
     ChatCompletionChunk,
@@ -76,6 +78,7 @@ class OpenAIResult(Generic[T]):
 
 _DECODERS: dict[type, msgspec.json.Decoder[Any]] = {}
 _ERROR_DECODER = msgspec.json.Decoder(ErrorEnvelope)
+_JSON = msgspec.json.Encoder()
 
 
 def _decoder(kind: type[T]) -> msgspec.json.Decoder[T]:
@@ -95,8 +98,15 @@ def _error_in(payload: bytes) -> ErrorEnvelope | None:
     return envelope if envelope.detail_or_none() is not None else None
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after")
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("retry-after")
     if value is None:
         return None
     try:
@@ -109,14 +119,17 @@ class SGLangClient:
     """Talks SGLang's HTTP protocol to the worker at ``base_url``.
 
     ``incremental_output``: None detects the /generate streaming mode (see ``streaming.py``);
-    True/False declares it. ``transport`` is for tests and unusual deployments.
+    True/False declares it. ``transport`` is for tests and unusual deployments. ``fast_json``:
+    non-streaming chat/completions go through ``h1.H1Pool`` (the gateway's hot path) instead of httpx.
     """
 
     def __init__(self, base_url: str, *, timeouts: ClientTimeouts = ClientTimeouts(),
                  incremental_output: bool | None = None,
                  headers: Mapping[str, str] | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, fast_json: bool = False) -> None:
         self.base_url = base_url.rstrip("/")
+        self._fast_json = fast_json and not headers
+        self._h1: H1Pool | None = None
         self.timeouts = timeouts
         self.incremental_output = incremental_output
         self._headers = dict(headers or {})
@@ -134,11 +147,16 @@ class SGLangClient:
             timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
+        if self._fast_json:
+            self._h1 = H1Pool(self.base_url, connect_s=t.connect, read_s=t.read)
 
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        if self._h1 is not None:
+            self._h1.close()
+            self._h1 = None
 
     async def __aenter__(self) -> SGLangClient:
         await self.open()
@@ -171,6 +189,9 @@ class SGLangClient:
         if response.status_code < 400:
             return
         body = await response.aread()
+        self._raise_http(response.status_code, response.reason_phrase, body, response.headers)
+
+    def _raise_http(self, status: int, reason: str, body: bytes, headers: Mapping[str, str]) -> None:
         envelope = _error_in(body)
         detail = envelope.detail_or_none() if envelope else None
         if detail is None and body:
@@ -179,9 +200,9 @@ class SGLangClient:
             except msgspec.DecodeError:
                 detail = None
         message = detail.message if detail else body.decode(errors="replace")[:500]
-        raise WorkerHTTPError(self.base_url, response.status_code, message or response.reason_phrase,
+        raise WorkerHTTPError(self.base_url, status, message or reason,
                               error_type=detail.type if detail else None,
-                              retry_after=_retry_after(response))
+                              retry_after=_retry_after(headers))
 
     def _decode(self, kind: type[T], payload: bytes, what: str,
                 bytes_received: bool = False) -> T:
@@ -203,6 +224,15 @@ class SGLangClient:
             raise self._translate(exc, bytes_received=False) from exc
         await self._raise_for_status(response)
         return response
+
+    async def _post_json(self, path: str, body: Any) -> bytes:
+        """POST a JSON body, return the 2xx answer's bytes (``H1Pool`` when enabled, else httpx)."""
+        if self._h1 is None:
+            return (await self._request("POST", path, json=body)).content
+        response = await self._h1.post(path, _JSON.encode(body))
+        if response.status >= 400:
+            self._raise_http(response.status, _phrase(response.status), response.body, response.headers)
+        return response.body
 
     async def _stream_payloads(self, path: str, body: Any) -> AsyncIterator[bytes]:
         """POST ``body`` and yield each SSE data payload; raise typed errors, incl. error chunks."""
@@ -272,10 +302,9 @@ class SGLangClient:
     async def chat_completions(self, body: Mapping[str, Any], *, spec_details: bool = True
                                ) -> OpenAIResult[ChatCompletionResponse]:
         """Non-streaming ``/v1/chat/completions``; adds ``return_spec_tokens_details: true``."""
-        response = await self._request("POST", "/v1/chat/completions",
-                                       json=self._openai_body(body, False, spec_details, False))
-        return OpenAIResult(response.content, self._decode(
-            ChatCompletionResponse, response.content, "/v1/chat/completions"))
+        content = await self._post_json("/v1/chat/completions",
+                                        self._openai_body(body, False, spec_details, False))
+        return OpenAIResult(content, self._decode(ChatCompletionResponse, content, "/v1/chat/completions"))
 
     async def chat_completions_stream(self, body: Mapping[str, Any], *, spec_details: bool = True,
                                       include_usage: bool = True
@@ -290,10 +319,8 @@ class SGLangClient:
     async def completions(self, body: Mapping[str, Any], *, spec_details: bool = True
                           ) -> OpenAIResult[CompletionResponse]:
         """Non-streaming ``/v1/completions``."""
-        response = await self._request("POST", "/v1/completions",
-                                       json=self._openai_body(body, False, spec_details, False))
-        return OpenAIResult(response.content, self._decode(
-            CompletionResponse, response.content, "/v1/completions"))
+        content = await self._post_json("/v1/completions", self._openai_body(body, False, spec_details, False))
+        return OpenAIResult(content, self._decode(CompletionResponse, content, "/v1/completions"))
 
     async def completions_stream(self, body: Mapping[str, Any], *, spec_details: bool = True,
                                  include_usage: bool = True
