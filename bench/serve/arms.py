@@ -1,0 +1,58 @@
+"""The arms of the serving benchmark: one policy file each, under ``deploy/policies/bench/``.
+
+The ``adaptive`` arms run ``deploy/policies/default.yaml`` itself: ``adaptive`` starts with a cold learner,
+``adaptive-warm`` runs a warm-up pass on a fresh gateway first and is measured with what it learned.
+Policy files name the worker ``http://127.0.0.1:30000`` and the converted model's revision; the harness
+serves a copy with the benchmark worker's URL and the prepared model's revision, so a re-converted model
+or a busy port 30000 cannot silently turn every arm into plain decoding.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH_POLICIES = REPO / "deploy" / "policies" / "bench"
+DEFAULT_POLICY = REPO / "deploy" / "policies" / "default.yaml"
+POLICY_WORKER = "http://127.0.0.1:30000"
+_REVISION = re.compile(r'revision: "sha256:[0-9a-f]+"')
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    policy: Path
+    warm: bool = False  # run a warm-up pass on the same gateway before measuring
+
+
+ARMS: dict[str, Arm] = {
+    **{name: Arm(name, BENCH_POLICIES / f"{name}.yaml")
+       for name in ("plain", "ngram-k2", "ngram-k4", "ngram-k8", "draft-k2", "draft-k4")},
+    "adaptive": Arm("adaptive", DEFAULT_POLICY),
+    "adaptive-warm": Arm("adaptive-warm", DEFAULT_POLICY, warm=True),
+}
+
+
+def parse_arms(names: list[str]) -> list[Arm]:
+    """Arms in the order given; ``plain`` first when present (every arm's output is compared with it)."""
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise ValueError(f"--arms: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    ordered = list(dict.fromkeys(names))
+    if "plain" in ordered:
+        ordered.remove("plain")
+        ordered.insert(0, "plain")
+    return [ARMS[n] for n in ordered]
+
+
+def served_policy(arm: Arm, worker_url: str, revision: str, out_dir: Path) -> Path:
+    """Write the arm's policy pointed at ``worker_url`` with ``revision``; returns the copy's path."""
+    text = arm.policy.read_text(encoding="utf-8")
+    if POLICY_WORKER not in text:
+        raise ValueError(f"{arm.policy}: expected worker URL {POLICY_WORKER} to replace with the bench worker")
+    text = _REVISION.sub(f'revision: "{revision}"', text.replace(POLICY_WORKER, worker_url))
+    path = out_dir / f"policy-{arm.name}.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path

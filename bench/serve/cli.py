@@ -1,0 +1,68 @@
+"""Flags of ``specgate bench serve`` / ``python -m bench.serve`` and the entry point."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.serve.arms import ARMS
+from bench.workloads import DEFAULT_ROOT, SLICES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", choices=("default", "full"), default="default",
+                   help="sizes: default ~15-20 min, full (the issue's sizes) ~4-5 h on a quiet 2-core "
+                        "machine; any size flag given explicitly overrides the preset")
+    p.add_argument("--workloads", type=Path, default=DEFAULT_ROOT, help="the shared workloads directory")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"of {', '.join(ARMS)}")
+    p.add_argument("--slices", nargs="+", default=list(SLICES), choices=SLICES, metavar="SLICE")
+    p.add_argument("--per-slice", type=int, default=None, help="requests per slice (same for every arm)")
+    p.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request")
+    p.add_argument("--loads", nargs="+", default=None, metavar="LOAD",
+                   help="cN = closed loop with N clients, pR = Poisson arrivals at R requests/s")
+    p.add_argument("--warmup-per-slice", type=int, default=None,
+                   help="warm-up requests per slice for adaptive-warm (disjoint from the measured ones)")
+    p.add_argument("--warmup-concurrency", type=int, default=1, help="closed-loop clients in the warm-up")
+    p.add_argument("--max-prompt-chars", type=int, default=6000,
+                   help="longer prompts are middle-truncated (recorded); must fit the context window")
+    p.add_argument("--seed", type=int, default=0, help="request sample, warm-up order and Poisson arrivals")
+    p.add_argument("--max-running-requests", type=int, default=8, help="the worker's batch size")
+    p.add_argument("--num-threads", type=int, default=None, help="the worker's torch threads")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--out", type=Path, default=Path("results/serve"), help="directory for JSON, markdown, PNGs, logs")
+    p.add_argument("--keep-progress", action="store_true", help="leave the progress bar on screen at the end")
+
+
+def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
+    from bench.serve.run import PRESETS
+
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("per_slice", "max_tokens", "warmup_per_slice", "warmup_concurrency", "max_running_requests"):
+        if getattr(args, key) < (0 if key == "warmup_per_slice" else 1):
+            raise ValueError(f"--{key.replace('_', '-')} must be >= 1 (got {getattr(args, key)})")
+    return args
+
+
+def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
+    from bench.serve.run import run, write
+
+    try:
+        args = apply_preset(args)
+        result = run(args, argv)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    json_path, md_path, pngs = write(result, args.out)
+    print(md_path.read_text())
+    print(f"wrote {json_path}, {md_path}, " + ", ".join(str(p) for p in pngs))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__)
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv), argv)

@@ -1,0 +1,61 @@
+"""Load points: closed-loop concurrency (``c4``: 4 clients, each sends its next request when the
+previous answer ends) and open-loop Poisson arrivals (``p0.5``: 0.5 requests/s on average, seeded
+exponential gaps, each request sent at its time whatever is still in flight)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from bench.workloads import WorkItem
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    label: str
+    concurrency: int | None = None  # closed loop
+    rate: float | None = None  # open loop, requests per second
+
+    @classmethod
+    def parse(cls, text: str) -> LoadPoint:
+        kind, value = text[:1], text[1:]
+        try:
+            if kind == "c" and int(value) >= 1:
+                return cls(text, concurrency=int(value))
+            if kind == "p" and float(value) > 0:
+                return cls(text, rate=float(value))
+        except ValueError:
+            pass
+        raise ValueError(f"--loads: {text!r} is not a load point; use cN (closed loop, N concurrent "
+                         "clients, e.g. c4) or pR (Poisson arrivals at R requests/s, e.g. p0.5)")
+
+
+Send = Callable[[WorkItem, float], Awaitable[object]]
+
+
+async def drive(point: LoadPoint, items: list[WorkItem], send: Send, seed: int) -> float:
+    """Send every item under ``point``; ``send(item, start_offset_s)``. Returns the wall time (s)."""
+    t0 = time.perf_counter()
+    if point.concurrency is not None:
+        queue = list(items)
+
+        async def client() -> None:
+            while queue:
+                item = queue.pop(0)
+                await send(item, time.perf_counter() - t0)
+
+        await asyncio.gather(*(client() for _ in range(min(point.concurrency, len(items)))))
+    else:
+        rng = random.Random(f"{seed}:{point.label}")
+        at, tasks = 0.0, []
+        for item in items:
+            delay = t0 + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(item, time.perf_counter() - t0)))
+            at += rng.expovariate(point.rate)
+        await asyncio.gather(*tasks)
+    return time.perf_counter() - t0

@@ -1,0 +1,106 @@
+"""The result file as a markdown report and PNG plots (TPOT and goodput vs load, one panel per slice,
+one line per arm)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _fmt(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _decisions(cell: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(cell["choices"].items()))
+
+
+def _targets(result: dict) -> list[str]:
+    """Adaptive (warm if measured, else cold) against the best fixed arm of each cell: the issue's targets."""
+    arms = result["arms"]
+    adaptive = "adaptive-warm" if "adaptive-warm" in arms else "adaptive" if "adaptive" in arms else None
+    fixed = [a for a in arms if not a.startswith("adaptive")]
+    if adaptive is None or not fixed:
+        return []
+    lines = [f"\n**{adaptive} vs the best fixed arm per cell** (targets: goodput >= 0.97x best, "
+             "p50 TPOT <= 1.03x best, goodput >= 1.0x plain)\n",
+             "| slice | load | best goodput (arm) | adaptive goodput | x best | best p50 TPOT (arm) | "
+             "adaptive p50 TPOT | x best | x plain goodput |", "|---|---|---|---|---|---|---|---|---|"]
+    for load in result["settings"]["loads"]:
+        for slice_ in result["settings"]["slices"]:
+            cells = {a: arms[a]["cells"][load][slice_] for a in fixed}
+            ours = arms[adaptive]["cells"][load][slice_]
+            g_arm = max(cells, key=lambda a: cells[a]["goodput_rps"] or 0)
+            t_arm = min(cells, key=lambda a: cells[a]["tpot_ms"]["p50"] or float("inf"))
+            g_best, t_best = cells[g_arm]["goodput_rps"] or 0, cells[t_arm]["tpot_ms"]["p50"]
+            g, t = ours["goodput_rps"] or 0, ours["tpot_ms"]["p50"]
+            plain_g = cells["plain"]["goodput_rps"] if "plain" in cells else None
+            lines.append(
+                f"| {slice_} | {load} | {g_best:.3f} ({g_arm}) | {g:.3f} | {_fmt(g / g_best if g_best else None, '.2f')} "
+                f"| {_fmt(t_best)} ({t_arm}) | {_fmt(t)} | {_fmt(t / t_best if t and t_best else None, '.2f')} "
+                f"| {_fmt(g / plain_g if plain_g else None, '.2f')} |")
+    return lines
+
+
+def markdown(result: dict, plots: list[Path] | None = None) -> str:
+    meta, settings = result["meta"], result["settings"]
+    lines = [f"Command: `{meta['command']}`  ", f"Date: {meta['date']}; CPU: {meta['cpu']} ({meta['cores']} cores); "
+             f"specgate {meta['commit']}; python {meta['python']}, torch {meta['torch']}, "
+             f"transformers {meta['transformers']}  ",
+             f"SLO (default policy): TTFT <= {meta['slo']['ttft_ms']} ms, TPOT <= {meta['slo']['tpot_ms']} ms; "
+             f"{settings['per_slice']} requests per slice, max_tokens {settings['max_tokens']}, greedy; "
+             f"wall time {meta['wall_s']:.0f} s", ""]
+    for slice_ in settings["slices"]:
+        lines += [f"\n**{slice_}**\n", "| arm | load | TTFT p50/p99 ms | TPOT p50/p90/p99 ms | tok/s | goodput r/s "
+                  "| SLO att. | acc. len | decisions (pool:k) | = plain | peak RSS MiB |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for arm, data in result["arms"].items():
+            for load in settings["loads"]:
+                c = data["cells"][load][slice_]
+                same = "-" if c["compared_to_plain"] is None else f"{c['identical_to_plain']}/{c['compared_to_plain']}"
+                ttft, tpot = c["ttft_ms"], c["tpot_ms"]
+                lines.append(
+                    f"| {arm} | {load} | {_fmt(ttft['p50'], '.0f')}/{_fmt(ttft['p99'], '.0f')} | "
+                    f"{_fmt(tpot['p50'])}/{_fmt(tpot['p90'])}/{_fmt(tpot['p99'])} | {_fmt(c['output_tok_s'])} | "
+                    f"{_fmt(c['goodput_rps'], '.3f')} | {_fmt(c['slo_attainment'], '.2f')} | "
+                    f"{_fmt(c['accept_length'], '.2f')} | {_decisions(c)} | {same} | {_fmt(c['peak_rss_mb'], '.0f')} |")
+    lines += _targets(result)
+    if result.get("learning_cost"):
+        lines += ["\n**Cost of learning** (warm-up pass from a cold learner: requests served, all slices, until the "
+                  "slice's rolling TPOT came within 5% of the warm arm's p50)\n",
+                  "| slice | requests until within 5% | slice requests | warm p50 TPOT ms |", "|---|---|---|---|"]
+        for slice_, v in result["learning_cost"].items():
+            n = v["requests"] if v["requests"] is not None else f"not within {len(result['warmup'])}"
+            lines.append(f"| {slice_} | {n} | {v['slice_requests']} | {_fmt(v['warm_tpot_p50_ms'])} |")
+    for p in plots or ():
+        lines.append(f"\n![{p.stem}]({p.name})")
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings, written = result["settings"], []
+    loads, slices = settings["loads"], settings["slices"]
+    for name, label, get in (("tpot", "p50 TPOT (ms)", lambda c: c["tpot_ms"]["p50"]),
+                             ("goodput", "SLO goodput (requests/s)", lambda c: c["goodput_rps"])):
+        fig, axes = plt.subplots(1, len(slices), figsize=(3.6 * len(slices), 3.4), squeeze=False)
+        for ax, slice_ in zip(axes[0], slices):
+            for arm, data in result["arms"].items():
+                ys = [get(data["cells"][load][slice_]) for load in loads]
+                ax.plot(range(len(loads)), [float("nan") if y is None else y for y in ys], marker="o", label=arm)
+            ax.set_xticks(range(len(loads)), loads)
+            ax.set_title(slice_)
+            ax.set_xlabel("load (cN closed loop, pR Poisson r/s)")
+        axes[0][0].set_ylabel(label)
+        axes[0][-1].legend(fontsize=7)
+        meta = result["meta"]
+        fig.suptitle(f"{label} vs load - {meta['date']} - {meta['cpu']}", fontsize=9)
+        fig.tight_layout()
+        path = out_dir / f"serve-{name}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written

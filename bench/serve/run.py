@@ -1,0 +1,188 @@
+"""Run the serving benchmark: every arm on a fresh worker + gateway, every load point, every slice,
+the same seeded requests; write the JSON result, the markdown report and the plots."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import httpx
+
+from bench.serve.arms import DEFAULT_POLICY, REPO, Arm, parse_arms, served_policy
+from bench.serve.client import Result, request_body, send, slo_met
+from bench.serve.load import LoadPoint, drive
+from bench.serve.report import markdown, plots
+from bench.serve.stack import Stack, stack
+from bench.serve.summary import cell, learning_cost
+from bench.workloads import SLICES, WorkItem, sample
+
+# Sizes per preset; every one is also a flag, and a flag given explicitly wins.
+PRESETS: dict[str, dict] = {
+    # ~15-20 min on a quiet 2-core machine (measured: see docs/benchmarks.md)
+    "default": {"per_slice": 4, "max_tokens": 32, "loads": ["c1", "c4", "p1"], "warmup_per_slice": 6},
+    # the issue's sizes: ~4-5 h on a quiet 2-core machine
+    "full": {"per_slice": 16, "max_tokens": 128, "loads": ["c1", "c4", "c16", "p0.25", "p0.5", "p1"],
+             "warmup_per_slice": 40},
+}
+
+
+class Bench:
+    """One run's settings, requests and collected results."""
+
+    def __init__(self, args: argparse.Namespace, items: list[WorkItem], warmup: list[WorkItem],
+                 revision: str, slo: dict) -> None:
+        self.args, self.items, self.warmup_items = args, items, warmup
+        self.revision, self.slo = revision, slo
+        self.loads = [LoadPoint.parse(x) for x in args.loads]
+        self.slices = [s for s in args.slices if any(i.slice == s for i in items)]
+        self.results: list[Result] = []
+        self.warmup: list[Result] = []
+        self.plain: dict[str, dict[str, str]] = {}  # load -> item -> text
+
+    async def _batch(self, st: Stack, arm: str, load: LoadPoint, items: list[WorkItem], model: str,
+                     out: list[Result], advance) -> float:
+        url = f"{st.gateway_url}/v1/chat/completions"
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.args.request_timeout), limits=limits) as client:
+            async def one(item: WorkItem, start: float) -> None:
+                r = Result(arm=arm, load=load.label, slice=item.slice, item=item.id, start_s=round(start, 3))
+                await send(client, url, request_body(item, model, self.args.max_tokens), r)
+                r.slo_met = slo_met(r, self.slo["ttft_ms"], self.slo["tpot_ms"])
+                out.append(r)
+                advance()
+
+            return await drive(load, items, one, self.args.seed)
+
+    def run_arm(self, arm: Arm, log_dir: Path, advance) -> dict:
+        flags = ["--no-calibrate", "--max-running-requests", str(self.args.max_running_requests)]
+        if self.args.num_threads:
+            flags += ["--num-threads", str(self.args.num_threads)]
+        with stack(lambda url: served_policy(arm, url, self.revision, log_dir), log_dir, flags, arm.name) as st:
+            model = httpx.get(f"{st.gateway_url}/v1/models", timeout=30).json()["data"][0]["id"]
+            if arm.warm:
+                point = LoadPoint.parse(f"c{self.args.warmup_concurrency}")
+                asyncio.run(self._batch(st, arm.name, point, self.warmup_items, model, self.warmup, advance))
+                st.rss.take_peak()
+            cells: dict[str, dict] = {}
+            for load in self.loads:
+                cells[load.label] = {}
+                for slice_ in self.slices:
+                    batch: list[Result] = []
+                    items = [i for i in self.items if i.slice == slice_]
+                    wall = asyncio.run(self._batch(st, arm.name, load, items, model, batch, advance))
+                    if arm.name == "plain":
+                        self.plain.setdefault(load.label, {}).update({r.item: r.text for r in batch if r.ok})
+                    batch.sort(key=lambda r: r.start_s)
+                    self.results += batch
+                    cells[load.label][slice_] = cell(batch, wall, st.rss.take_peak(), self.plain.get(load.label))
+        return {"policy": str(arm.policy.relative_to(REPO)), "warm": arm.warm, "cells": cells,
+                "peak_rss_mb": max(c["peak_rss_mb"] for per in cells.values() for c in per.values())}
+
+
+def _meta(args: argparse.Namespace, argv: list[str], slo: dict) -> dict:
+    from bench.engine import _cpu_model
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    return {"command": "specgate bench serve " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu": _cpu_model(), "cores": _cores(), "python": platform.python_version(),
+            "torch": version("torch"), "transformers": version("transformers"), "commit": commit or "unknown",
+            "slo": slo}
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def _warmup_items(args: argparse.Namespace, eval_ids: set[str]) -> list[WorkItem]:
+    """A seeded sample disjoint from the measured requests, slices interleaved as live traffic would be."""
+    pool = sample(args.workloads, args.warmup_per_slice + args.per_slice, args.seed + 1, args.max_prompt_chars,
+                  tuple(args.slices))
+    by_slice: dict[str, list[WorkItem]] = {}
+    for item in pool:
+        if item.id not in eval_ids and len(by_slice.setdefault(item.slice, [])) < args.warmup_per_slice:
+            by_slice[item.slice].append(item)
+    items = [i for group in by_slice.values() for i in group]
+    random.Random(args.seed).shuffle(items)
+    return items
+
+
+def _context_chars(max_tokens: int) -> int:
+    """The longest prompt (chars) that fits the model's context with ``max_tokens`` to generate, at a
+    conservative 3 characters per token (SmolLM2's tokenizer averages ~3.6 on these workloads)."""
+    from backends.engine.model_store import load_prepared
+
+    config = json.loads((Path(load_prepared().path) / "config.json").read_text())
+    return (int(config["max_position_embeddings"]) - max_tokens - 64) * 3
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from backends.engine.model_store import load_prepared
+    from policies.load import load_policy_file
+
+    limit = _context_chars(args.max_tokens)
+    if args.max_prompt_chars > limit:
+        raise ValueError(f"--max-prompt-chars {args.max_prompt_chars} exceeds the model's context window "
+                         f"with max_tokens {args.max_tokens} (~{limit} chars); lower it")
+    arms = parse_arms(args.arms)
+    loads = [LoadPoint.parse(x) for x in args.loads]  # validates before anything starts
+    policy_slo = load_policy_file(DEFAULT_POLICY).slo
+    slo = {"ttft_ms": policy_slo.ttft_ms, "tpot_ms": policy_slo.tpot_ms}
+    items = sample(args.workloads, args.per_slice, args.seed, args.max_prompt_chars, tuple(args.slices))
+    warm = _warmup_items(args, {i.id for i in items}) if any(a.warm for a in arms) else []
+    bench = Bench(args, items, warm, load_prepared().revision, slo)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_dir = args.out / "logs"
+    log_dir.mkdir(exist_ok=True)
+    meta = _meta(args, argv, slo)
+    t0 = time.perf_counter()
+    total = len(arms) * len(loads) * len(items) + len(warm) * sum(a.warm for a in arms)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    arms_out: dict[str, dict] = {}
+    with Progress(*columns, transient=not args.keep_progress) as bar:
+        task = bar.add_task("serve bench", total=total)
+        for arm in arms:
+            bar.update(task, description=f"arm {arm.name}")
+            arms_out[arm.name] = bench.run_arm(arm, log_dir, lambda: bar.advance(task))
+    meta["wall_s"] = round(time.perf_counter() - t0, 1)
+    result = {
+        "meta": meta,
+        "settings": {"arms": [a.name for a in arms], "loads": [p.label for p in loads], "slices": bench.slices,
+                     "per_slice": args.per_slice, "max_tokens": args.max_tokens, "seed": args.seed,
+                     "max_prompt_chars": args.max_prompt_chars, "warmup_per_slice": args.warmup_per_slice,
+                     "warmup_concurrency": args.warmup_concurrency,
+                     "max_running_requests": args.max_running_requests},
+        "workloads": {s: [{"id": i.id, "source": i.source, "truncated_from": i.truncated_from,
+                           "prompt_chars": sum(len(str(m.get("content") or "")) for m in i.messages)}
+                          for i in items if i.slice == s] for s in bench.slices},
+        "arms": arms_out,
+        "warmup": [r.as_dict() for r in bench.warmup],
+        "learning_cost": None,
+        "requests": [r.as_dict() for r in bench.results],
+    }
+    if bench.warmup and "adaptive-warm" in arms_out:
+        cells = arms_out["adaptive-warm"]["cells"]
+        ref = f"c{args.warmup_concurrency}" if f"c{args.warmup_concurrency}" in cells else loads[0].label
+        result["learning_cost"] = learning_cost(
+            bench.warmup, {s: cells[ref][s]["tpot_ms"]["p50"] for s in bench.slices})
+        result["learning_cost_reference_load"] = ref
+    return result
+
+
+def write(result: dict, out: Path) -> tuple[Path, Path, list[Path]]:
+    json_path, md_path = out / "serve.json", out / "serve.md"
+    json_path.write_text(json.dumps(result, indent=1))
+    pngs = plots(result, out)
+    md_path.write_text(markdown(result, pngs))
+    return json_path, md_path, pngs

@@ -1,0 +1,133 @@
+"""A fresh worker + gateway per arm, on free loopback ports, always stopped; the worker's peak RSS.
+
+Each arm gets its own worker (fresh KV cache and engine state) and gateway (fresh learner), so arms
+cannot contaminate each other. Processes are started with this interpreter (``-c`` into the CLI, as
+``specgate up`` does) so the harness works from any checkout without an installed entry point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+from bench.serve.arms import REPO
+
+_CLI = "import sys; from gateway.cli import main; sys.exit(main())"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RssSampler:
+    """Polls the resident set size of a process and its children; ``take_peak`` returns the peak since
+    the previous call (so each load point gets its own) in MiB. A thread, because the event loop that
+    sends requests must not stall on /proc reads."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
+        self._proc = psutil.Process(pid)
+        self._interval = interval_s
+        self._peak = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> int:
+        procs = [self._proc, *self._proc.children(recursive=True)]
+        total = 0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(psutil.Error):
+                rss = self._sample()
+                with self._lock:
+                    self._peak = max(self._peak, rss)
+            self._stop.wait(self._interval)
+
+    def take_peak(self) -> float:
+        with contextlib.suppress(psutil.Error):
+            rss = self._sample()
+            with self._lock:
+                self._peak = max(self._peak, rss)
+        with self._lock:
+            peak, self._peak = self._peak, 0
+        return round(peak / 2**20, 1)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+@dataclass
+class Stack:
+    gateway_url: str
+    worker_url: str
+    rss: RssSampler
+
+
+def _await_health(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited with {proc.returncode} before answering; log: {log}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s:.0f} s; log: {log}")
+
+
+@contextlib.contextmanager
+def _process(args: list[str], url: str, log: Path, timeout_s: float) -> Iterator[subprocess.Popen]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", _CLI, *args], cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+        try:
+            _await_health(url, proc, log, timeout_s)
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+
+
+@contextlib.contextmanager
+def stack(policy_for, log_dir: Path, worker_flags: list[str], name: str,
+          timeout_s: float = 240) -> Iterator[Stack]:
+    """Start a worker, then a gateway serving ``policy_for(worker_url)`` (a path); yield both URLs."""
+    wport, gport = _free_port(), _free_port()
+    worker_url, gateway_url = f"http://127.0.0.1:{wport}", f"http://127.0.0.1:{gport}"
+    worker_args = ["worker", "--port", str(wport), "--log-level", "warning", *worker_flags]
+    with _process(worker_args, worker_url, log_dir / f"worker-{name}.log", timeout_s) as worker:
+        policy = policy_for(worker_url)
+        gateway_args = ["serve", "--policy", str(policy), "--port", str(gport), "--log-console",
+                        "--log-level", "warning"]
+        rss = RssSampler(worker.pid)
+        try:
+            with _process(gateway_args, gateway_url, log_dir / f"gateway-{name}.log", timeout_s):
+                yield Stack(gateway_url, worker_url, rss)
+        finally:
+            rss.close()
