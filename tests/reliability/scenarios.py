@@ -1,0 +1,284 @@
+"""Reliability scenarios as async drivers returning reports: the short tests assert on them and
+``bench.reliability`` runs them at full size. Each takes a running gateway URL (and the workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.integration.gateway_processes import ADMIN_TOKEN
+from tests.reliability.cluster import (
+    Workers, chat_body, expected_texts, policy_yaml, stream_chat, wait_until, worker_load)
+
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+PROSE = [f"In one short sentence, describe the colour of {thing}." for thing in
+         ("the sky", "grass", "snow", "a banana", "coal", "a tomato", "the sea", "sand")]
+CODE = [f"def f{i}(a, b):\n    return a + b * {i}\n\ndef g{i}(a, b):\n    return a - b\n\n# write h{i}(a, b) like above\n"
+        for i in range(4)]
+PROMPTS = PROSE + CODE
+
+
+def _timeout(s: float = 180.0) -> httpx.Timeout:
+    return httpx.Timeout(s, connect=10.0)
+
+
+@dataclass
+class SoakReport:
+    requests: int = 0
+    exact: int = 0
+    clean_errors: int = 0
+    lost: int = 0  # neither exact nor a clean error (wrong text, silence, a hang)
+    mixed: int = 0  # the text is another prompt's answer or a stream carried two completion ids
+    seconds: float = 0.0
+    pools: Counter = field(default_factory=Counter)
+
+
+async def soak(gw: str, plain_worker: str, *, clients: int, requests: int, max_tokens: int,
+               duration_s: float | None = None) -> SoakReport:
+    """``clients`` concurrent streaming clients share ``requests`` greedy requests (or run until
+    ``duration_s``); each answer is compared with the prompt's plain greedy answer."""
+    expected = expected_texts(plain_worker, PROMPTS, max_tokens)
+    report = SoakReport()
+    next_index = iter(range(10**9))
+    t0 = time.monotonic()
+
+    def more() -> int | None:
+        i = next(next_index)
+        if duration_s is not None:
+            return i if time.monotonic() - t0 < duration_s else None
+        return i if i < requests else None
+
+    async def client(http: httpx.AsyncClient) -> None:
+        while (i := more()) is not None:
+            p = i % len(PROMPTS)
+            try:
+                res = await stream_chat(http, gw, chat_body(PROMPTS[p], max_tokens))
+            except httpx.HTTPError:
+                report.requests += 1
+                report.lost += 1
+                continue
+            report.requests += 1
+            if res.info:
+                report.pools[res.info["pool"]] += 1
+            if res.status == 200 and res.done and res.error is None and res.text == expected[p] \
+                    and len(res.ids) == 1:
+                report.exact += 1
+            elif res.clean_error:
+                report.clean_errors += 1
+            else:
+                report.lost += 1
+                if len(res.ids) > 1 or (res.text in expected and res.text != expected[p]):
+                    report.mixed += 1
+
+    async with httpx.AsyncClient(timeout=_timeout(), limits=httpx.Limits(max_connections=None)) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    report.seconds = round(time.monotonic() - t0, 1)
+    return report
+
+
+async def disconnects(gw: str, workers: list[str], *, clients: int) -> float:
+    """``clients`` streams that close after 3 chunks; seconds from the last close until every worker
+    runs nothing and its KV usage is back to where it was before."""
+    baseline = {w: worker_load(w) for w in workers}
+    body = chat_body("Tell a very long story about a lighthouse.", 400, ignore_eos=True)
+    async with httpx.AsyncClient(timeout=_timeout()) as http:
+        results = await asyncio.gather(*(stream_chat(http, gw, body, stop_after=3) for _ in range(clients)))
+    closed = time.monotonic()
+    assert all(r.status == 200 and not r.done for r in results), "a stream was not cut mid-way"
+
+    def idle() -> bool:
+        return all(worker_load(w)[0] == 0 and worker_load(w)[1] <= baseline[w][1] for w in workers)
+
+    await wait_until(idle, timeout=10.0)
+    return time.monotonic() - closed
+
+
+@dataclass
+class OverloadReport:
+    noisy_status: Counter = field(default_factory=Counter)
+    metered_status: Counter = field(default_factory=Counter)
+    quiet_status: Counter = field(default_factory=Counter)
+    retry_after_ok: bool = True
+    hung: int = 0
+    quiet_alone_s: list[float] = field(default_factory=list)
+    quiet_under_load_s: list[float] = field(default_factory=list)
+    noisy_s: list[float] = field(default_factory=list)
+
+
+async def overload(gw: str, *, noisy: int, quiet: int, max_tokens: int = 12) -> OverloadReport:
+    """Route ``noisy`` (max_concurrency 2) fires ``noisy`` streams at once while route ``quiet``
+    sends ``quiet`` requests one after another; route ``metered`` (1 req/s, burst 2) fires 10 at once."""
+    report = OverloadReport()
+    auth = {name: {"authorization": f"Bearer {name}-key-1"} for name in ("noisy", "metered", "quiet")}
+    body = chat_body(PROSE[0], max_tokens)
+
+    def check_429(res) -> None:
+        if res.status == 429:
+            report.retry_after_ok &= res.headers.get("retry-after", "").isdigit() and res.clean_error
+
+    async with httpx.AsyncClient(timeout=_timeout(120)) as http:
+        async def one(route: str, tokens: int):
+            try:
+                return await stream_chat(http, gw, chat_body(PROSE[1], tokens), auth[route])
+            except httpx.TimeoutException:
+                report.hung += 1
+                return None
+
+        for _ in range(quiet):
+            res = await one("quiet", 4)
+            report.quiet_alone_s.append(res.seconds)
+
+        async def quiet_loop():
+            await asyncio.sleep(0.2)
+            for _ in range(quiet):
+                res = await one("quiet", 4)
+                if res is not None:
+                    report.quiet_status[res.status] += 1
+                    report.quiet_under_load_s.append(res.seconds)
+
+        async def noisy_one():
+            res = await stream_chat(http, gw, body, auth["noisy"])
+            report.noisy_status[res.status] += 1
+            check_429(res)
+            if res.status == 200:
+                report.noisy_s.append(res.seconds)
+
+        await asyncio.gather(quiet_loop(), *(noisy_one() for _ in range(noisy)))
+
+        metered = await asyncio.gather(*(one("metered", 1) for _ in range(10)))
+        for res in metered:
+            if res is not None:
+                report.metered_status[res.status] += 1
+                check_429(res)
+    return report
+
+
+@dataclass
+class ReloadReport:
+    requests: int = 0
+    failed: int = 0
+    invalid_written: int = 0
+    rejections_reported: int = 0
+    valid_rules_seen: set[str] = field(default_factory=set)
+    invalid_rules_seen: set[str] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+
+
+async def reloads(gw: str, path: Path, workers: list[str], revision: str, *, rounds: int,
+                  clients: int = 2) -> ReloadReport:
+    """Traffic runs while the file alternates valid versions (rule ``valid-N``) and invalid ones
+    (rule ``invalid-N`` pointing at an unknown pool); every request must succeed, no ``invalid-*``
+    rule may serve, and /admin/policy must report each rejection with its error."""
+    report = ReloadReport()
+    stop = asyncio.Event()
+
+    def version(name: str, pool: str) -> str:
+        rule = f"  - {{name: {name}, when: {{slice: prose}}, then: {{pool: {pool}, draft_tokens: 2}}}}\n"
+        return policy_yaml(plain=workers, ngram=workers, revision=revision, rules=rule)
+
+    async def traffic(http: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            r = await http.post(f"{gw}/v1/chat/completions", json=chat_body(PROSE[2], 4, stream=False))
+            report.requests += 1
+            if r.status_code != 200:
+                report.failed += 1
+                report.errors.append(r.text[:200])
+                continue
+            rule = r.headers["x-specgate-rule"]
+            (report.invalid_rules_seen if rule.startswith("invalid-") else report.valid_rules_seen).add(rule)
+
+    async def admin() -> dict:
+        async with httpx.AsyncClient() as a:
+            return (await a.get(f"{gw}/admin/policy", headers=ADMIN)).json()
+
+    async def edits() -> None:
+        try:
+            for n in range(rounds):
+                for name, pool, ok in ((f"valid-{n}", "ngram", True), (f"invalid-{n}", "nowhere", False)):
+                    path.write_text(version(name, pool), encoding="utf-8")
+                    report.invalid_written += not ok
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline:
+                        last = (await admin())["last_reload"]
+                        if last["ok"] is ok and (ok or any("nowhere" in e for e in last["errors"])):
+                            report.rejections_reported += not ok
+                            break
+                        await asyncio.sleep(0.1)
+                    await asyncio.sleep(0.5)  # let traffic run on this version
+        finally:
+            stop.set()
+
+    async with httpx.AsyncClient(timeout=_timeout(120)) as http:
+        await asyncio.gather(edits(), *(traffic(http) for _ in range(clients)))
+    return report
+
+
+@dataclass
+class FaultReport:
+    inflight: int = 0
+    inflight_ok: int = 0
+    inflight_errors: int = 0  # streams on the killed worker ended with an error event + [DONE]
+    silent: int = 0  # a stream that ended without [DONE] or a non-200 without the error shape
+    after: int = 0
+    after_ok: int = 0
+    retried: int = 0
+    fallback_pool: str | None = None
+    fallback_flag: bool | None = None
+    fallback_reason: str | None = None
+    ejected: bool = False
+    readmitted_after_s: float | None = None
+
+
+async def kill_worker(gw: str, workers: Workers, index: int, *, in_flight: int, after: int) -> FaultReport:
+    """Start ``in_flight`` long streams (half code, pinned to the ngram pool on the doomed worker),
+    kill -9 worker ``index`` once it runs some, send ``after`` more requests, check ejection and the
+    ngram pool's fallback, restart the worker on its port and time until the pool takes it back."""
+    report = FaultReport(inflight=in_flight, after=after)
+    doomed = workers.urls[index]
+    async with httpx.AsyncClient(timeout=_timeout()) as http:
+        def body(i: int, tokens: int) -> dict:
+            return chat_body((CODE if i % 2 else PROSE)[i % 4], tokens, ignore_eos=True)
+
+        running = [asyncio.create_task(stream_chat(http, gw, body(i, 200))) for i in range(in_flight)]
+        await wait_until(lambda: worker_load(doomed)[0] >= 1, timeout=60)
+        await asyncio.sleep(0.3)
+        workers.kill(index)
+        later = await asyncio.gather(*(stream_chat(http, gw, body(i, 4)) for i in range(after)))
+        first = await asyncio.wait_for(asyncio.gather(*running), timeout=180)
+        for res in first:
+            if res.status == 200 and res.done and res.error is None:
+                report.inflight_ok += 1
+            elif res.clean_error:
+                report.inflight_errors += 1
+            else:
+                report.silent += 1
+        for res in later:
+            report.after_ok += res.status == 200 and res.done and res.error is None
+            report.silent += not (res.done or res.clean_error)
+            report.retried += bool(res.info and res.info["retries"])
+        pools = (await http.get(f"{gw}/admin/pools", headers=ADMIN)).json()
+        state = next(w for w in pools["ngram"]["workers"] if w["url"] == doomed)
+        report.ejected = not state["healthy"] or state["ejected"]
+        r = await http.post(f"{gw}/v1/chat/completions", json=chat_body(CODE[0], 4, stream=False))
+        info = r.json()["specgate"]
+        report.fallback_pool, report.fallback_flag, report.fallback_reason = \
+            info["pool"], info["fallback"], info["reason"]
+        workers.restart(index, wait=False)
+        t0 = time.monotonic()
+
+        async def healthy() -> bool:
+            pools = (await http.get(f"{gw}/admin/pools", headers=ADMIN)).json()
+            return any(w["url"] == doomed and w["healthy"] and not w["ejected"]
+                       for w in pools["ngram"]["workers"])
+
+        while time.monotonic() - t0 < 150:
+            if await healthy():
+                report.readmitted_after_s = round(time.monotonic() - t0, 1)
+                break
+            await asyncio.sleep(0.5)
+    return report
