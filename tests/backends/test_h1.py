@@ -1,0 +1,156 @@
+"""backends.sglang.h1: the gateway's keep-alive JSON client, against a scripted raw-socket server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from backends.sglang.client import SGLangClient
+from backends.sglang.errors import WorkerConnectError, WorkerHTTPError, WorkerTimeout
+from backends.sglang.h1 import H1Pool
+
+CHAT = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+
+def _answer(status: str, body: bytes, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: application/json\r\n" + extra +
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+class Scripted:
+    """Answers each request with ``answer(n, request_bytes)``; counts connections and requests."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                body = await reader.readexactly(length)
+                self.requests.append(head + body)
+                out = await self.answer(len(self.requests), body)
+                if out is None:
+                    writer.close()
+                    return
+                writer.write(out)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        for w in self.writers:
+            w.close()
+        self.server.close()
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def test_keep_alive_reuses_one_connection_and_sends_the_body():
+    async def answer(n, body):
+        return _answer("200 OK", json.dumps({"n": n, "echo": json.loads(body)}).encode())
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            pool = H1Pool(url, connect_s=2, read_s=5)
+            out = [json.loads((await pool.post("/v1/chat/completions", b'{"a": %d}' % i)).body) for i in range(3)]
+            pool.close()
+        assert out == [{"n": 1, "echo": {"a": 0}}, {"n": 2, "echo": {"a": 1}}, {"n": 3, "echo": {"a": 2}}]
+        assert server.connections == 1
+        assert server.requests[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    run(main())
+
+
+def test_a_connection_the_worker_closed_is_replaced():
+    async def answer(n, body):
+        return None if n == 2 else _answer("200 OK", b'{"n": %d}' % n)  # closes instead of answering #2
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            pool = H1Pool(url, connect_s=2, read_s=5)
+            first = await pool.post("/p", b"{}")
+            second = await pool.post("/p", b"{}")  # reused connection dies unanswered: retried fresh
+            pool.close()
+        assert (first.body, second.body) == (b'{"n": 1}', b'{"n": 3}')
+        assert server.connections == 2
+    run(main())
+
+
+def test_read_timeout_and_refused_connection_are_typed():
+    async def answer(n, body):
+        await asyncio.sleep(5)
+        return _answer("200 OK", b"{}")
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            pool = H1Pool(url, connect_s=2, read_s=0.2)
+            with pytest.raises(WorkerTimeout) as timeout:
+                await pool.post("/p", b"{}")
+            assert timeout.value.phase == "read" and timeout.value.retry_safe
+            assert pool._idle == []  # the timed-out connection is not kept
+        refused = H1Pool(url, connect_s=2, read_s=1)
+        with pytest.raises(WorkerConnectError, match="ConnectError"):
+            await refused.post("/p", b"{}")
+    run(main())
+
+
+def test_cancelled_request_closes_its_connection():
+    async def answer(n, body):
+        if n == 1:
+            await asyncio.sleep(5)
+        return _answer("200 OK", b'{"n": %d}' % n)
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            pool = H1Pool(url, connect_s=2, read_s=10)
+            task = asyncio.ensure_future(pool.post("/p", b"{}"))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert pool._idle == []
+            later = await pool.post("/p", b"{}")
+            pool.close()
+        assert later.body == b'{"n": 2}' and server.connections == 2
+    run(main())
+
+
+def test_client_fast_path_parses_answers_and_maps_worker_errors():
+    async def answer(n, body):
+        if n == 1:
+            return _answer("200 OK", json.dumps(CHAT).encode())
+        return _answer("503 Service Unavailable", b'{"error": {"message": "busy", "type": "overloaded"}}',
+                       b"retry-after: 3\r\n")
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            async with SGLangClient(url, fast_json=True) as client:
+                ok = await client.chat_completions({"model": "m", "messages": []})
+                with pytest.raises(WorkerHTTPError) as err:
+                    await client.chat_completions({"model": "m", "messages": []})
+        assert ok.raw == json.dumps(CHAT).encode() and ok.parsed.usage.completion_tokens == 1
+        assert (err.value.status, err.value.message, err.value.retry_after) == (503, "busy", 3.0)
+        sent = json.loads(server.requests[0].split(b"\r\n\r\n", 1)[1])
+        assert sent == {"model": "m", "messages": [], "stream": False, "return_spec_tokens_details": True}
+    run(main())
