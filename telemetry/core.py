@@ -52,6 +52,10 @@ class Telemetry:
         self.positions: dict[tuple[str, str, str], list[list[int]]] = {}
         self.pools: list[dict[str, Any]] = []
         self.started = time.time()
+        # labelled children, made on first use like ``labels()`` (no zero series appear early), then
+        # reused: ``labels()`` costs a lock and validation per call, several per request. The label
+        # sets are bounded by the policy, so this stays small.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.set_policy(policy, version=policy_digest(policy), reload_ok=True)
 
     # -- requests ----------------------------------------------------------------------------------
@@ -63,16 +67,17 @@ class Telemetry:
                lab.proposer(record.proposer))
         rule = lab.rule(record.rule)
         m = self.metrics
-        m.requests.labels(*key, rule, lab.status(record.status)).inc()
-        m.prompt_tokens.labels(*key).inc(record.prompt_tokens)
-        m.output_tokens.labels(*key).inc(record.completion_tokens)
+        child = self._child
+        child(m.requests, (*key, rule, lab.status(record.status))).inc()
+        child(m.prompt_tokens, key).inc(record.prompt_tokens)
+        child(m.output_tokens, key).inc(record.completion_tokens)
         if record.slo_met is True:
-            m.slo_met.labels(*key).inc()
+            child(m.slo_met, key).inc()
         elif record.slo_met is False:
-            m.slo_missed.labels(*key).inc()
+            child(m.slo_missed, key).inc()
         for hist, value in ((m.ttft, record.ttft_s), (m.tpot, record.tpot_s), (m.e2e, record.e2e_s)):
             if value is not None:
-                hist.labels(*key).observe(value)
+                child(hist, key).observe(value)
         if record.overhead_s is not None:
             m.overhead.observe(record.overhead_s)
         counts = spec_counts(record)
@@ -81,17 +86,23 @@ class Telemetry:
         log_request(self.logger, record, debug_text=self.debug_text)
         self._remember(key, rule, record, counts)
 
+    def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
+        found = self._children.get((id(metric), labels))
+        if found is None:
+            found = self._children[(id(metric), labels)] = metric.labels(*labels)
+        return found
+
     def _observe_spec(self, key: tuple[str, ...], counts: SpecCounts, accept_length: float | None) -> None:
-        m = self.metrics
-        m.rounds.labels(*key).inc(counts.rounds)
-        m.draft_tokens.labels(*key).inc(counts.draft_tokens)
-        m.accepted_tokens.labels(*key).inc(counts.accepted_tokens)
+        m, child = self.metrics, self._child
+        child(m.rounds, key).inc(counts.rounds)
+        child(m.draft_tokens, key).inc(counts.draft_tokens)
+        child(m.accepted_tokens, key).inc(counts.accepted_tokens)
         for j, (acc, reached) in enumerate(zip(counts.accepted_per_position, counts.reached_per_position)):
-            m.position_accepted.labels(*key, str(j + 1)).inc(acc)
-            m.position_reached.labels(*key, str(j + 1)).inc(reached)
+            child(m.position_accepted, (*key, str(j + 1))).inc(acc)
+            child(m.position_reached, (*key, str(j + 1))).inc(reached)
         if accept_length is None:
             accept_length = 1.0 + counts.accepted_tokens / counts.rounds
-        m.accept_length.labels(*key).observe(accept_length)
+        child(m.accept_length, key).observe(accept_length)
 
     def _remember(self, key: tuple[str, ...], rule: str, record: RequestRecord, counts: SpecCounts | None) -> None:
         route, slice_, pool = key[0], key[1], key[2]
