@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -21,7 +22,7 @@ from bench.serve.arms import DEFAULT_POLICY, REPO, Arm, parse_arms, served_polic
 from bench.serve.client import Result, request_body, send, slo_met
 from bench.serve.load import LoadPoint, drive
 from bench.serve.report import markdown, plots
-from bench.serve.stack import Stack, stack
+from bench.serve.stack import RssSampler, gateway, worker
 from bench.serve.summary import cell, learning_cost
 from bench.workloads import SLICES, WorkItem, sample
 
@@ -48,9 +49,9 @@ class Bench:
         self.warmup: list[Result] = []
         self.plain: dict[str, dict[str, str]] = {}  # load -> item -> text
 
-    async def _batch(self, st: Stack, arm: str, load: LoadPoint, items: list[WorkItem], model: str,
+    async def _batch(self, gateway_url: str, arm: str, load: LoadPoint, items: list[WorkItem], model: str,
                      out: list[Result], advance) -> float:
-        url = f"{st.gateway_url}/v1/chat/completions"
+        url = f"{gateway_url}/v1/chat/completions"
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.args.request_timeout), limits=limits) as client:
             async def one(item: WorkItem, start: float) -> None:
@@ -62,28 +63,32 @@ class Bench:
 
             return await drive(load, items, one, self.args.seed)
 
-    def run_arm(self, arm: Arm, log_dir: Path, advance) -> dict:
+    def worker_flags(self) -> list[str]:
         flags = ["--no-calibrate", "--max-running-requests", str(self.args.max_running_requests)]
-        if self.args.num_threads:
-            flags += ["--num-threads", str(self.args.num_threads)]
-        with stack(lambda url: served_policy(arm, url, self.revision, log_dir), log_dir, flags, arm.name) as st:
-            model = httpx.get(f"{st.gateway_url}/v1/models", timeout=30).json()["data"][0]["id"]
+        return flags + (["--num-threads", str(self.args.num_threads)] if self.args.num_threads else [])
+
+    def run_arm(self, arm: Arm, log_dir: Path, shared: tuple[str, RssSampler] | None, advance) -> dict:
+        """One arm on a fresh gateway, and a fresh worker unless ``shared`` (``--restart gateway``)."""
+        with contextlib.ExitStack() as stack:
+            worker_url, rss = shared or stack.enter_context(worker(log_dir, self.worker_flags(), arm.name))
+            url = stack.enter_context(gateway(served_policy(arm, worker_url, self.revision, log_dir), log_dir, arm.name))
+            model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
             if arm.warm:
-                point = LoadPoint.parse(f"c{self.args.warmup_concurrency}")
-                asyncio.run(self._batch(st, arm.name, point, self.warmup_items, model, self.warmup, advance))
-                st.rss.take_peak()
+                point = LoadPoint("warmup", concurrency=self.args.warmup_concurrency)
+                asyncio.run(self._batch(url, arm.name, point, self.warmup_items, model, self.warmup, advance))
+            rss.take_peak()
             cells: dict[str, dict] = {}
             for load in self.loads:
                 cells[load.label] = {}
                 for slice_ in self.slices:
                     batch: list[Result] = []
                     items = [i for i in self.items if i.slice == slice_]
-                    wall = asyncio.run(self._batch(st, arm.name, load, items, model, batch, advance))
+                    wall = asyncio.run(self._batch(url, arm.name, load, items, model, batch, advance))
                     if arm.name == "plain":
                         self.plain.setdefault(load.label, {}).update({r.item: r.text for r in batch if r.ok})
                     batch.sort(key=lambda r: r.start_s)
                     self.results += batch
-                    cells[load.label][slice_] = cell(batch, wall, st.rss.take_peak(), self.plain.get(load.label))
+                    cells[load.label][slice_] = cell(batch, wall, rss.take_peak(), self.plain.get(load.label))
         return {"policy": str(arm.policy.relative_to(REPO)), "warm": arm.warm, "cells": cells,
                 "peak_rss_mb": max(c["peak_rss_mb"] for per in cells.values() for c in per.values())}
 
@@ -150,11 +155,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     total = len(arms) * len(loads) * len(items) + len(warm) * sum(a.warm for a in arms)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     arms_out: dict[str, dict] = {}
-    with Progress(*columns, transient=not args.keep_progress) as bar:
+    with Progress(*columns, transient=not args.keep_progress) as bar, contextlib.ExitStack() as stack:
         task = bar.add_task("serve bench", total=total)
+        shared = (stack.enter_context(worker(log_dir, bench.worker_flags(), "shared"))
+                  if args.restart == "gateway" else None)
         for arm in arms:
             bar.update(task, description=f"arm {arm.name}")
-            arms_out[arm.name] = bench.run_arm(arm, log_dir, lambda: bar.advance(task))
+            arms_out[arm.name] = bench.run_arm(arm, log_dir, shared, lambda: bar.advance(task))
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     result = {
         "meta": meta,
@@ -162,7 +169,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
                      "per_slice": args.per_slice, "max_tokens": args.max_tokens, "seed": args.seed,
                      "max_prompt_chars": args.max_prompt_chars, "warmup_per_slice": args.warmup_per_slice,
                      "warmup_concurrency": args.warmup_concurrency,
-                     "max_running_requests": args.max_running_requests},
+                     "max_running_requests": args.max_running_requests, "restart": args.restart},
         "workloads": {s: [{"id": i.id, "source": i.source, "truncated_from": i.truncated_from,
                            "prompt_chars": sum(len(str(m.get("content") or "")) for m in i.messages)}
                           for i in items if i.slice == s] for s in bench.slices},

@@ -1,7 +1,7 @@
 """A fresh worker + gateway per arm, on free loopback ports, always stopped; the worker's peak RSS.
 
-Each arm gets its own worker (fresh KV cache and engine state) and gateway (fresh learner), so arms
-cannot contaminate each other. Processes are started with this interpreter (``-c`` into the CLI, as
+Each arm gets its own gateway (fresh learner) and, unless ``--restart gateway``, its own worker (fresh
+KV cache and engine state), so arms cannot contaminate each other. Processes are started with this interpreter (``-c`` into the CLI, as
 ``specgate up`` does) so the harness works from any checkout without an installed entry point.
 """
 
@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -76,13 +75,6 @@ class RssSampler:
         self._thread.join(2)
 
 
-@dataclass
-class Stack:
-    gateway_url: str
-    worker_url: str
-    rss: RssSampler
-
-
 def _await_health(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -115,19 +107,23 @@ def _process(args: list[str], url: str, log: Path, timeout_s: float) -> Iterator
 
 
 @contextlib.contextmanager
-def stack(policy_for, log_dir: Path, worker_flags: list[str], name: str,
-          timeout_s: float = 240) -> Iterator[Stack]:
-    """Start a worker, then a gateway serving ``policy_for(worker_url)`` (a path); yield both URLs."""
-    wport, gport = _free_port(), _free_port()
-    worker_url, gateway_url = f"http://127.0.0.1:{wport}", f"http://127.0.0.1:{gport}"
-    worker_args = ["worker", "--port", str(wport), "--log-level", "warning", *worker_flags]
-    with _process(worker_args, worker_url, log_dir / f"worker-{name}.log", timeout_s) as worker:
-        policy = policy_for(worker_url)
-        gateway_args = ["serve", "--policy", str(policy), "--port", str(gport), "--log-console",
-                        "--log-level", "warning"]
-        rss = RssSampler(worker.pid)
+def worker(log_dir: Path, flags: list[str], name: str, timeout_s: float = 240) -> Iterator[tuple[str, RssSampler]]:
+    """A fresh `specgate worker` on a free port; yields its URL and an RSS sampler of its process."""
+    url = f"http://127.0.0.1:{_free_port()}"
+    args = ["worker", "--port", url.rsplit(":", 1)[1], "--log-level", "warning", *flags]
+    with _process(args, url, log_dir / f"worker-{name}.log", timeout_s) as proc:
+        rss = RssSampler(proc.pid)
         try:
-            with _process(gateway_args, gateway_url, log_dir / f"gateway-{name}.log", timeout_s):
-                yield Stack(gateway_url, worker_url, rss)
+            yield url, rss
         finally:
             rss.close()
+
+
+@contextlib.contextmanager
+def gateway(policy: Path, log_dir: Path, name: str, timeout_s: float = 240) -> Iterator[str]:
+    """A fresh `specgate serve` (fresh learner) on a free port; yields its URL once its pools were probed."""
+    url = f"http://127.0.0.1:{_free_port()}"
+    args = ["serve", "--policy", str(policy), "--port", url.rsplit(":", 1)[1], "--log-console",
+            "--log-level", "warning"]
+    with _process(args, url, log_dir / f"gateway-{name}.log", timeout_s):
+        yield url

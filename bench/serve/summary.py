@@ -38,7 +38,7 @@ def cell(results: list[Result], wall_s: float, peak_rss_mb: float,
     ok = [r for r in results if r.ok]
     met = sum(1 for r in results if r.slo_met)
     tokens = sum(r.completion_tokens for r in ok)
-    spec = [r for r in ok if r.verify_rounds]
+    spec = [r for r in ok if r.verify_rounds and r.proposer not in (None, "none")]
     rounds = sum(r.verify_rounds or 0 for r in spec)
     compared = [r for r in ok if plain is not None and r.item in plain]
     return {

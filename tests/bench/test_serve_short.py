@@ -1,0 +1,102 @@
+"""The serving benchmark end to end, small: real worker and gateways, real workload prompts, two arms
+(plain and fixed n-gram k = 4), two slices, one request each, 8 tokens, one load point. Runs in
+`make test` so the harness cannot rot; the full run is `specgate bench serve --preset full`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.serve.load import LoadPoint
+from bench.serve.summary import learning_cost, percentile
+from bench.serve.client import Result
+from bench.workloads import DEFAULT_ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.real_model]
+CLI = "import sys; from gateway.cli import main; sys.exit(main())"
+CELL_KEYS = {"requests", "ok", "errors", "wall_s", "ttft_ms", "tpot_ms", "output_tokens", "output_tok_s",
+             "slo_met", "slo_attainment", "goodput_rps", "accept_length", "decisions_by_rule", "choices",
+             "gateway_slices", "peak_rss_mb", "identical_to_plain", "compared_to_plain", "not_identical"}
+SLICES = ["code_edit", "prose"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, prepared_model):
+    if not DEFAULT_ROOT.is_dir():
+        pytest.skip(f"shared workloads not found at {DEFAULT_ROOT}")
+    out = tmp_path_factory.mktemp("serve")
+    argv = ["bench", "serve", "--arms", "plain", "ngram-k4", "--slices", *SLICES, "--per-slice", "1",
+            "--max-tokens", "8", "--loads", "c1", "--restart", "gateway", "--num-threads", "1", "--out", str(out)]
+    proc = subprocess.run([sys.executable, "-c", CLI, *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    return out, json.loads((out / "serve.json").read_text())
+
+
+def test_result_file_structure(run):
+    _, result = run
+    assert set(result) == {"meta", "settings", "workloads", "arms", "warmup", "learning_cost", "requests"}
+    assert set(result["meta"]) == {"command", "date", "cpu", "cores", "python", "torch", "transformers",
+                                   "commit", "slo", "wall_s"}
+    assert result["meta"]["command"].startswith("specgate bench serve --arms plain ngram-k4")
+    assert result["meta"]["slo"] == {"ttft_ms": 2000.0, "tpot_ms": 150.0}  # deploy/policies/default.yaml
+    assert result["settings"]["arms"] == ["plain", "ngram-k4"]
+    assert result["settings"]["loads"] == ["c1"] and result["settings"]["slices"] == SLICES
+    assert [len(result["workloads"][s]) for s in SLICES] == [1, 1]
+    assert list(result["arms"]) == ["plain", "ngram-k4"]
+    for arm in result["arms"].values():
+        assert list(arm["cells"]) == ["c1"] and list(arm["cells"]["c1"]) == SLICES
+        for c in arm["cells"]["c1"].values():
+            assert set(c) == CELL_KEYS
+            assert (c["requests"], c["ok"], c["errors"]) == (1, 1, [])
+            assert 1 <= c["output_tokens"] <= 8
+            assert c["ttft_ms"]["p50"] > 0 and set(c["tpot_ms"]) == {"p50", "p90", "p99"}
+            assert c["peak_rss_mb"] > 100  # the real model is loaded in the worker
+            assert c["slo_met"] in (0, 1) and c["goodput_rps"] == pytest.approx(c["slo_met"] / c["wall_s"], rel=1e-3)
+    assert result["warmup"] == [] and result["learning_cost"] is None
+    assert len(result["requests"]) == 4 and all(r["ok"] and r["text"] for r in result["requests"])
+
+
+def test_every_arm_is_identical_to_plain_and_decisions_are_counted(run):
+    _, result = run
+    for name, rule, choice in (("plain", "bench-plain", "plain:0"), ("ngram-k4", "bench-ngram-k4", "ngram:4")):
+        for c in result["arms"][name]["cells"]["c1"].values():
+            assert (c["identical_to_plain"], c["compared_to_plain"], c["not_identical"]) == (1, 1, [])
+            assert c["decisions_by_rule"] == {rule: 1} and c["choices"] == {choice: 1}
+    plain = result["arms"]["plain"]["cells"]["c1"]["code_edit"]
+    ngram = result["arms"]["ngram-k4"]["cells"]["c1"]["code_edit"]
+    assert plain["accept_length"] is None  # nothing was speculated
+    assert ngram["accept_length"] >= 1.0
+    assert ngram["output_tokens"] == plain["output_tokens"]
+
+
+def test_markdown_and_plots_are_written(run):
+    out, result = run
+    text = (out / "serve.md").read_text()
+    assert f"Command: `{result['meta']['command']}`" in text
+    assert "| ngram-k4 | c1 |" in text and "| plain | c1 |" in text
+    assert "ngram-k4 vs the best fixed arm" not in text  # no adaptive arm in this run
+    for name in ("serve-tpot.png", "serve-goodput.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in text
+
+
+def test_load_points_parse_and_reject_with_the_fix():
+    assert LoadPoint.parse("c16") == LoadPoint("c16", concurrency=16)
+    assert LoadPoint.parse("p0.5") == LoadPoint("p0.5", rate=0.5)
+    for bad in ("x3", "c0", "p-1", "c"):
+        with pytest.raises(ValueError, match=rf"--loads: '{bad}' is not a load point; use cN"):
+            LoadPoint.parse(bad)
+
+
+def test_percentile_and_learning_cost():
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and percentile([], 50) is None
+    trace = [Result(arm="adaptive-warm", load="warmup", slice=s, item=str(i), start_s=0, ok=True, tpot_s=t)
+             for i, (s, t) in enumerate([("code", 0.1), ("prose", 0.05), ("code", 0.1), ("code", 0.05),
+                                         ("code", 0.05), ("code", 0.05)], 1)]
+    cost = learning_cost(trace, {"code": 50.0, "prose": 50.0})
+    # code: rolling means of 3 = 83.3, 66.7, 50.0 -> within 5% at its 5th request, 6th overall
+    assert cost["code"] == {"requests": 6, "slice_requests": 5, "rolling_tpot_ms": 50.0, "warm_tpot_p50_ms": 50.0}
+    assert cost["prose"] == {"requests": None, "slice_requests": 1, "warm_tpot_p50_ms": 50.0}
