@@ -19,6 +19,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     add_arguments(serve)
     serve.set_defaults(func=_run)
+    reliability = kinds.add_parser("reliability", help="soak, faults, disconnects, overload, reloads",
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                   description="Reliability run through the gateway to two real workers "
+                                               "(docs/reliability.md).")
+    from bench.reliability import add_arguments as reliability_arguments
+    from bench.reliability import run as run_reliability
+
+    reliability_arguments(reliability)
+    reliability.set_defaults(func=run_reliability)
 
 
 def _run(args: argparse.Namespace) -> int:
