@@ -18,7 +18,8 @@ from tests.integration.gateway_processes import ADMIN_TOKEN, gateway, write_poli
 from tests.reliability.cluster import MODEL, policy_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model, pytest.mark.timeout(300)]
-FUZZ = settings(max_examples=int(os.environ.get("SPECGATE_FUZZ_EXAMPLES", "40")), deadline=None, derandomize=True,
+EXAMPLES = int(os.environ.get("SPECGATE_FUZZ_EXAMPLES", "40"))  # the full run sets more
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                 suppress_health_check=list(HealthCheck))
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 3), st.integers(2**31, 2**63),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
