@@ -6,7 +6,7 @@ prompts: the length limit, a stop string, a stop token id (both picked from the 
 fire, typically inside a round), and an odd max_new_tokens. Plain decoding with the same settings is
 the reference, computed once per prompt; all configurations of one prompt run concurrently through
 ``engine.step()``. Sizes (defaults keep it to a few minutes on a 2-core CPU): SPECGATE_IDENTITY_TOKENS
-(16) new tokens per request, SPECGATE_IDENTITY_PER_SLICE (8) prompts per slice. The draft_model
+(12) new tokens per request, SPECGATE_IDENTITY_PER_SLICE (8) prompts per slice. The draft_model
 configurations use a 2-layer self-draft of the same target (identity cannot depend on the draft's
 depth; the shallow draft keeps k = 8 affordable).
 """
@@ -25,7 +25,7 @@ from tests.engine.engine_helpers import run_all, workload_prompts
 
 pytestmark = pytest.mark.real_model
 
-TOKENS = int(os.environ.get("SPECGATE_IDENTITY_TOKENS", "16"))
+TOKENS = int(os.environ.get("SPECGATE_IDENTITY_TOKENS", "12"))
 PER_SLICE = int(os.environ.get("SPECGATE_IDENTITY_PER_SLICE", "8"))
 CONFIGS = {
     **{f"ngram-k{k}": SpeculationParams(proposer="ngram", draft_tokens=k) for k in (1, 4, 8)},
@@ -54,13 +54,19 @@ def engine(real_model, real_tokenizer):
                   tokenizer=real_tokenizer)
 
 
-def test_greedy_identity_on_workload_prompts(engine, real_tokenizer):
-    real_model = engine
+@pytest.fixture(scope="module")
+def prompts(real_tokenizer):
     prompts = workload_prompts(real_tokenizer, per_slice=PER_SLICE, long_tokens=256, short_tokens=128)
     if PER_SLICE == 8:  # 8 + 8 + 7 + 7 = 30 prompts: drop the last prose and long_context item
         prompts = [p for i, p in enumerate(prompts) if i not in (23, 31)]
-    assert {s for s, _, _ in prompts} == {"code", "tool_call", "prose", "long_context"}
-    assert len(prompts) >= 30 or PER_SLICE < 8
+    return prompts
+
+
+@pytest.mark.parametrize("slice_", ["code", "tool_call", "prose", "long_context"])
+def test_greedy_identity_on_workload_prompts(engine, prompts, slice_):
+    real_model = engine
+    prompts = [p for p in prompts if p[0] == slice_]
+    assert len(prompts) >= min(PER_SLICE, 7)
     mismatches: list[str] = []
     finishes: dict[str, int] = {}
     accepted = 0
@@ -86,4 +92,4 @@ def test_greedy_identity_on_workload_prompts(engine, real_tokenizer):
                                   f"!= plain {reference.output_ids} ({reference.finish_reason})")
     assert not mismatches, "\n".join(mismatches)
     assert accepted > 0  # speculation really happened
-    assert finishes.get("stop", 0) >= PER_SLICE and finishes.get("length", 0) >= PER_SLICE, finishes
+    assert finishes.get("stop", 0) >= 1 and finishes.get("length", 0) >= 1, finishes
