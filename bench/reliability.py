@@ -13,7 +13,7 @@ import asyncio
 import json
 import tempfile
 import time
-from dataclasses import asdict, is_dataclass
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _plain(value):
     if is_dataclass(value):
-        return {k: _plain(v) for k, v in asdict(value).items()}
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (set, list, tuple)):
