@@ -6,7 +6,11 @@ front of the SAME worker in the same run.
 
 Workers: ``instant`` (``bench/instant_worker.py``, answers at once: what remains is the gateway's own
 cost; a stand-in allowed only for this measurement) and, with ``--real``, a real ``specgate worker``
-(SmolLM2-135M on CPU, max_tokens 8) behind direct and specgate only. Load: ``wrk`` (Debian package
+(SmolLM2-135M on CPU, max_tokens 8) behind direct and specgate only; a CPU engine takes seconds per request
+(about 5-9 s for 8 tokens on a busy 2-core machine), so those rows run ``--real-duration`` seconds
+(default 60) at ``--real-concurrency`` (default 1 4) with a wrk timeout well above it, after one warm-up
+request: a window shorter than one request's latency completes nothing, which is why earlier runs' real
+rows were empty (4 s, then 20 s at c=32, where 32 requests share one CPU engine). Load: ``wrk`` (Debian package
 ``wrk``; installed with apt-get when missing), non-streaming chat completions with keep-alive
 connections, ``-t1`` at c=1 and ``-t2`` above. LiteLLM runs from its own venv (``.bench-venv``,
 created on first use) so it cannot change the project's pinned packages.
@@ -90,13 +94,14 @@ def ensure_litellm() -> Path:
     return exe
 
 
-def wrk(url: str, body: dict, concurrency: int, duration: float, tmp: Path) -> dict[str, float]:
+def wrk(url: str, body: dict, concurrency: int, duration: float, tmp: Path, timeout_s: float = 60
+        ) -> dict[str, float]:
     script = tmp / "post.lua"
     script.write_text('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
                       f'wrk.headers["Authorization"] = "Bearer {BENCH_KEY}"\n'
                       f"wrk.body = {json.dumps(json.dumps(body))}\n")
     threads = 1 if concurrency == 1 else 2
-    out = subprocess.run(["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{duration:g}s", "--timeout", "60s", "--latency",
+    out = subprocess.run(["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{duration:g}s", "--timeout", f"{timeout_s:g}s", "--latency",
                           "-s", str(script), url], capture_output=True, text=True, check=True).stdout
     lat = {m.group(1): float(m.group(2)) * _UNITS[m.group(3)]
            for m in re.finditer(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.MULTILINE)}
@@ -167,12 +172,17 @@ def _wait_model(base: str, model: str, timeout: float = 60) -> None:
 def run_worker_set(label: str, worker: str, model: str, which: list[str], args: argparse.Namespace,
                    tmp: Path) -> list[dict]:
     body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+    real = label == "real"
+    duration = args.real_duration if real else args.duration
     rows = []
     with gateways(worker, model, tmp, which) as urls:
         for name, url in urls.items():
-            wrk(url, body, 1, 1, tmp)  # warm-up: connections, caches
-            for c in args.concurrency:
-                result = wrk(url, body, c, args.duration, tmp)
+            if real:  # one request warms the engine; a 1 s wrk window would not finish one
+                httpx.post(url, json=body, timeout=300, headers={"Authorization": f"Bearer {BENCH_KEY}"})
+            else:
+                wrk(url, body, 1, 1, tmp)  # warm-up: connections, caches
+            for c in (args.real_concurrency if real else args.concurrency):
+                result = wrk(url, body, c, duration, tmp, timeout_s=max(60.0, 4 * duration))
                 rows.append({"worker": label, "via": name, "concurrency": c, **result})
                 print(f"  {label:8} {name:9} c={c:<3} {result['rps']:9.1f} req/s  p50 {result['p50_ms']:8.2f} ms"
                       f"  p99 {result['p99_ms']:8.2f} ms  non-2xx {result['non_2xx']}", flush=True)
@@ -225,6 +235,10 @@ def main() -> None:
     parser.add_argument("--via", nargs="+", default=["specgate", "smg", "litellm"],
                         choices=["specgate", "smg", "litellm"], help="gateways in front of the instant worker")
     parser.add_argument("--real", action="store_true", help="also direct vs specgate with the real engine")
+    parser.add_argument("--real-duration", type=float, default=60.0,
+                        help="seconds per real-engine measurement (must exceed one request's latency)")
+    parser.add_argument("--real-concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--skip-instant", action="store_true", help="only the real-engine rows")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--markdown", type=Path, default=None, help="write the table as Markdown")
     args = parser.parse_args()
@@ -233,9 +247,10 @@ def main() -> None:
     rows: list[dict] = []
     port = free_port()
     instant = f"http://127.0.0.1:{port}"
-    with process([sys.executable, "-m", "bench.instant_worker", "--port", str(port)], f"{instant}/health",
-                 tmp / "instant.log"):
-        rows += run_worker_set("instant", instant, "instant", args.via, args, tmp)
+    if not args.skip_instant:
+        with process([sys.executable, "-m", "bench.instant_worker", "--port", str(port)], f"{instant}/health",
+                     tmp / "instant.log"):
+            rows += run_worker_set("instant", instant, "instant", args.via, args, tmp)
     if args.real:
         port = free_port()
         real = f"http://127.0.0.1:{port}"
