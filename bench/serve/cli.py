@@ -50,14 +50,23 @@ def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
+    import signal
+
     from bench.serve.run import run, write
 
+    def interrupt(*_: object) -> None:  # SIGTERM unwinds like Ctrl-C, so workers and gateways are stopped
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         args = apply_preset(args)
         result = run(args, argv)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # a worker or gateway that did not start
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     json_path, md_path, pngs = write(result, args.out)
     print(md_path.read_text())
     print(f"wrote {json_path}, {md_path}, " + ", ".join(str(p) for p in pngs))

@@ -1,34 +1,26 @@
 """A fresh worker + gateway per arm, on free loopback ports, always stopped; the worker's peak RSS.
 
-Each arm gets its own gateway (fresh learner) and, unless ``--restart gateway``, its own worker (fresh
-KV cache and engine state), so arms cannot contaminate each other. Processes are started with this interpreter (``-c`` into the CLI, as
-``specgate up`` does) so the harness works from any checkout without an installed entry point.
+Each arm gets its own gateway (fresh learner) and, unless ``--restart gateway``, its own worker
+(fresh KV cache and engine state), so arms cannot contaminate each other. Processes are started with
+this interpreter (``-c`` into the CLI, as ``specgate up`` does) so the harness works from any checkout without an installed entry point.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 
+from bench.gateway import free_port, wait_up
 from bench.serve.arms import REPO
 
 _CLI = "import sys; from gateway.cli import main; sys.exit(main())"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RssSampler:
@@ -75,18 +67,6 @@ class RssSampler:
         self._thread.join(2)
 
 
-def _await_health(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode} before answering; log: {log}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s:.0f} s; log: {log}")
-
-
 @contextlib.contextmanager
 def _process(args: list[str], url: str, log: Path, timeout_s: float) -> Iterator[subprocess.Popen]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
@@ -94,7 +74,10 @@ def _process(args: list[str], url: str, log: Path, timeout_s: float) -> Iterator
         proc = subprocess.Popen([sys.executable, "-c", _CLI, *args], cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT, env=env)
         try:
-            _await_health(url, proc, log, timeout_s)
+            try:
+                wait_up(f"{url}/health", proc, timeout_s)
+            except (RuntimeError, TimeoutError) as exc:
+                raise RuntimeError(f"{args[0]} on {url} did not come up: {exc}; see {log}") from exc
             yield proc
         finally:
             if proc.poll() is None:
@@ -109,7 +92,7 @@ def _process(args: list[str], url: str, log: Path, timeout_s: float) -> Iterator
 @contextlib.contextmanager
 def worker(log_dir: Path, flags: list[str], name: str, timeout_s: float = 240) -> Iterator[tuple[str, RssSampler]]:
     """A fresh `specgate worker` on a free port; yields its URL and an RSS sampler of its process."""
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     args = ["worker", "--port", url.rsplit(":", 1)[1], "--log-level", "warning", *flags]
     with _process(args, url, log_dir / f"worker-{name}.log", timeout_s) as proc:
         rss = RssSampler(proc.pid)
@@ -122,7 +105,7 @@ def worker(log_dir: Path, flags: list[str], name: str, timeout_s: float = 240) -
 @contextlib.contextmanager
 def gateway(policy: Path, log_dir: Path, name: str, timeout_s: float = 240) -> Iterator[str]:
     """A fresh `specgate serve` (fresh learner) on a free port; yields its URL once its pools were probed."""
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     args = ["serve", "--policy", str(policy), "--port", url.rsplit(":", 1)[1], "--log-console",
             "--log-level", "warning"]
     with _process(args, url, log_dir / f"gateway-{name}.log", timeout_s):
