@@ -26,10 +26,10 @@ from backends.engine.runner import load_model
 def run_dynamic(model, prompt: list[int], steps: int, width: int) -> float:
     cache = DynamicCache()
     with torch.inference_mode():
-        model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
         start = time.perf_counter()
         for _ in range(steps):
-            model(input_ids=torch.tensor([[5] * width]), past_key_values=cache, use_cache=True,
+            model(input_ids=torch.tensor([[5] * width]), cache=cache, use_cache=True,
                   logits_to_keep=width)
             cache.crop(-(width - 1))
         return time.perf_counter() - start
@@ -39,12 +39,12 @@ def run_static(model, prompt: list[int], steps: int, width: int, max_len: int) -
     cache = StaticCache(config=model.config, max_cache_len=max_len)
     with torch.inference_mode():
         n = len(prompt)
-        model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1,
+        model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1,
               cache_position=torch.arange(n))
         start = time.perf_counter()
         pos = n
         for _ in range(steps):
-            model(input_ids=torch.tensor([[5] * width]), past_key_values=cache, use_cache=True,
+            model(input_ids=torch.tensor([[5] * width]), cache=cache, use_cache=True,
                   logits_to_keep=width, cache_position=torch.arange(pos, pos + width))
             pos += 1  # keep one position, the rest are overwritten next round
         return time.perf_counter() - start

@@ -59,7 +59,7 @@ class ModelRunner:
         """Feed ``token_ids`` after the cached prefix; return logits of the last ``keep`` positions."""
         start = time.perf_counter()
         input_ids = torch.tensor([token_ids], dtype=torch.long)
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=keep)
         logits = out.logits[0, -keep:].float()
         return ForwardResult(logits=logits, seconds=time.perf_counter() - start)
 
