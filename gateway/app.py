@@ -16,6 +16,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.response import Stream
 
+from backends.disconnect import unless_client_leaves
 from gateway.admin import admin_router
 from gateway.call import Call
 from gateway.errors import ApiError
@@ -53,7 +54,14 @@ async def _openai(state: GatewayState, request: Request[Any, Any, Any], endpoint
     try:
         if call.stream:
             return await answer_stream(call, body)
-        return await answer_json(call, body)
+        answered, response = await unless_client_leaves(request.receive, answer_json(call, body))
+        if answered:
+            assert response is not None
+            return response
+        # dispatch already freed the worker slot and sent /abort_request; nobody reads this answer
+        call.finish(499, "aborted", error_type="ClientDisconnected",
+                    error_message="client closed the connection before the answer")
+        return Response(b"", status_code=499)
     except ApiError as exc:
         call.finish(exc.status, exc.status_class, error_type=exc.error_type, error_message=exc.message)
         return error_response(exc, call.headers())

@@ -9,6 +9,8 @@ same per-request workers with speculation off); at most ``max_attempts`` tries i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -121,6 +123,13 @@ async def dispatch(call: Call, body: dict[str, Any],
             started = time.perf_counter()
             try:
                 result = await send(backend.client(url), fwd)
+            except asyncio.CancelledError:  # the client went away: free the slot, stop the worker
+                call.upstream_s += time.perf_counter() - started
+                pool.release(url)
+                backend.in_flight -= 1
+                call.worker, call.rid = url, fwd["rid"]
+                state.spawn(abort_upstream(backend.client(url), fwd["rid"], state.settings.abort_timeout_s))
+                raise
             except WorkerError as exc:
                 call.upstream_s += time.perf_counter() - started
                 pool.release(url)
@@ -147,6 +156,12 @@ async def dispatch(call: Call, body: dict[str, Any],
         raise from_worker(last)
     raise ApiError(503, f"every worker tried failed (last: {last}); retry shortly", retry_after=2,
                    code="no_healthy_worker")
+
+
+async def abort_upstream(client: SGLangClient, rid: str, timeout_s: float) -> None:
+    """Fire-and-forget ``/abort_request``: the worker may have finished already or be gone."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(client.abort(rid), timeout_s)
 
 
 def _worker_fault(exc: WorkerError) -> bool:

@@ -25,7 +25,7 @@ from backends.sglang.errors import WorkerError, WorkerStreamError
 from backends.sglang.spec_stats import spec_stats_from_sglext
 from gateway.call import Call
 from gateway.errors import ApiError
-from gateway.lifecycle import _worker_fault, dispatch, release
+from gateway.lifecycle import _worker_fault, abort_upstream, dispatch, release
 
 DONE = b"data: [DONE]\n\n"
 JSON = "application/json"
@@ -150,7 +150,7 @@ async def _relay(call: Call, client: SGLangClient, upstream: AsyncIterator[OpenA
         if not completed:  # the client went away (cancellation or close at a yield)
             state = call.state
             state.spawn(_close(upstream))
-            state.spawn(_abort(client, call.rid, state.settings.abort_timeout_s))
+            state.spawn(abort_upstream(client, call.rid, state.settings.abort_timeout_s))
             release(call, ok=True)
             call.finish(499, "aborted", error_type="ClientDisconnected",
                         error_message="client closed the connection mid-stream")
@@ -159,8 +159,3 @@ async def _relay(call: Call, client: SGLangClient, upstream: AsyncIterator[OpenA
 async def _close(upstream: AsyncIterator[Any]) -> None:
     with contextlib.suppress(Exception):
         await upstream.aclose()  # type: ignore[attr-defined]
-
-
-async def _abort(client: SGLangClient, rid: str, timeout_s: float) -> None:
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(client.abort(rid), timeout_s)

@@ -8,13 +8,14 @@ shape by one exception handler; anything unexpected becomes a 500 with the same 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
+from backends.disconnect import unless_client_leaves
 from backends.engine.types import GenerateRequest
 from backends.worker.errors import WorkerRequestError, error_body, from_decode_error
 from backends.worker.requests import AbortBody, ChatCompletionBody, CompletionBody, GenerateBody
@@ -72,9 +73,7 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
         prompt_tokens, version = len(req.input_ids), settings.weight_version
         events = bridge.events(req)
         if not body.stream:
-            async for out in events:
-                if out.finished:
-                    return _finished_json(out, generate_body(out, prompt_tokens, version))
+            return await _answer(request, events, lambda out: generate_body(out, prompt_tokens, version))
         async def chunks() -> AsyncIterator[bytes]:
             async for out in events:
                 if out.finished and _is_error(out):
@@ -84,16 +83,14 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
             yield _DONE
         return _stream(chunks())
 
-    async def openai(req: GenerateRequest, body: Any, chat: bool) -> Response | Stream:
+    async def openai(request: Request, req: GenerateRequest, body: Any, chat: bool) -> Response | Stream:
         bridge = runtime.ready_bridge()
         shaper = OpenAIShaper(chat=chat, rid=req.rid, model=body.model or runtime.served_model_name,
                               prompt_tokens=len(req.input_ids), weight_version=settings.weight_version,
                               spec_details=body.return_spec_tokens_details)
         events = bridge.events(req)
         if not body.stream:
-            async for out in events:
-                if out.finished:
-                    return _finished_json(out, shaper.response(out))
+            return await _answer(request, events, shaper.response)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -116,13 +113,13 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
     async def chat_completions(request: Request) -> Response | Stream:
         body = await _decode(request, ChatCompletionBody)
         req = chat_request(body, runtime.ready_bridge().engine.tokenizer, runtime.limits)
-        return await openai(req, body, chat=True)
+        return await openai(request, req, body, chat=True)
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response | Stream:
         body = await _decode(request, CompletionBody)
         req = completion_request(body, runtime.ready_bridge().engine.tokenizer, runtime.limits)
-        return await openai(req, body, chat=False)
+        return await openai(request, req, body, chat=False)
 
     @post("/abort_request", status_code=200)
     async def abort_request(request: Request) -> Response:
@@ -180,6 +177,21 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
         exception_handlers={WorkerRequestError: on_refusal, Exception: on_crash},
         state={"runtime": runtime}, debug=False,
     )
+
+
+async def _answer(request: Request, events: AsyncIterator[Any], shape: Callable[[Any], dict]) -> Response:
+    """A non-streamed answer. A client that disconnects first cancels the wait, which aborts the
+    engine request (``EngineBridge._drain``) so its running slot and KV blocks are freed at once."""
+    async def finished() -> Any:
+        async for out in events:
+            if out.finished:
+                return out
+        raise RuntimeError("engine stream ended without a finished event")  # pragma: no cover
+
+    answered, out = await unless_client_leaves(request.receive, finished())
+    if not answered:
+        return Response(content=b"", status_code=499)  # nobody reads it
+    return _finished_json(out, shape(out))
 
 
 def _is_error(out: Any) -> bool:

@@ -209,6 +209,65 @@ def test_disconnect_mid_stream_aborts_the_worker_request(gw, worker_url):
     assert time.monotonic() - closed < 1.5, "the worker still runs the request 1.5 s after the disconnect"
 
 
+
+def _load(worker_url: str) -> dict:
+    return httpx.get(f"{worker_url}/v1/loads").json()["loads"][0]
+
+
+def _aborted_count(gw: str) -> float:
+    text = httpx.get(f"{gw}/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("specgate_requests_total{") and 'status="aborted"' in line)
+
+
+def _disconnect_after_1s(url: str, path: str, body: dict, worker_url: str) -> float:
+    """POST a long non-streaming request, give up after ~1 s, return how long after the disconnect
+    the worker was back at its idle baseline (no running request, no KV tokens in use)."""
+    _wait_idle(worker_url, since=time.monotonic(), what="before the request")  # health probes pass
+    try:
+        r = httpx.post(f"{url}{path}", json=body, timeout=httpx.Timeout(1.0, connect=5.0))
+        raise AssertionError(f"answered within 1 s: {r.status_code} {r.text[:300]}")
+    except httpx.ReadTimeout:
+        pass
+    return _wait_idle(worker_url, since=time.monotonic(), what="after the disconnect")
+
+
+def _wait_idle(worker_url: str, since: float, what: str) -> float:
+    """Seconds from ``since`` until the worker shows no running request and no KV tokens in use."""
+    while time.monotonic() - since < 5:
+        load = _load(worker_url)
+        if (load["num_running_reqs"], load["num_used_tokens"]) == (0, 0):
+            return time.monotonic() - since
+        time.sleep(0.02)
+    raise AssertionError(f"the worker is still busy 5 s {what}: {load}")
+
+
+LONG_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}],
+             "max_tokens": 200, "ignore_eos": True}
+
+
+def test_disconnect_before_a_json_answer_aborts_the_worker_request(gw, worker_url):
+    before = _aborted_count(gw)
+    freed = _disconnect_after_1s(gw, "/v1/chat/completions", LONG_CHAT, worker_url)
+    assert freed < 1.5, f"the worker was freed {freed:.2f} s after the disconnect"
+    deadline = time.monotonic() + 2
+    while _aborted_count(gw) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _aborted_count(gw) == before + 1
+    # the gateway is healthy afterwards: the next request is answered normally
+    ok = httpx.post(f"{gw}/v1/chat/completions", timeout=60, json={**LONG_CHAT, "max_tokens": 4})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", LONG_CHAT),
+    ("/v1/completions", {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True}),
+    ("/generate", {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}),
+])
+def test_disconnect_before_a_json_answer_frees_the_worker(worker_url, path, body):
+    freed = _disconnect_after_1s(worker_url, path, body, worker_url)
+    assert freed < 1.5, f"the worker was freed {freed:.2f} s after the disconnect"
+
 def test_auth_and_rate_limits(tmp_path, worker_url, revision):
     routes = """routes:
   - {name: ide, api_keys_env: TEST_KEYS_IDE, rate_limit: {requests_per_s: 0.2, burst: 1}}
