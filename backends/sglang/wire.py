@@ -93,18 +93,10 @@ class FinishReason(msgspec.Struct, frozen=True, kw_only=True):
     err_type: str | None = None
 
 
-class MetaInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """``meta_info`` of a /generate response. Every spec_* name any release used is listed."""
+class SpecFields(msgspec.Struct, frozen=True, kw_only=True):
+    """Every spec_* name any release used, all optional; ``meta_info`` and ``sglext.spec_tokens_details``
+    carry the same ones (``spec_stats.py`` normalises them)."""
 
-    id: str
-    finish_reason: FinishReason | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    weight_version: str | None = None
-    e2e_latency: float | None = None
-    num_retractions: int | None = None
-    reasoning_tokens: int | None = None
     # 0.5.x names
     spec_verify_ct: int | None = None
     spec_accept_length: float | None = None
@@ -124,6 +116,20 @@ class MetaInfo(msgspec.Struct, frozen=True, kw_only=True):
     spec_reached_per_position: list[int] | None = None
     spec_draft_s: float | None = None
     spec_verify_s: float | None = None
+
+
+class MetaInfo(SpecFields, frozen=True, kw_only=True):
+    """``meta_info`` of a /generate response (spec_* fields: ``SpecFields``)."""
+
+    id: str
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    weight_version: str | None = None
+    e2e_latency: float | None = None
+    num_retractions: int | None = None
+    reasoning_tokens: int | None = None
 
 
 class GenerateResponse(msgspec.Struct, frozen=True, kw_only=True):
@@ -169,28 +175,12 @@ class ErrorEnvelope(msgspec.Struct, frozen=True, kw_only=True):
         return None
 
 
-class SpecTokensDetails(msgspec.Struct, frozen=True, kw_only=True):
+class SpecTokensDetails(SpecFields, frozen=True, kw_only=True):
     """``sglext.spec_tokens_details`` (``openai/utils.py::spec_tokens_details_from_meta_info``)."""
 
-    spec_accept_rate: float | None = None
-    spec_accept_length: float | None = None
-    spec_num_correct_drafts: int | None = None
-    spec_num_proposed_drafts: int | None = None
-    spec_verify_ct: int | None = None
-    spec_correct_drafts_histogram: list[int] | None = None
     spec_cap_length: float | None = None
     spec_block_accept_length: float | None = None
     spec_cap_lens_histogram: list[int] | None = None
-    # older / specgate names, accepted here as in MetaInfo
-    spec_accepted_drafts: int | None = None
-    spec_proposed_drafts: int | None = None
-    spec_accept_histogram: list[int] | None = None
-    spec_accept_token_num: int | None = None
-    spec_draft_token_num: int | None = None
-    spec_accepted_per_position: list[int] | None = None
-    spec_reached_per_position: list[int] | None = None
-    spec_draft_s: float | None = None
-    spec_verify_s: float | None = None
 
 
 class SglExt(msgspec.Struct, frozen=True, kw_only=True):
