@@ -12,10 +12,20 @@ For a candidate pool p (healthy, pair verified) and draft length k in its range:
 
 Where a pool has no per-position data (SGLang reports only totals) but has ``min_rounds`` rounds and
 ``min_requests`` requests, its measured TPOT per (pool, slice, bucket) replaces the model:
-speedup = t_plain / TPOT(p). A candidate with less evidence is not exploited (cautious start: a new pair
-version has no evidence, and its curve starts at the prior); with probability ``explore`` the decision
-instead serves the least-sampled candidate at its largest k, which measures every draft position and
-lets decayed (stale) estimates recover. The best candidate is used only if its speedup >= ``min_gain``.
+speedup = t_plain / TPOT(p). t_plain and the pool's fit (or TPOT) come from the same concurrency bucket
+when one has both (the nearest to the current concurrency), so a speedup never divides times measured at
+different loads.
+
+A candidate with less evidence is *cold*: not exploited (a new pair version has no evidence, and its
+curve starts at the prior), only explored; so is plain decoding with fewer than ``min_rounds`` decayed
+tokens of TPOT evidence in the slice (t_plain is every speedup's numerator). While the slice has a cold
+candidate, with probability ``explore_cold`` the decision serves the least-sampled cold one (a pool at
+its largest k, which measures every draft position): a cold pool needs only ``min_rounds`` rounds, a
+handful of requests, and every other request still gets the best known option. Once all are warm, with
+probability ``explore`` it serves the best pool at its largest k (the tail of its curve). Losing pools and
+plain decoding (which nothing measures while a pool is exploited) are not re-served at that rate: their
+evidence decays, they turn cold again about a half-life after their last measurement and are re-measured
+then, a request or two each. The best candidate is used only if its speedup >= ``min_gain``.
 
 Assumptions: acceptance depends on (route, slice, pool, pair version) but not on concurrency; cost
 depends on (pool, concurrency bucket) and is linear in k; TPOT of plain decoding does not depend on
@@ -43,6 +53,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     predicted_tpot_ms: float | None = None
     speedup: float | None = None
     samples: float = 0.0
+    cold: bool = False
 
 
 def candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, pools: tuple[str, ...]
@@ -69,39 +80,47 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
         curve_rounds = summary.curve_rounds * f if summary else 0.0
         requests = summary.requests * f if summary else 0.0
         enough_requests = requests >= learn.min_requests
-        fit = snap.fit("rounds", name)
-        measured = snap.tpot(name, slice_)
+        plain_fit, fit = snap.plain_and(slice_, "rounds", name)
+        plain_measured, measured = snap.plain_and(slice_, "tpot", name)
         if t_plain is None:
             out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds,
+                                 cold=rounds < learn.min_rounds or not enough_requests,
                                  note="no plain TPOT measured yet for this slice"))
         elif curve_rounds >= learn.min_rounds and enough_requests and fit is not None:
             curve = conditional_curve(summary, f, learn.prior.accept, learn.prior.rounds, hi)
             e_p = expected_tokens(curve)
             for k in range(lo, hi + 1):
-                tpot = fit[0].predict(k, learn.draft_token_cost) / e_p[k]
+                tpot = fit.predict(k, learn.draft_token_cost) / e_p[k]
                 out.append(Candidate(pool=name, draft_tokens=k, eligible=True, samples=curve_rounds,
                                      note="acceptance curve x round-time fit", expected_accept_length=e_p[k],
-                                     predicted_tpot_ms=tpot * 1e3, speedup=t_plain / tpot))
+                                     predicted_tpot_ms=tpot * 1e3, speedup=plain_fit.mean / tpot))
         elif rounds >= learn.min_rounds and enough_requests and measured is not None:
-            tpot = measured[0].mean
+            tpot = measured.mean
             out.append(Candidate(pool=name, draft_tokens=hi, eligible=True, samples=rounds,
                                  note="measured TPOT (per-request totals only)",
                                  expected_accept_length=summary.mean_accept_length,
-                                 predicted_tpot_ms=tpot * 1e3, speedup=t_plain / tpot))
+                                 predicted_tpot_ms=tpot * 1e3, speedup=plain_measured.mean / tpot))
         else:
-            out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds,
+            out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds, cold=True,
                                  note=f"cold: {rounds:.0f} rounds / {requests:.0f} requests < min_rounds "
                                       f"{learn.min_rounds} / min_requests {learn.min_requests}"))
     return out, t_plain
 
 
-def explore_target(options: list[Candidate]) -> Candidate | None:
-    """The least-sampled pool at its largest k (ties: declaration order)."""
-    best: Candidate | None = None
-    for c in options:
-        if best is None or c.samples < best.samples or (c.pool == best.pool and c.draft_tokens > best.draft_tokens):
-            best = c
-    return best
+def explore_target(options: list[Candidate], best: Candidate | None) -> Candidate | None:
+    """What exploration measures. While some candidate is cold: the least-sampled cold one at its largest
+    k (ties: declaration order). Once all are warm: the best pool at its largest k, which keeps the tail of
+    its curve measured; losing pools are not re-served at this rate, they are re-measured when their
+    evidence decays below ``min_rounds`` and they turn cold again."""
+    cold = [c for c in options if c.cold]
+    if not cold:
+        return max((c for c in options if best is not None and c.pool == best.pool),
+                   key=lambda c: c.draft_tokens, default=None)
+    target: Candidate | None = None
+    for c in cold:
+        if target is None or c.samples < target.samples:
+            target = c
+    return target
 
 
 def best_option(options: list[Candidate]) -> Candidate | None:

@@ -94,7 +94,7 @@ def _safe(snap: Snapshot, pool: str) -> str | None:
 
 
 def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: str, reason: str,
-           near: tuple[str, ...], fallback: bool = False) -> Decision:
+           near: tuple[str, ...], fallback: bool = False, explored: bool = False) -> Decision:
     """Serve without speculation: a healthy plain pool, else the same per-request workers, else any."""
     options = [p for p in comp.plain_pools if snap.pool(p).healthy]
     options += [p for p in near + tuple(comp.speculative)
@@ -103,7 +103,7 @@ def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: st
     pool = options[0]
     per_request = policy.pools[pool].speculation == "per_request"
     return Decision(slice=slice_, pool=pool, proposer="none", draft_tokens=0, bypass=True, rule=rule,
-                    reason=reason, fallback=fallback,
+                    reason=reason, fallback=fallback, explored=explored,
                     speculation_override={"proposer": "none"} if per_request else None)
 
 
@@ -167,12 +167,20 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     if trace is not None:
         trace.candidates, trace.t_plain = options, t_plain
     learn = policy.learning
-    if rng is not None and learn.explore > 0 and rng.random() < learn.explore:
-        target = explore_target(options)
-        return _speculate(policy, slice_, target.pool, target.draft_tokens, rule,
-                          f"rule '{rule}' auto: exploring pool '{target.pool}' k={target.draft_tokens} "
-                          f"({target.samples:.0f} rounds of evidence)", explored=True)
+    plain = snap.tpot("none", slice_)
+    plain_samples = plain[0].weight * plain[1] if plain else 0.0  # decayed tokens = rounds of width 1
+    plain_cold = plain_samples < learn.min_rounds
+    cold = plain_cold or any(c.cold for c in options)
     best = best_option(options)
+    if rng is not None and rng.random() < (learn.explore_cold if cold else learn.explore):
+        target = explore_target(options, best)
+        if target is None or (plain_cold and plain_samples < target.samples):
+            return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring "
+                          f"{'cold ' if plain_cold else ''}plain decoding ({plain_samples:.0f} tokens of "
+                          f"evidence)", pools, explored=True)
+        return _speculate(policy, slice_, target.pool, target.draft_tokens, rule,
+                          f"rule '{rule}' auto: exploring {'cold ' if target.cold else ''}pool '{target.pool}' "
+                          f"k={target.draft_tokens} ({target.samples:.0f} rounds of evidence)", explored=True)
     if best is None:
         return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: no candidate has enough "
                       f"evidence yet (cautious start); serving without speculation", pools)

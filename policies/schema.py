@@ -256,10 +256,11 @@ class Prior(_Strict, kw_only=True):
 
 
 class Learning(_Strict, kw_only=True):
-    half_life_s: PosFloat = 300.0
-    min_rounds: Annotated[int, Meta(ge=0)] = 200
-    min_requests: Annotated[int, Meta(ge=0)] = 3
-    explore: Fraction = 0.05
+    half_life_s: PosFloat = 600.0
+    min_rounds: Annotated[int, Meta(ge=0)] = 64
+    min_requests: Annotated[int, Meta(ge=0)] = 2
+    explore: Fraction = 0.02
+    explore_cold: Fraction = 0.5
     min_gain: Annotated[float, Meta(ge=1.0)] = 1.05
     prior: Prior = Prior()
     draft_token_cost: Annotated[float, Meta(ge=0)] = 0.1

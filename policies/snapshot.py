@@ -114,6 +114,34 @@ class Snapshot:
                     return entry, self.factor(entry.t_ref)
         return None
 
+    def _nearest_common(self, a: tuple[dict[str, Any], str], b: tuple[dict[str, Any], str]
+                        ) -> tuple[Any, Any] | None:
+        """Entries of two tables from the SAME bucket, the one nearest the current concurrency that has
+        both; None if no bucket has both."""
+        b0 = self.bucket()
+        for d in range(len(self.data.buckets) + 1):
+            for cand in (b0 - d, b0 + d) if d else (b0,):
+                x, y = a[0].get(f"{a[1]}|{cand}"), b[0].get(f"{b[1]}|{cand}")
+                if x is not None and y is not None:
+                    return x, y
+        return None
+
+    def plain_and(self, slice_: str, kind: str, pool: str) -> tuple[MeanSummary | None, Any]:
+        """Plain TPOT of ``slice_`` and the pool's ``kind`` entry ("rounds" fit or "tpot" mean), taken
+        from one concurrency bucket when some bucket has both, so that a speedup never divides times
+        measured at different loads; otherwise each from its own nearest bucket."""
+        key = ("plain_and", slice_, kind, pool)
+        hit = self._memo.get(key)
+        if hit is None:
+            other = (self.data.tpot, f"{pool}|{slice_}") if kind == "tpot" else (getattr(self.data, kind), pool)
+            hit = self._nearest_common((self.data.tpot, f"none|{slice_}"), other)
+            if hit is None:
+                plain = self.tpot("none", slice_)
+                mine = self.tpot(pool, slice_) if kind == "tpot" else self.fit(kind, pool)
+                hit = (plain[0] if plain else None, mine[0] if mine else None)
+            self._memo[key] = hit
+        return hit
+
     def tpot(self, pool: str, slice_: str) -> tuple[MeanSummary, float] | None:
         key = ("tpot", pool, slice_)
         if key not in self._memo:

@@ -28,8 +28,8 @@ from bench.workloads import SLICES, WorkItem, sample
 
 # Sizes per preset; every one is also a flag, and a flag given explicitly wins.
 PRESETS: dict[str, dict] = {
-    # ~15-20 min on a quiet 2-core machine (measured: see docs/benchmarks.md)
-    "default": {"per_slice": 4, "max_tokens": 32, "loads": ["c1", "c4", "p1"], "warmup_per_slice": 6},
+    # ~35 min on a quiet 2-core machine (measured: see docs/benchmarks.md)
+    "default": {"per_slice": 4, "max_tokens": 32, "loads": ["c1", "c4", "p1"], "warmup_per_slice": 20},
     # the issue's sizes: ~4-5 h on a quiet 2-core machine
     "full": {"per_slice": 16, "max_tokens": 128, "loads": ["c1", "c4", "c16", "p0.25", "p0.5", "p1"],
              "warmup_per_slice": 40},
@@ -67,30 +67,46 @@ class Bench:
         flags = ["--no-calibrate", "--max-running-requests", str(self.args.max_running_requests)]
         return flags + (["--num-threads", str(self.args.num_threads)] if self.args.num_threads else [])
 
-    def run_arm(self, arm: Arm, log_dir: Path, shared: tuple[str, RssSampler] | None, advance) -> dict:
-        """One arm on a fresh gateway, and a fresh worker unless ``shared`` (``--restart gateway``)."""
+    def run_arms(self, arms: list[Arm], log_dir: Path, shared: tuple[str, RssSampler] | None, advance,
+                 label=lambda text: None) -> dict:
+        """Every arm on its own fresh gateway (learner), and its own fresh worker unless ``shared``
+        (``--restart gateway``), all up at once. Arms are interleaved: for every load point and slice,
+        each arm serves that cell in turn (plain first, the identity reference), so a drift of machine
+        speed during the run hits every arm alike instead of whichever arm ran at the time."""
         with contextlib.ExitStack() as stack:
-            worker_url, rss = shared or stack.enter_context(worker(log_dir, self.worker_flags(), arm.name))
-            url = stack.enter_context(gateway(served_policy(arm, worker_url, self.revision, log_dir), log_dir, arm.name))
-            model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-            if arm.warm:
-                point = LoadPoint("warmup", concurrency=self.args.warmup_concurrency)
-                asyncio.run(self._batch(url, arm.name, point, self.warmup_items, model, self.warmup, advance))
-            rss.take_peak()
-            cells: dict[str, dict] = {}
+            stacks: dict[str, tuple[str, RssSampler, str]] = {}
+            for arm in arms:
+                worker_url, rss = shared or stack.enter_context(worker(log_dir, self.worker_flags(), arm.name))
+                policy = served_policy(arm, worker_url, self.revision, log_dir)
+                url = stack.enter_context(gateway(policy, log_dir, arm.name))
+                model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+                stacks[arm.name] = (url, rss, model)
+            for arm in arms:
+                if arm.warm:
+                    url, rss, model = stacks[arm.name]
+                    label(f"{arm.name} warm-up")
+                    point = LoadPoint("warmup", concurrency=self.args.warmup_concurrency)
+                    asyncio.run(self._batch(url, arm.name, point, self.warmup_items, model, self.warmup, advance))
+            cells: dict[str, dict[str, dict]] = {arm.name: {} for arm in arms}
             for load in self.loads:
-                cells[load.label] = {}
                 for slice_ in self.slices:
-                    batch: list[Result] = []
                     items = [i for i in self.items if i.slice == slice_]
-                    wall = asyncio.run(self._batch(url, arm.name, load, items, model, batch, advance))
-                    if arm.name == "plain":
-                        self.plain.setdefault(load.label, {}).update({r.item: r.text for r in batch if r.ok})
-                    batch.sort(key=lambda r: r.start_s)
-                    self.results += batch
-                    cells[load.label][slice_] = cell(batch, wall, rss.take_peak(), self.plain.get(load.label))
-        return {"policy": str(arm.policy.relative_to(REPO)), "warm": arm.warm, "cells": cells,
-                "peak_rss_mb": max(c["peak_rss_mb"] for per in cells.values() for c in per.values())}
+                    for arm in arms:
+                        url, rss, model = stacks[arm.name]
+                        label(f"{load.label} {slice_} {arm.name}")
+                        rss.take_peak()
+                        batch: list[Result] = []
+                        wall = asyncio.run(self._batch(url, arm.name, load, items, model, batch, advance))
+                        if arm.name == "plain":
+                            self.plain.setdefault(load.label, {}).update({r.item: r.text for r in batch if r.ok})
+                        batch.sort(key=lambda r: r.start_s)
+                        self.results += batch
+                        cells[arm.name].setdefault(load.label, {})[slice_] = cell(
+                            batch, wall, rss.take_peak(), self.plain.get(load.label))
+        return {arm.name: {"policy": str(arm.policy.relative_to(REPO)), "warm": arm.warm, "cells": cells[arm.name],
+                           "peak_rss_mb": max(c["peak_rss_mb"] for per in cells[arm.name].values()
+                                              for c in per.values())}
+                for arm in arms}
 
 
 def _meta(args: argparse.Namespace, argv: list[str], slo: dict) -> dict:
@@ -154,14 +170,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     t0 = time.perf_counter()
     total = len(arms) * len(loads) * len(items) + len(warm) * sum(a.warm for a in arms)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    arms_out: dict[str, dict] = {}
     with Progress(*columns, transient=not args.keep_progress) as bar, contextlib.ExitStack() as stack:
         task = bar.add_task("serve bench", total=total)
         shared = (stack.enter_context(worker(log_dir, bench.worker_flags(), "shared"))
                   if args.restart == "gateway" else None)
-        for arm in arms:
-            bar.update(task, description=f"arm {arm.name}")
-            arms_out[arm.name] = bench.run_arm(arm, log_dir, shared, lambda: bar.advance(task))
+        arms_out = bench.run_arms(arms, log_dir, shared, lambda: bar.advance(task),
+                                  lambda text: bar.update(task, description=text))
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     result = {
         "meta": meta,

@@ -21,16 +21,16 @@ pools:
   plain: {proposer: none, workers: ["http://w:1"], speculation: per_request}
   ngram: {proposer: ngram, draft_tokens: {min: 2, max: 2}, pair: p, workers: ["http://w:1"], speculation: per_request}
 rules: [{name: learned, then: auto}]
-learning: {half_life_s: 100, min_rounds: 100, min_requests: 1, explore: EXPLORE, min_gain: GAIN,
+learning: {half_life_s: 100, min_rounds: 100, min_requests: 1, explore: EXPLORE, explore_cold: COLD, min_gain: GAIN,
            prior: {accept: 0.3, rounds: 0}}
 """
 FEATURES = RequestFeatures(max_tokens=256)
 HEALTHY = {"plain": PoolState(healthy=True), "ngram": PoolState(healthy=True, pair_verified=True)}
 
 
-def policy(rev: str = "r1", explore: float = 0.0, gain: float = 1.05):
-    return load_policy(POLICY.replace("REV", rev).replace("EXPLORE", str(explore)).replace("GAIN", repr(gain)),
-                       "t.yaml")
+def policy(rev: str = "r1", explore: float = 0.0, gain: float = 1.05, cold: float = 0.0):
+    text = POLICY.replace("REV", rev).replace("EXPLORE", str(explore)).replace("GAIN", repr(gain))
+    return load_policy(text.replace("COLD", str(cold)), "t.yaml")
 
 
 def plain_outcome(tpot: float, t: float = 0.0) -> Outcome:
@@ -117,8 +117,12 @@ def test_pair_version_change_resets_statistics() -> None:
 
 
 def test_exploration_off_and_on_with_fixed_seed() -> None:
-    off, on = policy(explore=0.0), policy(explore=0.5)
-    snap = LearningState(on.learning).snapshot(0.0, HEALTHY, 1)
+    """Warm statistics: ``explore`` is the rate; ``explore_cold`` does not apply."""
+    off, on = policy(explore=0.0, cold=1.0), policy(explore=0.5, cold=1.0)
+    state = LearningState(on.learning)
+    state.record(plain_outcome(0.05))
+    state.record(spec_outcome(on.pool_pair_version("ngram"), rounds=150))
+    snap = state.snapshot(0.0, HEALTHY, 1)
     assert not any(decide(off, FEATURES, snap, rng=random.Random(3)).explored for _ in range(20))
     assert not any(decide(on, FEATURES, snap).explored for _ in range(20))  # no rng: never explores
     rng, mirror = random.Random(3), random.Random(3)
@@ -126,6 +130,34 @@ def test_exploration_off_and_on_with_fixed_seed() -> None:
     assert [d.explored for d in got] == [mirror.random() < 0.5 for _ in range(20)]
     explored = [d for d in got if d.explored]
     assert explored and all((d.pool, d.draft_tokens, d.bypass) == ("ngram", 2, False) for d in explored)
+    assert all(d.reason.startswith("rule 'learned' auto: exploring pool 'ngram'") for d in explored)
+
+
+def test_plain_decoding_is_re_measured_when_its_evidence_is_cold() -> None:
+    """Once a pool is exploited nothing serves plain, so plain TPOT (every speedup's numerator) is
+    re-measured when its evidence falls below min_rounds, at the cold rate; warm, it is not explored."""
+    p = policy(cold=1.0)
+    state = LearningState(p.learning)
+    state.record(Outcome(route="default", slice="prose", pool="plain", completion_tokens=51, tpot_s=0.05))
+    state.record(spec_outcome(p.pool_pair_version("ngram"), rounds=150))
+    d = decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(1))
+    assert d.explored and d.bypass and d.pool == "plain" and d.speculation_override == {"proposer": "none"}
+    assert d.reason == "rule 'learned' auto: exploring cold plain decoding (50 tokens of evidence)"
+    state.record(plain_outcome(0.05))  # 150 plain tokens: warm, and no pool is cold -> no exploration
+    assert not decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(1)).explored
+
+
+def test_cold_candidates_are_explored_at_the_cold_rate() -> None:
+    """No evidence: ``explore_cold`` is the rate (``explore`` does not apply); the rest bypass."""
+    cold, warm_only = policy(explore=0.0, cold=0.5), policy(explore=0.5, cold=0.0)
+    snap = LearningState(cold.learning).snapshot(0.0, HEALTHY, 1)
+    assert not any(decide(warm_only, FEATURES, snap, rng=random.Random(3)).explored for _ in range(20))
+    rng, mirror = random.Random(3), random.Random(3)
+    got = [decide(cold, FEATURES, snap, rng=rng) for _ in range(20)]
+    assert [d.explored for d in got] == [mirror.random() < 0.5 for _ in range(20)]
+    assert all((d.pool, d.draft_tokens) == ("ngram", 2) and "exploring cold pool 'ngram'" in d.reason
+               for d in got if d.explored)
+    assert all(d.bypass and "cautious start" in d.reason for d in got if not d.explored)
 
 
 def test_totals_only_outcomes_use_measured_tpot() -> None:

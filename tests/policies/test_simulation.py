@@ -58,3 +58,30 @@ def test_auto_converges_to_best_fixed_config_per_slice_and_bypasses_prose() -> N
     assert best_fixed("prose", ranges, 1.05) is None  # ngram k=1 gains only 4%: below min_gain
     prose = decide(policy, SLICES["prose"], snap)
     assert prose.bypass and prose.pool == "plain", prose.reason
+
+
+def test_default_learning_settings_learn_within_a_few_dozen_requests() -> None:
+    """The schema's default learning settings (those of deploy/policies/default.yaml): cold exploration
+    finds ngram on code within 30 requests per slice, after which the true speedup served averages >= 97%
+    of the best fixed configuration's (what the serving benchmark asks of the warm policy); on prose,
+    where nothing pays, the served requests average >= 95% of plain's speed (bounded exploration cost)."""
+    policy = load_policy(POLICY.split("learning:")[0], "sim.yaml")
+    assert (policy.learning.min_rounds, policy.learning.explore_cold, policy.learning.explore) == (64, 0.5, 0.02)
+    state = LearningState(policy.learning)
+    pools = {name: PoolState(healthy=True, pair_verified=True) for name in policy.pools}
+    decide_rng, world_rng = random.Random(3), random.Random(103)
+    served: dict[str, list[float]] = {"code": [], "prose": []}
+    now = 0.0
+    for _ in range(200):
+        for slice_name, features in SLICES.items():
+            now += 1.0
+            d = decide(policy, features, state.snapshot(now, pools, 1), rng=decide_rng)
+            served[slice_name].append(1.0 if d.bypass else speedup(slice_name, d.proposer, d.draft_tokens))
+            state.record(serve(world_rng, "default", d.slice, d.pool, d.proposer, d.draft_tokens,
+                               policy.pool_pair_version(d.pool), now))
+    best = best_fixed("code", {"ngram": ("ngram", 8), "draft": ("draft_model", 4)}, 1.05)[2]
+    first = next(i for i, s in enumerate(served["code"]) if s >= 0.95 * best)
+    assert first < 30, served["code"][:30]
+    steady = served["code"][30:]
+    assert sum(steady) / len(steady) >= 0.97 * best, sorted(steady)[:10]
+    assert sum(served["prose"][30:]) / 170 >= 0.95
