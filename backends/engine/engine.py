@@ -92,6 +92,12 @@ class Engine:
         self._inbox.put(("abort", rid, None))
         self._wake.set()
 
+    def ping(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the engine thread) at the loop's next intake: proves the step loop turns
+        without running the model (a cheap liveness check for an idle worker)."""
+        self._inbox.put(("ping", None, callback))
+        self._wake.set()
+
     def load(self) -> EngineLoad:
         s = self.scheduler
         return EngineLoad(num_running_reqs=len(s.running), num_waiting_reqs=len(s.waiting) + self._inbox.qsize(),
@@ -160,7 +166,9 @@ class Engine:
                 kind, item, on_output = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
+            if kind == "ping":
+                on_output()
+            elif kind == "add":
                 self._slots[item.rid] = self._new_slot(item, on_output)
                 self.scheduler.waiting.append(item)
             elif (seq := self.scheduler.find(item)) is not None:

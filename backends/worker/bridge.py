@@ -88,6 +88,13 @@ class EngineBridge:
                 return out
         raise RuntimeError("engine stream ended without a finished event")  # pragma: no cover
 
+    async def ping(self) -> None:
+        """Return once the engine's step loop has taken an item from its inbox (no model work)."""
+        loop = asyncio.get_running_loop()
+        turned: asyncio.Future[None] = loop.create_future()
+        self.engine.ping(lambda: loop.call_soon_threadsafe(turned.set_result, None))
+        await turned
+
     def abort(self, rid: str) -> bool:
         """Abort a request by rid; False if the worker knows no such running request."""
         if rid not in self.active:

@@ -69,3 +69,29 @@ def test_full_queue_answers_429_with_the_reason(worker_factory):
                                     "or on another worker")
         assert (error["type"], error["code"]) == ("TooManyRequests", 429)
         assert worker.post("/generate", json={"text": "b", "sampling_params": {"top_p": 5}}).status_code == 400
+
+
+def test_idle_health_generates_at_most_every_30_s_and_pings_the_loop_in_between(worker_factory, monkeypatch):
+    from backends.worker import runtime as runtime_module
+
+    with worker_factory() as worker:
+        runtime = worker.app.state["runtime"]
+        engine = runtime.engine
+        submitted: list[str] = []
+        submit = engine.submit
+        monkeypatch.setattr(engine, "submit", lambda request, cb: (submitted.append(request.rid), submit(request, cb)))
+        runtime._generated_at -= runtime_module.IDLE_GENERATE_EVERY_S  # the factory's readiness poll generated
+        assert worker.get("/health").status_code == 200
+        assert len(submitted) == 1 and submitted[0].startswith("HEALTH_CHECK_")  # first: a real generation
+        assert [worker.get("/health").status_code for _ in range(3)] == [200] * 3
+        assert len(submitted) == 1  # idle and generated < 30 s ago: the engine loop is pinged instead
+        assert worker.get("/health_generate").status_code == 200
+        assert len(submitted) == 2  # /health_generate always generates
+        runtime._generated_at -= runtime_module.IDLE_GENERATE_EVERY_S
+        assert worker.get("/health").status_code == 200
+        assert len(submitted) == 3  # 30 s later: generates again
+        monkeypatch.setattr(runtime_module, "HEALTH_TIMEOUT_S", 0.5)
+        engine.shutdown()  # the step loop stops turning: the ping goes unanswered
+        stuck = worker.get("/health")
+        assert stuck.status_code == 503
+        assert stuck.json()["error"]["message"] == "the engine loop did not turn in 0.5 s"
