@@ -34,6 +34,9 @@ class AcceptanceSummary(msgspec.Struct, frozen=True, kw_only=True):
     curve_rounds: float = 0.0
     reached: tuple[float, ...] = ()
     accepted: tuple[float, ...] = ()
+    ever_requests: float = 0.0  # requests, rounds and curve_rounds without decay
+    ever_rounds: float = 0.0
+    ever_curve_rounds: float = 0.0
 
     @property
     def mean_accept_length(self) -> float | None:

@@ -52,8 +52,9 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     expected_accept_length: float | None = None
     predicted_tpot_ms: float | None = None
     speedup: float | None = None
-    samples: float = 0.0
-    cold: bool = False
+    samples: float = 0.0  # decayed rounds of evidence
+    cold: bool = False  # never measured enough (min_rounds / min_requests without decay): explore, never exploit
+    stale: bool = False  # measured enough once, but the decayed evidence is below those minimums
 
 
 def candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, pools: tuple[str, ...]
@@ -77,48 +78,55 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
         lo, hi = pool.k_range
         summary, f = snap.acceptance(route, slice_, name, comp.pair_versions[name], learn.min_rounds)
         rounds = summary.rounds * f if summary else 0.0
-        curve_rounds = summary.curve_rounds * f if summary else 0.0
         requests = summary.requests * f if summary else 0.0
-        enough_requests = requests >= learn.min_requests
+        measured_ever = summary is not None and summary.ever_requests >= learn.min_requests
+        curve_ok = measured_ever and summary.ever_curve_rounds >= learn.min_rounds
+        totals_ok = measured_ever and summary.ever_rounds >= learn.min_rounds
+        stale = rounds < learn.min_rounds or requests < learn.min_requests
         plain_fit, fit = snap.plain_and(slice_, "rounds", name)
         plain_measured, measured = snap.plain_and(slice_, "tpot", name)
         if t_plain is None:
             out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds,
-                                 cold=rounds < learn.min_rounds or not enough_requests,
+                                 cold=not (curve_ok or totals_ok), stale=stale,
                                  note="no plain TPOT measured yet for this slice"))
-        elif curve_rounds >= learn.min_rounds and enough_requests and fit is not None:
+        elif curve_ok and fit is not None:
             curve = conditional_curve(summary, f, learn.prior.accept, learn.prior.rounds, hi)
             e_p = expected_tokens(curve)
             for k in range(lo, hi + 1):
                 tpot = fit.predict(k, learn.draft_token_cost) / e_p[k]
-                out.append(Candidate(pool=name, draft_tokens=k, eligible=True, samples=curve_rounds,
+                out.append(Candidate(pool=name, draft_tokens=k, eligible=True, samples=rounds, stale=stale,
                                      note="acceptance curve x round-time fit", expected_accept_length=e_p[k],
                                      predicted_tpot_ms=tpot * 1e3, speedup=plain_fit.mean / tpot))
-        elif rounds >= learn.min_rounds and enough_requests and measured is not None:
+        elif totals_ok and measured is not None:
             tpot = measured.mean
-            out.append(Candidate(pool=name, draft_tokens=hi, eligible=True, samples=rounds,
+            out.append(Candidate(pool=name, draft_tokens=hi, eligible=True, samples=rounds, stale=stale,
                                  note="measured TPOT (per-request totals only)",
                                  expected_accept_length=summary.mean_accept_length,
                                  predicted_tpot_ms=tpot * 1e3, speedup=plain_measured.mean / tpot))
         else:
+            ever_rounds = summary.ever_rounds if summary else 0.0
+            ever_requests = summary.ever_requests if summary else 0.0
             out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds, cold=True,
-                                 note=f"cold: {rounds:.0f} rounds / {requests:.0f} requests < min_rounds "
-                                      f"{learn.min_rounds} / min_requests {learn.min_requests}"))
+                                 stale=stale, note=f"cold: {ever_rounds:.0f} rounds / {ever_requests:.0f} "
+                                 f"requests measured < min_rounds {learn.min_rounds} / min_requests "
+                                 f"{learn.min_requests}"))
     return out, t_plain
 
 
-def explore_target(options: list[Candidate], best: Candidate | None) -> Candidate | None:
-    """What exploration measures. While some candidate is cold: the least-sampled cold one at its largest
-    k (ties: declaration order). Once all are warm: the best pool at its largest k, which keeps the tail of
-    its curve measured; losing pools are not re-served at this rate, they are re-measured when their
-    evidence decays below ``min_rounds`` and they turn cold again."""
-    cold = [c for c in options if c.cold]
-    if not cold:
-        return max((c for c in options if best is not None and c.pool == best.pool),
-                   key=lambda c: c.draft_tokens, default=None)
+def explore_target(options: list[Candidate], best: Candidate | None, cold: bool) -> Candidate | None:
+    """What exploration measures (None: nothing among the pools; the caller weighs plain decoding).
+    ``cold``: the least-sampled cold candidate. Else the least-sampled stale one, else the best pool at
+    its largest k. Each at its pool's largest k, which measures every draft position."""
+    pick = [c for c in options if c.cold] if cold else [c for c in options if c.stale]
+    if not pick:
+        if cold:
+            return None
+        pick = [c for c in options if best is not None and c.pool == best.pool]
+        return max(pick, key=lambda c: c.draft_tokens, default=None)
     target: Candidate | None = None
-    for c in cold:
-        if target is None or c.samples < target.samples:
+    for c in pick:
+        if target is None or c.samples < target.samples or (c.pool == target.pool
+                                                            and c.draft_tokens > target.draft_tokens):
             target = c
     return target
 

@@ -20,6 +20,7 @@ class MeanSummary(msgspec.Struct, frozen=True, kw_only=True):
     t_ref: float
     weight: float = 0.0
     total: float = 0.0
+    ever_weight: float = 0.0  # weight without decay
 
     @property
     def mean(self) -> float | None:

@@ -169,18 +169,21 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     learn = policy.learning
     plain = snap.tpot("none", slice_)
     plain_samples = plain[0].weight * plain[1] if plain else 0.0  # decayed tokens = rounds of width 1
-    plain_cold = plain_samples < learn.min_rounds
+    plain_cold = (plain[0].ever_weight if plain else 0.0) < learn.min_rounds
     cold = plain_cold or any(c.cold for c in options)
     best = best_option(options)
     if rng is not None and rng.random() < (learn.explore_cold if cold else learn.explore):
-        target = explore_target(options, best)
-        if target is None or (plain_cold and plain_samples < target.samples):
+        target = explore_target(options, best, cold)
+        plain_due = plain_cold if cold else plain_samples < learn.min_rounds  # cold, or stale
+        if plain_due and (target is None or plain_samples < target.samples or not (target.cold or target.stale)):
             return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring "
-                          f"{'cold ' if plain_cold else ''}plain decoding ({plain_samples:.0f} tokens of "
+                          f"{'cold' if plain_cold else 'stale'} plain decoding ({plain_samples:.0f} tokens of "
                           f"evidence)", pools, explored=True)
-        return _speculate(policy, slice_, target.pool, target.draft_tokens, rule,
-                          f"rule '{rule}' auto: exploring {'cold ' if target.cold else ''}pool '{target.pool}' "
-                          f"k={target.draft_tokens} ({target.samples:.0f} rounds of evidence)", explored=True)
+        if target is not None:
+            state = "cold " if target.cold else "stale " if target.stale else ""
+            return _speculate(policy, slice_, target.pool, target.draft_tokens, rule,
+                              f"rule '{rule}' auto: exploring {state}pool '{target.pool}' k={target.draft_tokens} "
+                              f"({target.samples:.0f} rounds of evidence)", explored=True)
     if best is None:
         return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: no candidate has enough "
                       f"evidence yet (cautious start); serving without speculation", pools)

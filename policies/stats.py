@@ -17,6 +17,9 @@ Keys and what x is:
 - rounds/draft/verify ``pool|bucket``: a weighted line fit of seconds per round against k, weight =
   verify_ct (:mod:`policies.cost`).
 
+Each key also keeps its sums without decay (``ever_*``): how much evidence was ever seen, which decides
+whether a candidate has been measured at all (cold) as opposed to measured long ago (stale).
+
 Failed outcomes (ok False) only count in ``failures``. Works from per-request totals alone (SGLang):
 then the acceptance curve stays at the prior and auto uses the measured TPOT instead.
 """
@@ -63,10 +66,11 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 class _Sums:
     """Mutable decayed sums: ``head`` fixed-size, ``a``/``b`` growable per-position lists."""
 
-    __slots__ = ("t_ref", "head", "a", "b")
+    __slots__ = ("t_ref", "head", "a", "b", "ever")
 
     def __init__(self, t: float, size: int) -> None:
         self.t_ref, self.head, self.a, self.b = t, [0.0] * size, [], []
+        self.ever = [0.0] * size  # ``head`` without decay: how much evidence was ever seen
 
     def weight(self, t: float, half_life: float) -> float:
         """Decay the sums to ``t`` if later and return the weight a new observation at ``t`` gets."""
@@ -124,7 +128,9 @@ class LearningState:
             sums, w = self._sums_for("tpot", key, t, 2)
             sums.head[0] += w * n
             sums.head[1] += w * o.tpot_s * n
-            self._frozen["tpot"][key] = MeanSummary(t_ref=sums.t_ref, weight=sums.head[0], total=sums.head[1])
+            sums.ever[0] += n
+            self._frozen["tpot"][key] = MeanSummary(t_ref=sums.t_ref, weight=sums.head[0], total=sums.head[1],
+                                                    ever_weight=sums.ever[0])
         if not speculative or o.verify_ct <= 0:
             return
         reached, accepted = self._positions(o)
@@ -136,10 +142,15 @@ class LearningState:
             head[1] += w * o.verify_ct
             head[2] += w * o.completion_tokens
             head[3] += w * (reached[0] if reached else 0)
+            ever = sums.ever
+            ever[0] += 1
+            ever[1] += o.verify_ct
+            ever[3] += reached[0] if reached else 0
             sums.add_positions(reached, accepted, w)
             self._frozen["acceptance"][key] = AcceptanceSummary(
                 t_ref=sums.t_ref, requests=head[0], rounds=head[1], tokens=head[2], curve_rounds=head[3],
-                reached=tuple(sums.a), accepted=tuple(sums.b))
+                reached=tuple(sums.a), accepted=tuple(sums.b), ever_requests=ever[0], ever_rounds=ever[1],
+                ever_curve_rounds=ever[3])
         if o.tpot_s is not None and o.completion_tokens >= 2:
             per_round = o.tpot_s * (o.completion_tokens - 1) / o.verify_ct
             self._fit("rounds", f"{o.pool}|{bucket}", t, o.draft_tokens, per_round, o.verify_ct)

@@ -18,32 +18,29 @@ import msgspec
 from backends.sglang.wire import ModelInfo, ServerInfo
 
 
-class ExpectedPair(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class _PairFields(msgspec.Struct, frozen=True, kw_only=True):
+    """The identity of a (target, draft) pair as SGLang's ``/server_info`` and ``/model_info`` give it."""
+
+    target_model_path: str | None = None
+    target_revision: str | None = None
+    target_weight_version: str | None = None
+    draft_model_path: str | None = None
+    draft_revision: str | None = None
+    algorithm: str | None = None
+    draft_tokens: int | None = None
+
+
+class ExpectedPair(_PairFields, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """What the policy declares for a pool. ``None`` = not declared, not checked.
 
     ``algorithm``: SGLang's ``speculative_algorithm`` (``NGRAM``, ``EAGLE3``, ``STANDALONE``...,
     compared case-insensitively) or ``"none"`` for a plain pool.
     """
 
-    target_model_path: str | None = None
-    target_revision: str | None = None
-    target_weight_version: str | None = None
-    draft_model_path: str | None = None
-    draft_revision: str | None = None
-    algorithm: str | None = None
-    draft_tokens: int | None = None
 
-
-class PairIdentity(msgspec.Struct, frozen=True, kw_only=True):
+class PairIdentity(_PairFields, frozen=True, kw_only=True):
     """What one worker reports. ``algorithm`` is None for a worker without speculation."""
 
-    target_model_path: str | None = None
-    target_revision: str | None = None
-    target_weight_version: str | None = None
-    draft_model_path: str | None = None
-    draft_revision: str | None = None
-    algorithm: str | None = None
-    draft_tokens: int | None = None
     per_request_speculation: bool = False
 
     @classmethod

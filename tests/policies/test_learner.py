@@ -89,18 +89,26 @@ def test_min_gain_boundary_is_inclusive() -> None:
     assert above.bypass and "< min_gain" in above.reason
 
 
-def test_decay_halves_evidence_after_one_half_life() -> None:
-    p = policy()
+def test_decay_halves_evidence_after_one_half_life_and_stale_candidates_are_re_measured() -> None:
+    p = policy(explore=1.0)
     pv = p.pool_pair_version("ngram")
     state = LearningState(p.learning)
     state.record(plain_outcome(0.05))
+    state.record(plain_outcome(0.05))
     state.record(spec_outcome(pv, rounds=150))
     assert not decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1)).bypass
-    # 150 rounds decay to 75 < min_rounds 100 one half-life later: back to cautious
-    later = decide(p, FEATURES, state.snapshot(100.0, HEALTHY, 1))
-    assert later.bypass and "cautious" in later.reason
     summary, factor = state.snapshot(100.0, HEALTHY, 1).acceptance("default", "prose", "ngram", pv, 100)
-    assert factor == 0.5 and summary.curve_rounds * factor == 75.0
+    assert factor == 0.5 and summary.curve_rounds * factor == 75.0 and summary.ever_curve_rounds == 150
+    # one half-life later the decayed evidence (75 rounds) is below min_rounds 100: the estimate is kept
+    # (ratios do not decay) and still exploited, but the pool is stale and exploration re-measures it
+    later = explain(p, FEATURES, state.snapshot(100.0, HEALTHY, 1))
+    assert later.candidates[0].eligible and later.candidates[0].stale and not later.candidates[0].cold
+    assert not decide(p, FEATURES, state.snapshot(100.0, HEALTHY, 1)).bypass
+    explored = decide(p, FEATURES, state.snapshot(100.0, HEALTHY, 1), rng=random.Random(0))
+    assert explored.explored and explored.reason == ("rule 'learned' auto: exploring stale pool 'ngram' k=2 "
+                                                     "(75 rounds of evidence)")
+    # two half-lives: both stale (plain 50 tokens, the pool 37.5 rounds); the least-sampled goes first
+    assert "stale pool 'ngram'" in decide(p, FEATURES, state.snapshot(200.0, HEALTHY, 1), rng=random.Random(0)).reason
 
 
 def test_pair_version_change_resets_statistics() -> None:
