@@ -78,6 +78,9 @@ class Call:
     stats: SpecStats | None = None
     finished: bool = False
     counted: bool = False  # counted in state.in_flight (the concurrency the policy sees)
+    joined_at: float = 0.0  # monotonic time and state.busy_area() when it was counted
+    joined_area: float = 0.0
+    mean_concurrency: float = 1.0  # in-flight requests over its life, itself included (set by finish)
     overhead_final: float | None = None  # frozen when the answer is handed over (JSON answers)
 
     def overhead_s(self, now: float | None = None) -> float:
@@ -111,7 +114,11 @@ class Call:
             return
         self.finished = True
         if self.counted:
-            self.state.in_flight -= 1
+            left = time.monotonic()
+            if left > self.joined_at:
+                area = self.state.busy_area(left) - self.joined_area
+                self.mean_concurrency = max(1.0, area / (left - self.joined_at))
+            self.state.change_in_flight(-1, left)
         now = time.perf_counter()
         e2e = now - self.t0
         overhead = self.overhead_final if self.overhead_final is not None else self.overhead_s(now)
@@ -134,7 +141,7 @@ class Call:
                 reached_per_position=list(s.reached_per_position) if s and s.reached_per_position else None,
                 ttft_s=self.ttft_s if self.stream else None,
                 tpot_s=tpot if self.stream else (e2e / n if n else None), e2e_s=e2e,
-                concurrency=max(1, self.state.in_flight), ok=ok, status=http_status,
+                concurrency=round(self.mean_concurrency), ok=ok, status=http_status,
                 draft_s=s.draft_s if s else None, verify_s=s.verify_s if s else None,
                 timestamp=time.monotonic()))
         self.state.telemetry.observe(RequestRecord(

@@ -53,7 +53,9 @@ def admit(state: GatewayState, endpoint: str, raw: bytes, headers: Any) -> tuple
     call.decision = decision = decide(call.active.policy, features, state.snapshot(), rng=state.rng)
     call.pool, call.proposer, call.draft_tokens = decision.pool, decision.proposer, decision.draft_tokens
     call.fallback = decision.fallback
-    state.in_flight += 1
+    call.joined_at = time.monotonic()
+    state.change_in_flight(1, call.joined_at)
+    call.joined_area = state.busy_area(call.joined_at)
     call.counted = True
     return call, body
 

@@ -57,6 +57,8 @@ class GatewayState:
                                      reject=self.reject_policy, interval_s=settings.reload_interval_s)
         self.rng = random.Random()
         self.in_flight = 0
+        self._busy_area = 0.0  # integral of in_flight over time (request-seconds) up to _busy_t
+        self._busy_t = time.monotonic()
         self.background: set[asyncio.Task[Any]] = set()
         self._snapshot: Snapshot | None = None
         self._snapshot_at = 0.0
@@ -114,6 +116,18 @@ class GatewayState:
         self.telemetry.set_policy(self.active.policy, version=self.active.version, reload_ok=False,
                                   error="\n".join(result.errors))
 
+    # -- concurrency ---------------------------------------------------------------------------------
+
+    def busy_area(self, now: float) -> float:
+        """Request-seconds served so far: the integral of ``in_flight`` over time. The difference over a
+        request's life divided by its duration is the mean concurrency it ran at (itself included)."""
+        return self._busy_area + self.in_flight * (now - self._busy_t)
+
+    def change_in_flight(self, delta: int, now: float) -> None:
+        self._busy_area = self.busy_area(now)
+        self._busy_t = now
+        self.in_flight += delta
+
     # -- decisions -----------------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
@@ -123,7 +137,7 @@ class GatewayState:
                 (self._dirty and age >= self.settings.snapshot_max_age_s / 2):
             pools = self.backend.pool_snapshots(now)
             self._snapshot = self.learning.snapshot(
-                now, {name: pool_state(s) for name, s in pools.items()}, self.in_flight)
+                now, {name: pool_state(s) for name, s in pools.items()}, self.in_flight + 1)
             self._snapshot_at = now
             self._dirty = False
             if now - self._pools_pushed >= 1.0:

@@ -16,16 +16,18 @@ speedup = t_plain / TPOT(p). t_plain and the pool's fit (or TPOT) come from the 
 when one has both (the nearest to the current concurrency), so a speedup never divides times measured at
 different loads.
 
-A candidate with less evidence is *cold*: not exploited (a new pair version has no evidence, and its
-curve starts at the prior), only explored; so is plain decoding with fewer than ``min_rounds`` decayed
-tokens of TPOT evidence in the slice (t_plain is every speedup's numerator). While the slice has a cold
-candidate, with probability ``explore_cold`` the decision serves the least-sampled cold one (a pool at
-its largest k, which measures every draft position): a cold pool needs only ``min_rounds`` rounds, a
-handful of requests, and every other request still gets the best known option. Once all are warm, with
-probability ``explore`` it serves the best pool at its largest k (the tail of its curve). Losing pools and
-plain decoding (which nothing measures while a pool is exploited) are not re-served at that rate: their
-evidence decays, they turn cold again about a half-life after their last measurement and are re-measured
-then, a request or two each. The best candidate is used only if its speedup >= ``min_gain``.
+A candidate that was never measured enough (``min_rounds`` rounds and ``min_requests`` requests,
+counted without decay) is *cold*: not exploited (a new pair version has no evidence, and its curve starts
+at the prior), only explored; so is plain decoding with fewer than ``min_rounds`` tokens of TPOT evidence
+in the slice (t_plain is every speedup's numerator). While the slice has anything cold, with probability
+``explore_cold`` the decision measures the least-sampled cold option (a pool at its largest k, which
+measures every draft position): a cold pool needs only ``min_rounds`` rounds, a handful of requests, and
+every other request still gets the best known option. A candidate measured enough once but whose
+*decayed* evidence fell below the minimums is *stale*: still exploited on its estimate (ratios do not decay),
+and re-measured at the low rate ``explore`` (the least-sampled stale option, plain included); with nothing
+stale, ``explore`` serves the best pool at its largest k (the tail of its curve). So losing pools and plain
+decoding cost a few percent of one request per half-life, not a burst of half the traffic. The best
+candidate is used only if its speedup >= ``min_gain``.
 
 Assumptions: acceptance depends on (route, slice, pool, pair version) but not on concurrency; cost
 depends on (pool, concurrency bucket) and is linear in k; TPOT of plain decoding does not depend on

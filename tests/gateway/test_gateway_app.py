@@ -87,3 +87,19 @@ def test_serve_rejects_an_invalid_policy(tmp_path, capsys):
     bad.write_text("version: 2\n")
     assert main(["serve", "--policy", str(bad)]) == 2
     assert "bad.yaml:1:10" in capsys.readouterr().err
+
+
+def test_mean_concurrency_is_the_in_flight_integral_over_a_requests_life(client):
+    """The learner files an outcome under the concurrency the request ran at, not the in-flight count at
+    its end (the last request of a burst would otherwise teach the c=1 statistics burst-speed timings)."""
+    state = client.app.state.gateway
+    t0 = state._busy_t + 1.0
+    state.change_in_flight(1, t0)  # A joins alone
+    joined = state.busy_area(t0)
+    for _ in range(3):
+        state.change_in_flight(1, t0 + 1.0)  # B, C, D join a second later
+    assert state.busy_area(t0 + 3.0) - joined == 1.0 * 1 + 4.0 * 2  # request-seconds while A ran
+    assert (state.busy_area(t0 + 3.0) - joined) / 3.0 == 3.0  # A's mean concurrency
+    for _ in range(4):
+        state.change_in_flight(-1, t0 + 3.0)
+    assert state.in_flight == 0 and state.busy_area(t0 + 10.0) == state.busy_area(t0 + 3.0)
