@@ -13,8 +13,9 @@ For a candidate pool p (healthy, pair verified) and draft length k in its range:
 Where a pool has no per-position data (SGLang reports only totals) but has ``min_rounds`` rounds and
 ``min_requests`` requests, its measured TPOT per (pool, slice, bucket) replaces the model:
 speedup = t_plain / TPOT(p). t_plain and the pool's fit (or TPOT) come from the same concurrency bucket
-when one has both (the nearest to the current concurrency), so a speedup never divides times measured at
-different loads.
+when one has both (the nearest to the current concurrency where both have ``min_rounds`` of undecayed
+evidence, else the nearest where both exist), so a speedup never divides times measured at different
+loads, nor trusts one request's timing at a new load.
 
 A candidate that was never measured enough (``min_rounds`` rounds and ``min_requests`` requests,
 counted without decay) is *cold*: not exploited (a new pair version has no evidence, and its curve starts
@@ -24,8 +25,9 @@ in the slice (t_plain is every speedup's numerator). While the slice has anythin
 measures every draft position): a cold pool needs only ``min_rounds`` rounds, a handful of requests, and
 every other request still gets the best known option. A candidate measured enough once but whose
 *decayed* evidence fell below the minimums is *stale*: still exploited on its estimate (ratios do not decay),
-and re-measured at the low rate ``explore`` (the least-sampled stale option, plain included); with nothing
-stale, ``explore`` serves the best pool at its largest k (the tail of its curve). So losing pools and plain
+and re-measured at the low rate ``explore`` (the least-sampled stale option, plain included; one predicted
+below ``FAR`` x the served speed only ``FAR_RATE`` as often); with nothing stale, ``explore`` serves the best
+pool at its largest k (the tail of its curve). So losing pools and plain
 decoding cost a few percent of one request per half-life, not a burst of half the traffic. The best
 candidate is used only if its speedup >= ``min_gain``.
 
@@ -42,6 +44,13 @@ import msgspec
 
 from policies.accept import conditional_curve, expected_tokens
 from policies.schema import Policy
+
+# A stale candidate predicted below FAR x the speed of what is served now is re-measured FAR_RATE times as
+# often as one that could plausibly win: on an engine that interleaves sequences, one slow request
+# stretches the TPOT of every request in flight, and a pool at a quarter of the best speed is unlikely
+# to have become the best. It is still re-measured, so an estimate that went wrong can recover.
+FAR = 0.5
+FAR_RATE = 0.1
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,8 +94,8 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
         curve_ok = measured_ever and summary.ever_curve_rounds >= learn.min_rounds
         totals_ok = measured_ever and summary.ever_rounds >= learn.min_rounds
         stale = rounds < learn.min_rounds or requests < learn.min_requests
-        plain_fit, fit = snap.plain_and(slice_, "rounds", name)
-        plain_measured, measured = snap.plain_and(slice_, "tpot", name)
+        plain_fit, fit = snap.plain_and(slice_, "rounds", name, learn.min_rounds)
+        plain_measured, measured = snap.plain_and(slice_, "tpot", name, learn.min_rounds)
         if t_plain is None:
             out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds,
                                  cold=not (curve_ok or totals_ok), stale=stale,
@@ -115,11 +124,20 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
     return out, t_plain
 
 
-def explore_target(options: list[Candidate], best: Candidate | None, cold: bool) -> Candidate | None:
+def far_behind(c: Candidate, best: Candidate | None) -> bool:
+    """Predicted below ``FAR`` times the speed of what auto serves now (the best pool, or plain)."""
+    served = max(1.0, best.speedup) if best is not None else 1.0
+    return c.speedup is not None and c.speedup < FAR * served
+
+
+def explore_target(options: list[Candidate], best: Candidate | None, cold: bool,
+                   far_ok: bool = True) -> Candidate | None:
     """What exploration measures (None: nothing among the pools; the caller weighs plain decoding).
-    ``cold``: the least-sampled cold candidate. Else the least-sampled stale one, else the best pool at
-    its largest k. Each at its pool's largest k, which measures every draft position."""
-    pick = [c for c in options if c.cold] if cold else [c for c in options if c.stale]
+    ``cold``: the least-sampled cold candidate. Else the least-sampled stale one (those :func:`far_behind`
+    only if ``far_ok``), else the best pool at its largest k. Each at its pool's largest k, which
+    measures every draft position."""
+    pick = ([c for c in options if c.cold] if cold else
+            [c for c in options if c.stale and (far_ok or not far_behind(c, best))])
     if not pick:
         if cold:
             return None

@@ -23,6 +23,11 @@ class MeanSummary(msgspec.Struct, frozen=True, kw_only=True):
     ever_weight: float = 0.0  # weight without decay
 
     @property
+    def evidence(self) -> float:
+        """Undecayed weight: how much was ever measured (tokens for a TPOT)."""
+        return self.ever_weight
+
+    @property
     def mean(self) -> float | None:
         return self.total / self.weight if self.weight > 0 else None
 
@@ -36,6 +41,12 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
     skk: float = 0.0
     sy: float = 0.0
     sky: float = 0.0
+    ever_w: float = 0.0  # w without decay
+
+    @property
+    def evidence(self) -> float:
+        """Undecayed weight: how many rounds were ever measured."""
+        return self.ever_w
 
     def coefficients(self, draft_token_cost: float) -> tuple[float, float] | None:
         """(c0, c1), or None without data. Slope clamped at >= 0 (more drafts never cost less)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from policies.auto import Candidate, best_option, candidates, explore_target
+from policies.auto import FAR_RATE, Candidate, best_option, candidates, explore_target
 from policies.compiled import Compiled, Ctx, compiled
 from policies.features import RequestFeatures
 from policies.schema import Policy, PoolAction
@@ -172,8 +172,11 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     plain_cold = (plain[0].ever_weight if plain else 0.0) < learn.min_rounds
     cold = plain_cold or any(c.cold for c in options)
     best = best_option(options)
-    if rng is not None and rng.random() < (learn.explore_cold if cold else learn.explore):
-        target = explore_target(options, best, cold)
+    rate = learn.explore_cold if cold else learn.explore
+    draw = rng.random() if rng is not None else 1.0
+    if draw < rate:
+        # the lowest FAR_RATE of the exploring draws may also re-measure options far behind
+        target = explore_target(options, best, cold, far_ok=cold or draw < rate * FAR_RATE)
         plain_due = plain_cold if cold else plain_samples < learn.min_rounds  # cold, or stale
         if plain_due and (target is None or plain_samples < target.samples or not (target.cold or target.stale)):
             return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring "

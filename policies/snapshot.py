@@ -10,6 +10,7 @@ explain --stats``, the admin endpoint); :class:`Snapshot` adds read helpers with
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -104,37 +105,47 @@ class Snapshot:
             self._memo[key] = hit
         return hit
 
+    def _buckets_nearest(self) -> Iterator[int]:
+        """Bucket indices by distance from the current concurrency's bucket (lower one first on ties)."""
+        b = self.bucket()
+        yield b
+        for d in range(1, len(self.data.buckets) + 1):
+            yield b - d
+            yield b + d
+
     def _nearest(self, table: dict[str, Any], prefix: str) -> tuple[Any, float] | None:
         """Entry for the current concurrency bucket, else the nearest bucket that has one."""
-        b = self.bucket()
-        for d in range(len(self.data.buckets) + 1):
-            for cand in (b - d, b + d) if d else (b,):
-                entry = table.get(f"{prefix}|{cand}")
-                if entry is not None:
-                    return entry, self.factor(entry.t_ref)
+        for cand in self._buckets_nearest():
+            entry = table.get(f"{prefix}|{cand}")
+            if entry is not None:
+                return entry, self.factor(entry.t_ref)
         return None
 
-    def _nearest_common(self, a: tuple[dict[str, Any], str], b: tuple[dict[str, Any], str]
-                        ) -> tuple[Any, Any] | None:
-        """Entries of two tables from the SAME bucket, the one nearest the current concurrency that has
-        both; None if no bucket has both."""
-        b0 = self.bucket()
-        for d in range(len(self.data.buckets) + 1):
-            for cand in (b0 - d, b0 + d) if d else (b0,):
-                x, y = a[0].get(f"{a[1]}|{cand}"), b[0].get(f"{b[1]}|{cand}")
-                if x is not None and y is not None:
+    def _nearest_common(self, a: tuple[dict[str, Any], str], b: tuple[dict[str, Any], str],
+                        min_evidence: float) -> tuple[Any, Any] | None:
+        """Entries of two tables from the SAME bucket: the one nearest the current concurrency where both
+        were ever measured with ``min_evidence`` (tokens or rounds, undecayed), else the nearest where both
+        exist at all; None if no bucket has both."""
+        fallback = None
+        for cand in self._buckets_nearest():
+            x, y = a[0].get(f"{a[1]}|{cand}"), b[0].get(f"{b[1]}|{cand}")
+            if x is not None and y is not None:
+                if x.evidence >= min_evidence and y.evidence >= min_evidence:
                     return x, y
-        return None
+                fallback = fallback or (x, y)
+        return fallback
 
-    def plain_and(self, slice_: str, kind: str, pool: str) -> tuple[MeanSummary | None, Any]:
+    def plain_and(self, slice_: str, kind: str, pool: str, min_evidence: float = 0.0
+                  ) -> tuple[MeanSummary | None, Any]:
         """Plain TPOT of ``slice_`` and the pool's ``kind`` entry ("rounds" fit or "tpot" mean), taken
-        from one concurrency bucket when some bucket has both, so that a speedup never divides times
-        measured at different loads; otherwise each from its own nearest bucket."""
-        key = ("plain_and", slice_, kind, pool)
+        from one concurrency bucket when some bucket has both (preferring the nearest where both have
+        ``min_evidence``: one request's timing at a new load is not a fit), so that a speedup never divides
+        times measured at different loads; otherwise each from its own nearest bucket."""
+        key = ("plain_and", slice_, kind, pool, min_evidence)
         hit = self._memo.get(key)
         if hit is None:
             other = (self.data.tpot, f"{pool}|{slice_}") if kind == "tpot" else (getattr(self.data, kind), pool)
-            hit = self._nearest_common((self.data.tpot, f"none|{slice_}"), other)
+            hit = self._nearest_common((self.data.tpot, f"none|{slice_}"), other, min_evidence)
             if hit is None:
                 plain = self.tpot("none", slice_)
                 mine = self.tpot(pool, slice_) if kind == "tpot" else self.fit(kind, pool)

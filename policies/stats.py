@@ -168,6 +168,7 @@ class LearningState:
 
     def _fit(self, table: str, key: str, t: float, k: int, y: float, rounds: int) -> None:
         sums, w = self._sums_for(table, key, t, 5)
+        sums.ever[0] += rounds
         w *= rounds
         h = sums.head
         h[0] += w
@@ -175,7 +176,8 @@ class LearningState:
         h[2] += w * k * k
         h[3] += w * y
         h[4] += w * k * y
-        self._frozen[table][key] = FitSummary(t_ref=sums.t_ref, w=h[0], sk=h[1], skk=h[2], sy=h[3], sky=h[4])
+        self._frozen[table][key] = FitSummary(t_ref=sums.t_ref, w=h[0], sk=h[1], skk=h[2], sy=h[3], sky=h[4],
+                                              ever_w=sums.ever[0])
 
     def forget_pair_versions(self, keep: set[str]) -> None:
         """Drop acceptance statistics of pair versions not in ``keep`` (after a reload retired them)."""

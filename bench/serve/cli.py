@@ -29,9 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="request sample, warm-up order and Poisson arrivals")
     p.add_argument("--max-running-requests", type=int, default=8, help="the worker's batch size")
     p.add_argument("--num-threads", type=int, default=None, help="the worker's torch threads")
-    p.add_argument("--restart", choices=("worker", "gateway"), default="worker",
-                   help="what starts fresh for every arm: worker and gateway, or only the gateway (learner) "
-                        "in front of one worker for all arms (faster; shares the worker's caches)")
+    p.add_argument("--restart", choices=("worker", "gateway"), default="gateway",
+                   help="what starts fresh for every arm: only the gateway (learner), all gateways in front of "
+                        "one shared worker (default: every arm is timed on the same process, as the default "
+                        "policy's pools share one worker), or also a worker per arm")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--out", type=Path, default=Path("results/serve"), help="directory for JSON, markdown, PNGs, logs")
     p.add_argument("--keep-progress", action="store_true", help="leave the progress bar on screen at the end")

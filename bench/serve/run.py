@@ -1,5 +1,5 @@
-"""Run the serving benchmark: every arm on a fresh worker + gateway, every load point, every slice,
-the same seeded requests; write the JSON result, the markdown report and the plots."""
+"""Run the serving benchmark: every arm on a fresh gateway (one shared worker, or one each), every load
+point, every slice, the same seeded requests; write the JSON result, the markdown report and the plots."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ class Bench:
 
     def run_arms(self, arms: list[Arm], log_dir: Path, shared: tuple[str, RssSampler] | None, advance,
                  label=lambda text: None) -> dict:
-        """Every arm on its own fresh gateway (learner), and its own fresh worker unless ``shared``
-        (``--restart gateway``), all up at once. Arms are interleaved: for every load point and slice,
+        """Every arm on its own fresh gateway (learner), in front of the ``shared`` worker (the default,
+        ``--restart gateway``) or its own fresh worker, all up at once. Arms are interleaved: for every load point and slice,
         each arm serves that cell in turn (plain first, the identity reference), so a drift of machine
         speed during the run hits every arm alike instead of whichever arm ran at the time."""
         with contextlib.ExitStack() as stack:

@@ -1,7 +1,10 @@
 """A fresh worker + gateway per arm, on free loopback ports, always stopped; the worker's peak RSS.
 
-Each arm gets its own gateway (fresh learner) and, unless ``--restart gateway``, its own worker
-(fresh KV cache and engine state), so arms cannot contaminate each other. Processes are started with
+Each arm gets its own gateway (fresh learner). By default all gateways share one worker: the engine
+keeps no state across requests that changes speed (no prefix cache; proposers are per sequence), and
+the same process times every arm, so a 5-10% speed difference between two worker processes (measured:
+the same configuration in two workers) does not pass for a policy difference. ``--restart worker``
+gives each arm its own worker instead. Processes are started with
 this interpreter (``-c`` into the CLI, as ``specgate up`` does) so the harness works from any checkout without an installed entry point.
 """
 

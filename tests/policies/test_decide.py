@@ -49,8 +49,8 @@ def test_default_policy_loads_and_slices() -> None:
     assert p.pairs["smollm2-self8"].draft.layers == 8
     assert classify(p, RequestFeatures(has_tools=True)) == ("tool_call", 0)
     assert classify(p, RequestFeatures(response_format="json_schema")) == ("tool_call", 1)
-    assert classify(p, RequestFeatures(prompt_tokens=1500)) == ("long_context", 2)
-    assert classify(p, RequestFeatures(prompt_tokens=1499, code_score=0.3)) == ("code", 3)
+    assert classify(p, RequestFeatures(prompt_tokens=512)) == ("long_context", 2)
+    assert classify(p, RequestFeatures(prompt_tokens=511, code_score=0.3)) == ("code", 3)
     assert classify(p, RequestFeatures(code_score=0.29)) == ("prose", 4)
     d = decide(p, RequestFeatures(max_tokens=7), snap({n: OK for n in p.pools}))
     assert (d.rule, d.bypass) == ("tiny-budget", True)

@@ -6,6 +6,7 @@ import math
 import random
 
 from policies.accept import conditional_curve, counts_from_histogram, expected_tokens
+from policies.auto import FAR_RATE
 from policies.decide import decide, explain
 from policies.features import RequestFeatures
 from policies.load import load_policy
@@ -33,16 +34,18 @@ def policy(rev: str = "r1", explore: float = 0.0, gain: float = 1.05, cold: floa
     return load_policy(text.replace("COLD", str(cold)), "t.yaml")
 
 
-def plain_outcome(tpot: float, t: float = 0.0) -> Outcome:
-    return Outcome(route="default", slice="prose", pool="plain", completion_tokens=101, tpot_s=tpot, timestamp=t)
+def plain_outcome(tpot: float, t: float = 0.0, concurrency: int = 1) -> Outcome:
+    return Outcome(route="default", slice="prose", pool="plain", completion_tokens=101, tpot_s=tpot, timestamp=t,
+                   concurrency=concurrency)
 
 
-def spec_outcome(pv: str, rounds: int = 100, t: float = 0.0) -> Outcome:
-    """a_1 = 0.8, a_2 = 0.5 -> E[P](2) = 2.2; 0.088 s per round -> 0.04 s per token."""
+def spec_outcome(pv: str, rounds: int = 100, t: float = 0.0, tpot: float = 0.04, concurrency: int = 1) -> Outcome:
+    """a_1 = 0.8, a_2 = 0.5 -> E[P](2) = 2.2; at tpot 0.04: 0.088 s per round."""
     reached, accepted = [rounds, rounds * 8 // 10], [rounds * 8 // 10, rounds * 4 // 10]
     return Outcome(route="default", slice="prose", pool="ngram", pair_version=pv, proposer="ngram",
                    draft_tokens=2, completion_tokens=1 + 22 * rounds // 10, verify_ct=rounds,
-                   reached_per_position=reached, accepted_per_position=accepted, tpot_s=0.04, timestamp=t)
+                   reached_per_position=reached, accepted_per_position=accepted, tpot_s=tpot, timestamp=t,
+                   concurrency=concurrency)
 
 
 def test_histogram_to_position_counts_and_curve() -> None:
@@ -166,6 +169,47 @@ def test_cold_candidates_are_explored_at_the_cold_rate() -> None:
     assert all((d.pool, d.draft_tokens) == ("ngram", 2) and "exploring cold pool 'ngram'" in d.reason
                for d in got if d.explored)
     assert all(d.bypass and "cautious start" in d.reason for d in got if not d.explored)
+
+
+def test_a_bucket_pairs_plain_with_a_pool_only_once_both_were_measured_there() -> None:
+    """At concurrency 4 plain was measured (0.2 s) but the pool ran one short request (10 rounds at
+    0.02 s/round): pairing those would predict 0.2 / (0.02 / 2.2) = 22x. Until the pool has min_rounds
+    rounds in that bucket, both times come from the nearest bucket where both were measured (c=1)."""
+    p = policy()
+    pv = p.pool_pair_version("ngram")
+    state = LearningState(p.learning)
+    state.record(plain_outcome(0.05))
+    state.record(spec_outcome(pv, rounds=150))  # c=1: 0.088 s per round -> 1.25x
+    state.record(plain_outcome(0.2, concurrency=4))
+    state.record(spec_outcome(pv, rounds=10, tpot=0.02 * 10 / 22, concurrency=4))
+    speedup = explain(p, FEATURES, state.snapshot(0.0, HEALTHY, 4)).candidates[0].speedup
+    assert math.isclose(speedup, 0.05 / (0.088 / 2.2))
+    state.record(spec_outcome(pv, rounds=90, tpot=0.02 * 10 / 22, concurrency=4))  # 100 rounds at c=4
+    speedup = explain(p, FEATURES, state.snapshot(0.0, HEALTHY, 4)).candidates[0].speedup
+    assert math.isclose(speedup, 0.2 / (0.02 / 2.2))
+
+
+def test_a_stale_pool_far_behind_is_re_measured_a_tenth_as_often() -> None:
+    """Exploring draws below explore * FAR_RATE may re-measure a stale pool predicted below FAR x the
+    served speed; the others serve the best pool at its largest k instead."""
+    text = POLICY.replace("pools:\n", "pools:\n  slow: {proposer: ngram, draft_tokens: {min: 2, max: 2}, pair: p, "
+                          "workers: [\"http://w:1\"], speculation: per_request}\n")
+    p = load_policy(text.replace("REV", "r1").replace("EXPLORE", "1.0").replace("GAIN", "1.05")
+                    .replace("COLD", "0.0"), "t.yaml")
+    pv = p.pool_pair_version("ngram")
+    healthy = {**HEALTHY, "slow": PoolState(healthy=True, pair_verified=True)}
+    state = LearningState(p.learning)
+    state.record(Outcome(route="default", slice="prose", pool="slow", pair_version=pv, proposer="ngram",
+                         draft_tokens=2, completion_tokens=201, verify_ct=100, tpot_s=0.2, timestamp=0.0))
+    state.record(plain_outcome(0.05, t=200.0))
+    state.record(spec_outcome(pv, rounds=150, t=200.0))
+    snap = state.snapshot(200.0, healthy, 1)
+    slow = next(c for c in explain(p, FEATURES, snap).candidates if c.pool == "slow")
+    assert slow.stale and math.isclose(slow.speedup, 0.25)  # two half-lives: 25 rounds < min_rounds 100
+    rng, mirror = random.Random(5), random.Random(5)
+    got = [decide(p, FEATURES, snap, rng=rng).pool for _ in range(200)]
+    expected = ["slow" if mirror.random() < 1.0 * FAR_RATE else "ngram" for _ in range(200)]
+    assert got == expected and 0 < got.count("slow") < 40
 
 
 def test_totals_only_outcomes_use_measured_tpot() -> None:
