@@ -1,7 +1,7 @@
 """One streaming chat completion through the gateway, as an application sends it, and what it saw.
 
 httpx rather than the ``openai`` client because the harness needs the raw final chunk: the gateway
-puts its ``specgate`` object (rule, pool, draft length, accept length) there, and the usage chunk
+puts its ``specgate`` object (rule, reason, pool, draft length, accept length) there, and the usage chunk
 (``stream_options.include_usage``) gives the exact completion token count. TTFT is the first chunk
 that carries content or a tool-call delta; TPOT = (e2e - TTFT) / (completion tokens - 1), the
 gateway's own definition, measured here on the client side.
@@ -33,6 +33,7 @@ class Result:
     completion_tokens: int = 0
     text: str = ""
     rule: str | None = None
+    reason: str | None = None  # the gateway's decision reason (why this pool and k, or why plain)
     pool: str | None = None
     proposer: str | None = None
     draft_tokens: int | None = None
@@ -69,6 +70,7 @@ def _delta_text(chunk: dict) -> str:
 
 def _take_info(result: Result, info: dict) -> None:
     result.rule, result.pool, result.proposer = info.get("rule"), info.get("pool"), info.get("proposer")
+    result.reason = info.get("reason")
     result.draft_tokens, result.gateway_slice = info.get("draft_tokens"), info.get("slice")
     result.fallback, result.verify_rounds = info.get("fallback"), info.get("verify_rounds")
     result.accept_length = info.get("accept_length")

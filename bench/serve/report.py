@@ -65,12 +65,17 @@ def markdown(result: dict, plots: list[Path] | None = None) -> str:
                     f"{_fmt(c['accept_length'], '.2f')} | {_decisions(c)} | {same} | {_fmt(c['peak_rss_mb'], '.0f')} |")
     lines += _targets(result)
     if result.get("learning_cost"):
-        lines += ["\n**Cost of learning** (warm-up pass from a cold learner: requests served, all slices, until the "
-                  "slice's rolling TPOT came within 5% of the warm arm's p50)\n",
-                  "| slice | requests until within 5% | slice requests | warm p50 TPOT ms |", "|---|---|---|---|"]
+        lines += ["\n**Cost of learning** (warm-up pass from a cold learner; requests counted over all slices, "
+                  "in brackets the slice's own: until the slice's rolling TPOT over 3 requests came within 5% of "
+                  "the warm arm's p50, and from when on every non-exploring decision was the warm arm's choice)\n",
+                  "| slice | TPOT within 5% after | warm p50 TPOT ms | decisions settled from | warm choice |",
+                  "|---|---|---|---|---|"]
+        never = f"not within {len(result['warmup'])}"
         for slice_, v in result["learning_cost"].items():
-            n = v["requests"] if v["requests"] is not None else f"not within {len(result['warmup'])}"
-            lines.append(f"| {slice_} | {n} | {v['slice_requests']} | {_fmt(v['warm_tpot_p50_ms'])} |")
+            n = f"{v['requests']} ({v['slice_requests']})" if v["requests"] is not None else never
+            settled = (f"{v['settled']} ({v['settled_slice_requests']})" if v.get("settled") is not None
+                       else never if "warm_choice" in v else "-")
+            lines.append(f"| {slice_} | {n} | {_fmt(v['warm_tpot_p50_ms'])} | {settled} | {v.get('warm_choice') or '-'} |")
     for p in plots or ():
         lines.append(f"\n![{p.stem}]({p.name})")
     return "\n".join(lines) + "\n"

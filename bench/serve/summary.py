@@ -59,11 +59,16 @@ def cell(results: list[Result], wall_s: float, peak_rss_mb: float,
     }
 
 
-def learning_cost(trace: list[Result], warm_tpot_ms: dict[str, float | None], tolerance: float = 0.05,
-                  window: int = 3) -> dict:
-    """How many warm-up requests (counted over all slices, as the learner sees them) the cold policy
-    served before a slice's rolling mean TPOT over its last ``window`` requests came within
-    ``tolerance`` of the warm arm's p50 TPOT for that slice. ``None`` = not within the warm-up."""
+def learning_cost(trace: list[Result], warm_tpot_ms: dict[str, float | None],
+                  warm_choice: dict[str, str | None] | None = None, tolerance: float = 0.05, window: int = 3) -> dict:
+    """Cost of learning over the warm-up pass (a cold learner), per slice, counted in requests over all
+    slices (as the learner sees them) and in the slice's own requests:
+
+    - ``requests``: until the slice's rolling mean TPOT over its last ``window`` requests came within
+      ``tolerance`` of the warm arm's p50 TPOT (confounded by prompts: warm-up and measured prompts differ);
+    - ``settled``: from which request on every decision for the slice that was not an exploration is the
+      warm arm's choice (``warm_choice``, pool:k, its most frequent at the reference load). ``None`` = not
+      within the warm-up."""
     out: dict[str, dict] = {}
     seen: dict[str, list[float]] = {}
     for n, r in enumerate(trace, 1):
@@ -78,6 +83,28 @@ def learning_cost(trace: list[Result], warm_tpot_ms: dict[str, float | None], to
         if mean <= target * (1 + tolerance):
             out[r.slice] = {"requests": n, "slice_requests": len(xs), "rolling_tpot_ms": round(mean, 2),
                             "warm_tpot_p50_ms": target}
-    return {s: out.get(s, {"requests": None, "slice_requests": len(seen.get(s, [])),
-                           "warm_tpot_p50_ms": warm_tpot_ms.get(s)})
-            for s in sorted(set(seen) | set(warm_tpot_ms))}
+    result = {s: out.get(s, {"requests": None, "slice_requests": len(seen.get(s, [])),
+                             "warm_tpot_p50_ms": warm_tpot_ms.get(s)})
+              for s in sorted(set(seen) | set(warm_tpot_ms))}
+    for s, choice in (warm_choice or {}).items():
+        result.setdefault(s, {"requests": None, "slice_requests": 0, "warm_tpot_p50_ms": warm_tpot_ms.get(s)})
+        result[s].update(warm_choice=choice, **_settled(trace, s, choice))
+    return result
+
+
+def _settled(trace: list[Result], slice_: str, choice: str | None) -> dict:
+    """The first request (overall, and within the slice) from which every non-exploring decision of the
+    slice was ``choice``."""
+    settled: tuple[int, int] | None = None
+    k = 0
+    for n, r in enumerate(trace, 1):
+        if r.slice != slice_ or not r.ok:
+            continue
+        k += 1
+        if "exploring" in (r.reason or ""):
+            continue
+        if f"{r.pool}:{r.draft_tokens}" != choice:
+            settled = None
+        elif settled is None:
+            settled = (n, k)
+    return {"settled": settled[0] if settled else None, "settled_slice_requests": settled[1] if settled else None}

@@ -57,6 +57,9 @@ def test_result_file_structure(run):
             assert c["slo_met"] in (0, 1) and c["goodput_rps"] == pytest.approx(c["slo_met"] / c["wall_s"], rel=1e-3)
     assert result["warmup"] == [] and result["learning_cost"] is None
     assert len(result["requests"]) == 4 and all(r["ok"] and r["text"] for r in result["requests"])
+    reasons = {r["arm"]: r["reason"] for r in result["requests"]}
+    assert reasons["plain"] == "rule 'bench-plain' (catch-all) bypasses speculation"
+    assert reasons["ngram-k4"] == "rule 'bench-ngram-k4' (catch-all) pins pool 'ngram' with k=4"
 
 
 def test_every_arm_is_identical_to_plain_and_decisions_are_counted(run):
@@ -100,3 +103,12 @@ def test_percentile_and_learning_cost():
     # code: rolling means of 3 = 83.3, 66.7, 50.0 -> within 5% at its 5th request, 6th overall
     assert cost["code"] == {"requests": 6, "slice_requests": 5, "rolling_tpot_ms": 50.0, "warm_tpot_p50_ms": 50.0}
     assert cost["prose"] == {"requests": None, "slice_requests": 1, "warm_tpot_p50_ms": 50.0}
+    # decisions (in trace order, prose 2nd): code served plain, explored ngram, then ngram:8 from its 3rd
+    # request on (4th overall); a later exploration of plain does not unsettle it; prose never chose ngram:8
+    choices = [("plain", 0, ""), ("plain", 0, ""), ("ngram", 8, "auto: exploring cold pool 'ngram'"),
+               ("ngram", 8, ""), ("plain", 0, "auto: exploring stale plain decoding"), ("ngram", 8, "")]
+    for r, (pool, k, reason) in zip(trace, choices):
+        r.pool, r.draft_tokens, r.reason = pool, k, reason
+    cost = learning_cost(trace, {"code": 50.0, "prose": 50.0}, {"code": "ngram:8", "prose": "ngram:8"})
+    assert (cost["code"]["settled"], cost["code"]["settled_slice_requests"], cost["code"]["warm_choice"]) == (4, 3, "ngram:8")
+    assert (cost["prose"]["settled"], cost["prose"]["settled_slice_requests"]) == (None, None)
