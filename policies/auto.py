@@ -23,11 +23,15 @@ at the prior), only explored; so is plain decoding with fewer than ``min_rounds`
 in the slice (t_plain is every speedup's numerator). While the slice has anything cold, with probability
 ``explore_cold`` the decision measures the least-sampled cold option (a pool at its largest k, which
 measures every draft position): a cold pool needs only ``min_rounds`` rounds, a handful of requests, and
-every other request still gets the best known option. A candidate measured enough once but whose
+every other request still gets the best known option. A candidate with an estimate from fewer than
+``confirm_requests`` requests, within reach of the served option (not below ``FAR`` x its speed), is
+*unconfirmed* and explored at ``explore_cold`` too, so that two unlucky prompts cannot lock a winning pool
+out. A candidate measured enough once but whose
 *decayed* evidence fell below the minimums is *stale*: still exploited on its estimate (ratios do not decay),
 and re-measured at the low rate ``explore`` (the least-sampled stale option, plain included; one predicted
 below ``FAR`` x the served speed only ``FAR_RATE`` as often); with nothing stale, ``explore`` serves the best
-pool at its largest k (the tail of its curve). So losing pools and plain
+pool at its largest k (the tail of its curve), or at its smallest when it is served at its largest (so the
+round time is measured at two k and the cost slope is identified). So losing pools and plain
 decoding cost a few percent of one request per half-life, not a burst of half the traffic. The best
 candidate is used only if its speedup >= ``min_gain``.
 
@@ -65,6 +69,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     speedup: float | None = None
     samples: float = 0.0  # decayed rounds of evidence
     cold: bool = False  # never measured enough (min_rounds / min_requests without decay): explore, never exploit
+    unconfirmed: bool = False  # has an estimate, but from fewer than confirm_requests requests
+    slope_unknown: bool = False  # the pool's round time was measured at one k only
     stale: bool = False  # measured enough once, but the decayed evidence is below those minimums
 
 
@@ -95,22 +101,27 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
         totals_ok = measured_ever and summary.ever_rounds >= learn.min_rounds
         stale = rounds < learn.min_rounds or requests < learn.min_requests
         plain_fit, fit = snap.plain_and(slice_, "rounds", name, learn.min_rounds)
-        plain_measured, measured = snap.plain_and(slice_, "tpot", name, learn.min_rounds)
+        use_curve = t_plain is not None and curve_ok and fit is not None
+        plain_measured, measured = (snap.plain_and(slice_, "tpot", name, learn.min_rounds)
+                                    if t_plain is not None and totals_ok and not use_curve else (None, None))
         if t_plain is None:
             out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds,
                                  cold=not (curve_ok or totals_ok), stale=stale,
                                  note="no plain TPOT measured yet for this slice"))
-        elif curve_ok and fit is not None:
+        elif use_curve:
             curve = conditional_curve(summary, f, learn.prior.accept, learn.prior.rounds, hi)
             e_p = expected_tokens(curve)
+            unconfirmed = summary.ever_requests < learn.confirm_requests
             for k in range(lo, hi + 1):
                 tpot = fit.predict(k, learn.draft_token_cost) / e_p[k]
                 out.append(Candidate(pool=name, draft_tokens=k, eligible=True, samples=rounds, stale=stale,
+                                     unconfirmed=unconfirmed, slope_unknown=not fit.identified,
                                      note="acceptance curve x round-time fit", expected_accept_length=e_p[k],
                                      predicted_tpot_ms=tpot * 1e3, speedup=plain_fit.mean / tpot))
-        elif totals_ok and measured is not None:
+        elif measured is not None:
             tpot = measured.mean
             out.append(Candidate(pool=name, draft_tokens=hi, eligible=True, samples=rounds, stale=stale,
+                                 unconfirmed=summary.ever_requests < learn.confirm_requests,
                                  note="measured TPOT (per-request totals only)",
                                  expected_accept_length=summary.mean_accept_length,
                                  predicted_tpot_ms=tpot * 1e3, speedup=plain_measured.mean / tpot))
@@ -130,18 +141,44 @@ def far_behind(c: Candidate, best: Candidate | None) -> bool:
     return c.speedup is not None and c.speedup < FAR * served
 
 
-def explore_target(options: list[Candidate], best: Candidate | None, cold: bool,
-                   far_ok: bool = True) -> Candidate | None:
+def unconfirmed(options: list[Candidate], best: Candidate | None, min_gain: float) -> list[Candidate]:
+    """Candidates whose estimate rests on fewer than ``confirm_requests`` requests, within reach of what
+    is served (not :func:`far_behind`), other than the pool being served (it gathers evidence anyway).
+    Acceptance varies far more between prompts than between rounds of one prompt, so an estimate from two
+    or three requests can put a winning pool just below plain; these are explored at the cold rate until
+    confirmed."""
+    served = best.pool if best is not None and best.speedup >= min_gain else None
+    return [c for c in options if c.unconfirmed and c.eligible and not far_behind(c, best) and c.pool != served]
+
+
+def slope_probe(options: list[Candidate], best: Candidate | None, min_gain: float) -> Candidate | None:
+    """The served pool at its smallest k while its round time was measured at one k only (exploration
+    measures the largest): one request there fits the cost slope, so auto can weigh shorter drafts on
+    measured cost instead of the prior's guess."""
+    if best is None or best.speedup < min_gain or not best.slope_unknown:
+        return None
+    ks = [c for c in options if c.pool == best.pool]
+    return min(ks, key=lambda c: c.draft_tokens) if len(ks) > 1 else None
+
+
+def explore_target(options: list[Candidate], best: Candidate | None, cold: bool, far_ok: bool = True,
+                   min_gain: float = 1.0) -> Candidate | None:
     """What exploration measures (None: nothing among the pools; the caller weighs plain decoding).
-    ``cold``: the least-sampled cold candidate. Else the least-sampled stale one (those :func:`far_behind`
-    only if ``far_ok``), else the best pool at its largest k. Each at its pool's largest k, which
-    measures every draft position."""
-    pick = ([c for c in options if c.cold] if cold else
+    ``cold``: the least-sampled cold candidate, else the least-sampled :func:`unconfirmed` one, else the
+    :func:`slope_probe`. Else the
+    least-sampled stale one (those :func:`far_behind` only if ``far_ok``), else the best pool at its
+    largest k (its smallest when the best is already its largest, so round time is measured at two k).
+    Cold, unconfirmed and stale ones at their pool's largest k, which measures every draft position."""
+    probe = slope_probe(options, best, min_gain)
+    pick = (([c for c in options if c.cold] or unconfirmed(options, best, min_gain) or ([probe] if probe else []))
+            if cold else
             [c for c in options if c.stale and (far_ok or not far_behind(c, best))])
     if not pick:
         if cold:
             return None
         pick = [c for c in options if best is not None and c.pool == best.pool]
+        if best is not None and pick and best.draft_tokens == max(c.draft_tokens for c in pick):
+            return min(pick, key=lambda c: c.draft_tokens)  # the other end, so the cost slope gets measured
         return max(pick, key=lambda c: c.draft_tokens, default=None)
     target: Candidate | None = None
     for c in pick:

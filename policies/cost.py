@@ -4,7 +4,8 @@ Per pool and concurrency bucket the learner fits ``t_round(k) = c0 + c1 * k`` (s
 speculative round: draft + verify + overhead, from ``tpot * (completion_tokens - 1) / verify_ct``) by
 weighted least squares over decayed sums; when only one k has been observed the slope is not
 identified, so the prior ``c1 = draft_token_cost * c0`` (each extra draft token costs that fraction of a
-round) is used. The same fit is kept for ``draft_s`` and ``verify_s`` when the worker reports them, for
+round) is used above that k, and below it a round is predicted to cost what the measured one did (never a
+guessed saving). The same fit is kept for ``draft_s`` and ``verify_s`` when the worker reports them, for
 display (overhead = round - draft - verify). Plain decoding is measured directly as TPOT of requests
 served without speculation, per slice and bucket.
 """
@@ -48,6 +49,11 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
         """Undecayed weight: how many rounds were ever measured."""
         return self.ever_w
 
+    @property
+    def identified(self) -> bool:
+        """More than one k measured: the slope is fitted, not the prior's."""
+        return self.w > 0 and self.skk / self.w - (self.sk / self.w) ** 2 > 1e-6
+
     def coefficients(self, draft_token_cost: float) -> tuple[float, float] | None:
         """(c0, c1), or None without data. Slope clamped at >= 0 (more drafts never cost less)."""
         if self.w <= 0:
@@ -61,5 +67,13 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
         return c0, draft_token_cost * c0
 
     def predict(self, k: int, draft_token_cost: float) -> float | None:
+        """Seconds per round at ``k``. With one k measured, a shorter draft is predicted no cheaper than the
+        measured one (the prior slope is only a guess, and a guessed-cheap short round made auto serve
+        k=1 at 1.84x predicted, under 1x measured); a longer one costs the prior slope more. Auto measures
+        a second k soon (:func:`policies.auto.slope_probe`)."""
         coef = self.coefficients(draft_token_cost)
-        return None if coef is None else max(1e-9, coef[0] + coef[1] * k)
+        if coef is None:
+            return None
+        if not self.identified and k < self.sk / self.w:
+            return max(1e-9, self.sy / self.w)
+        return max(1e-9, coef[0] + coef[1] * k)

@@ -13,7 +13,8 @@ from typing import Any
 
 import msgspec
 
-from policies.auto import FAR_RATE, Candidate, best_option, candidates, explore_target
+from policies.auto import (FAR_RATE, Candidate, best_option, candidates, explore_target, slope_probe,
+                           unconfirmed)
 from policies.compiled import Compiled, Ctx, compiled
 from policies.features import RequestFeatures
 from policies.schema import Policy, PoolAction
@@ -170,20 +171,22 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     plain = snap.tpot("none", slice_)
     plain_samples = plain[0].weight * plain[1] if plain else 0.0  # decayed tokens = rounds of width 1
     plain_cold = (plain[0].ever_weight if plain else 0.0) < learn.min_rounds
-    cold = plain_cold or any(c.cold for c in options)
     best = best_option(options)
+    cold = (plain_cold or any(c.cold for c in options) or bool(unconfirmed(options, best, learn.min_gain))
+            or slope_probe(options, best, learn.min_gain) is not None)
     rate = learn.explore_cold if cold else learn.explore
     draw = rng.random() if rng is not None else 1.0
     if draw < rate:
         # the lowest FAR_RATE of the exploring draws may also re-measure options far behind
-        target = explore_target(options, best, cold, far_ok=cold or draw < rate * FAR_RATE)
+        target = explore_target(options, best, cold, far_ok=cold or draw < rate * FAR_RATE, min_gain=learn.min_gain)
         plain_due = plain_cold if cold else plain_samples < learn.min_rounds  # cold, or stale
         if plain_due and (target is None or plain_samples < target.samples or not (target.cold or target.stale)):
             return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring "
                           f"{'cold' if plain_cold else 'stale'} plain decoding ({plain_samples:.0f} tokens of "
                           f"evidence)", pools, explored=True)
         if target is not None:
-            state = "cold " if target.cold else "stale " if target.stale else ""
+            state = ("cold " if target.cold else "unconfirmed " if cold and target.unconfirmed
+                     else "the cost slope of " if cold else "stale " if target.stale else "")
             return _speculate(policy, slice_, target.pool, target.draft_tokens, rule,
                               f"rule '{rule}' auto: exploring {state}pool '{target.pool}' k={target.draft_tokens} "
                               f"({target.samples:.0f} rounds of evidence)", explored=True)

@@ -259,6 +259,7 @@ class Learning(_Strict, kw_only=True):
     half_life_s: PosFloat = 600.0
     min_rounds: Annotated[int, Meta(ge=0)] = 64
     min_requests: Annotated[int, Meta(ge=0)] = 2
+    confirm_requests: Annotated[int, Meta(ge=0)] = 8
     explore: Fraction = 0.02
     explore_cold: Fraction = 0.5
     min_gain: Annotated[float, Meta(ge=1.0)] = 1.05

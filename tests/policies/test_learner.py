@@ -7,6 +7,7 @@ import random
 
 from policies.accept import conditional_curve, counts_from_histogram, expected_tokens
 from policies.auto import FAR_RATE
+from policies.cost import FitSummary
 from policies.decide import decide, explain
 from policies.features import RequestFeatures
 from policies.load import load_policy
@@ -210,6 +211,54 @@ def test_a_stale_pool_far_behind_is_re_measured_a_tenth_as_often() -> None:
     got = [decide(p, FEATURES, snap, rng=rng).pool for _ in range(200)]
     expected = ["slow" if mirror.random() < 1.0 * FAR_RATE else "ngram" for _ in range(200)]
     assert got == expected and 0 < got.count("slow") < 40
+
+
+def test_a_pool_near_plain_on_few_requests_is_explored_until_confirmed() -> None:
+    """Three requests put the pool at 0.95x (plain is served): that may be three unlucky prompts, so it is
+    explored at the cold rate until it has confirm_requests (8); a pool far behind (0.4x) is not."""
+    p = policy(cold=1.0)
+    pv = p.pool_pair_version("ngram")
+    state = LearningState(p.learning)
+    state.record(plain_outcome(0.038))
+    for _ in range(3):
+        state.record(spec_outcome(pv, rounds=50))
+    snap = state.snapshot(0.0, HEALTHY, 1)
+    cand = explain(p, FEATURES, snap).candidates[0]
+    assert cand.unconfirmed and not cand.cold and math.isclose(cand.speedup, 0.95)
+    d = decide(p, FEATURES, snap, rng=random.Random(0))
+    assert d.explored and (d.pool, d.draft_tokens, d.bypass) == ("ngram", 2, False)
+    assert d.reason == "rule 'learned' auto: exploring unconfirmed pool 'ngram' k=2 (150 rounds of evidence)"
+    for _ in range(5):
+        state.record(spec_outcome(pv, rounds=50))
+    d = decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(0))
+    assert not d.explored and d.bypass and "speedup 0.95x < min_gain" in d.reason
+    far = LearningState(p.learning)
+    far.record(plain_outcome(0.016))
+    for _ in range(3):
+        far.record(spec_outcome(pv, rounds=50))
+    d = decide(p, FEATURES, far.snapshot(0.0, HEALTHY, 1), rng=random.Random(0))
+    assert not d.explored and d.bypass and "speedup 0.40x < min_gain" in d.reason
+
+
+def test_one_measured_k_predicts_no_cheaper_shorter_drafts_and_is_probed_at_the_smallest_k() -> None:
+    fit = FitSummary(t_ref=0.0, w=100.0, sk=800.0, skk=6400.0, sy=8.0, sky=64.0)  # k=8 only, 0.08 s/round
+    assert not fit.identified
+    assert fit.predict(1, 0.1) == fit.predict(8, 0.1) == 0.08 and fit.predict(9, 0.1) > 0.08
+    p = load_policy(POLICY.replace("{min: 2, max: 2}", "{min: 1, max: 2}").replace("REV", "r1")
+                    .replace("EXPLORE", "0.0").replace("GAIN", "1.05").replace("COLD", "1.0"), "t.yaml")
+    pv = p.pool_pair_version("ngram")
+    state = LearningState(p.learning)
+    state.record(plain_outcome(0.05))
+    for _ in range(8):
+        state.record(spec_outcome(pv, rounds=50))  # k=2 only: 1.25x, served
+    d = decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(0))
+    assert d.explored and d.draft_tokens == 1
+    assert d.reason == "rule 'learned' auto: exploring the cost slope of pool 'ngram' k=1 (400 rounds of evidence)"
+    state.record(Outcome(route="default", slice="prose", pool="ngram", pair_version=pv, proposer="ngram",
+                         draft_tokens=1, completion_tokens=91, verify_ct=50, reached_per_position=[50],
+                         accepted_per_position=[40], tpot_s=0.04, timestamp=0.0))
+    d = decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(0))
+    assert not d.explored and not d.bypass  # two k measured: the slope is fitted, nothing left to probe
 
 
 def test_totals_only_outcomes_use_measured_tpot() -> None:
