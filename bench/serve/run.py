@@ -28,7 +28,7 @@ from bench.workloads import SLICES, WorkItem, sample
 
 # Sizes per preset; every one is also a flag, and a flag given explicitly wins.
 PRESETS: dict[str, dict] = {
-    # ~35 min on a quiet 2-core machine (measured: see docs/benchmarks.md)
+    # ~36 min on a quiet 2-core machine (measured: see docs/benchmarks.md)
     "default": {"per_slice": 4, "max_tokens": 32, "loads": ["c1", "c4", "p1"], "warmup_per_slice": 40},
     # the sizes: ~4-5 h on a quiet 2-core machine
     "full": {"per_slice": 16, "max_tokens": 128, "loads": ["c1", "c4", "c16", "p0.25", "p0.5", "p1"],
