@@ -26,12 +26,12 @@ measures every draft position): a cold pool needs only ``min_rounds`` rounds, a 
 every other request still gets the best known option. A candidate with an estimate from fewer than
 ``confirm_requests`` requests, within reach of the served option (not below ``FAR`` x its speed), is
 *unconfirmed* and explored at ``explore_cold`` too, so that two unlucky prompts cannot lock a winning pool
-out. A candidate measured enough once but whose
-*decayed* evidence fell below the minimums is *stale*: still exploited on its estimate (ratios do not decay),
-and re-measured at the low rate ``explore`` (the least-sampled stale option, plain included; one predicted
-below ``FAR`` x the served speed only ``FAR_RATE`` as often); with nothing stale, ``explore`` serves the best
-pool at its largest k (the tail of its curve), or at its smallest when it is served at its largest (so the
-round time is measured at two k and the cost slope is identified). So losing pools and plain
+out; so is the served pool at its smallest k while its round time was measured at one k only
+(:func:`slope_probe`). A candidate measured enough once but whose *decayed* evidence fell below the
+minimums is *stale*: still exploited on its estimate (ratios do not decay), and re-measured at the low
+rate ``explore`` (the least-sampled stale option, plain included; one predicted below ``FAR`` x the served
+speed only ``FAR_RATE`` as often); with nothing stale, ``explore`` serves the best pool at its largest k
+(the tail of its curve), or at its smallest when it is served at its largest. So losing pools and plain
 decoding cost a few percent of one request per half-life, not a burst of half the traffic. The best
 candidate is used only if its speedup >= ``min_gain``.
 
@@ -165,10 +165,10 @@ def explore_target(options: list[Candidate], best: Candidate | None, cold: bool,
                    min_gain: float = 1.0) -> Candidate | None:
     """What exploration measures (None: nothing among the pools; the caller weighs plain decoding).
     ``cold``: the least-sampled cold candidate, else the least-sampled :func:`unconfirmed` one, else the
-    :func:`slope_probe`. Else the
-    least-sampled stale one (those :func:`far_behind` only if ``far_ok``), else the best pool at its
-    largest k (its smallest when the best is already its largest, so round time is measured at two k).
-    Cold, unconfirmed and stale ones at their pool's largest k, which measures every draft position."""
+    :func:`slope_probe`. Else the least-sampled stale one (those :func:`far_behind` only if ``far_ok``),
+    else the best pool at its largest k (its smallest when the best is already its largest, so round time
+    is measured at two k). Cold, unconfirmed and stale ones at their pool's largest k, which measures every
+    draft position."""
     probe = slope_probe(options, best, min_gain)
     pick = (([c for c in options if c.cold] or unconfirmed(options, best, min_gain) or ([probe] if probe else []))
             if cold else
