@@ -162,15 +162,14 @@ def slope_probe(options: list[Candidate], best: Candidate | None, min_gain: floa
 
 
 def explore_target(options: list[Candidate], best: Candidate | None, cold: bool, far_ok: bool = True,
-                   min_gain: float = 1.0) -> Candidate | None:
+                   unsure: list[Candidate] | None = None, probe: Candidate | None = None) -> Candidate | None:
     """What exploration measures (None: nothing among the pools; the caller weighs plain decoding).
-    ``cold``: the least-sampled cold candidate, else the least-sampled :func:`unconfirmed` one, else the
-    :func:`slope_probe`. Else the least-sampled stale one (those :func:`far_behind` only if ``far_ok``),
+    ``cold``: the least-sampled cold candidate, else the least-sampled of ``unsure`` (:func:`unconfirmed`),
+    else ``probe`` (:func:`slope_probe`); the caller computes both once per decision. Else the least-sampled stale one (those :func:`far_behind` only if ``far_ok``),
     else the best pool at its largest k (its smallest when the best is already its largest, so round time
     is measured at two k). Cold, unconfirmed and stale ones at their pool's largest k, which measures every
     draft position."""
-    probe = slope_probe(options, best, min_gain)
-    pick = (([c for c in options if c.cold] or unconfirmed(options, best, min_gain) or ([probe] if probe else []))
+    pick = (([c for c in options if c.cold] or unsure or ([probe] if probe else []))
             if cold else
             [c for c in options if c.stale and (far_ok or not far_behind(c, best))])
     if not pick:

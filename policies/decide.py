@@ -172,13 +172,15 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     plain_samples = plain[0].weight * plain[1] if plain else 0.0  # decayed tokens = rounds of width 1
     plain_cold = (plain[0].ever_weight if plain else 0.0) < learn.min_rounds
     best = best_option(options)
-    cold = (plain_cold or any(c.cold for c in options) or bool(unconfirmed(options, best, learn.min_gain))
-            or slope_probe(options, best, learn.min_gain) is not None)
+    unsure = unconfirmed(options, best, learn.min_gain)
+    probe = slope_probe(options, best, learn.min_gain)
+    cold = plain_cold or any(c.cold for c in options) or bool(unsure) or probe is not None
     rate = learn.explore_cold if cold else learn.explore
     draw = rng.random() if rng is not None else 1.0
     if draw < rate:
         # the lowest FAR_RATE of the exploring draws may also re-measure options far behind
-        target = explore_target(options, best, cold, far_ok=cold or draw < rate * FAR_RATE, min_gain=learn.min_gain)
+        target = explore_target(options, best, cold, far_ok=cold or draw < rate * FAR_RATE, unsure=unsure,
+                                probe=probe)
         plain_due = plain_cold if cold else plain_samples < learn.min_rounds  # cold, or stale
         if plain_due and (target is None or plain_samples < target.samples or not (target.cold or target.stale)):
             return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring "
