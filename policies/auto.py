@@ -12,7 +12,8 @@ For a candidate pool p (healthy, pair verified) and draft length k in its range:
 
 Where a pool has no per-position data (SGLang reports only totals) but has ``min_rounds`` rounds and
 ``min_requests`` requests, its measured TPOT per (pool, slice, bucket) replaces the model:
-speedup = t_plain / TPOT(p). t_plain and the pool's fit (or TPOT) come from the same concurrency bucket
+speedup = t_plain / TPOT(p). So does an ``adaptive`` pool's (the worker picks k per round and sequence, up
+to the pool's draft_tokens): one option per pool, at its largest k. t_plain and the pool's fit (or TPOT) come from the same concurrency bucket
 when one has both (the nearest to the current concurrency where both have ``min_rounds`` of undecayed
 evidence, else the nearest where both exist), so a speedup never divides times measured at different
 loads, nor trusts one request's timing at a new load.
@@ -101,7 +102,9 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
         totals_ok = measured_ever and summary.ever_rounds >= learn.min_rounds
         stale = rounds < learn.min_rounds or requests < learn.min_requests
         plain_fit, fit = snap.plain_and(slice_, "rounds", name, learn.min_rounds)
-        use_curve = t_plain is not None and curve_ok and fit is not None
+        # an adaptive pool's k varies per round and per prompt: its curve and round-time fit describe the
+        # worker's choices, not a k auto could pick, so only its measured TPOT counts
+        use_curve = t_plain is not None and curve_ok and fit is not None and not pool.adaptive
         plain_measured, measured = (snap.plain_and(slice_, "tpot", name, learn.min_rounds)
                                     if t_plain is not None and totals_ok and not use_curve else (None, None))
         if t_plain is None:
@@ -122,7 +125,8 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
             tpot = measured.mean
             out.append(Candidate(pool=name, draft_tokens=hi, eligible=True, samples=rounds, stale=stale,
                                  unconfirmed=summary.ever_requests < learn.confirm_requests,
-                                 note="measured TPOT (per-request totals only)",
+                                 note=("measured TPOT (the worker picks k per sequence, up to this one)"
+                                       if pool.adaptive else "measured TPOT (per-request totals only)"),
                                  expected_accept_length=summary.mean_accept_length,
                                  predicted_tpot_ms=tpot * 1e3, speedup=plain_measured.mean / tpot))
         else:

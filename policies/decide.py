@@ -111,7 +111,8 @@ def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: st
 def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason: str,
                explored: bool = False, speedup: float | None = None) -> Decision:
     spec = policy.pools[pool]
-    override = {"proposer": spec.proposer, "draft_tokens": k} if spec.speculation == "per_request" else None
+    override = ({"proposer": spec.proposer, "draft_tokens": k, "adaptive": spec.adaptive}
+                if spec.speculation == "per_request" else None)
     return Decision(slice=slice_, pool=pool, proposer=spec.proposer, draft_tokens=k, bypass=False, rule=rule,
                     reason=reason, speculation_override=override, explored=explored, predicted_speedup=speedup)
 

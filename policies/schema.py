@@ -141,18 +141,24 @@ class DraftRange(_Strict, kw_only=True):
 class Pool(_Strict, kw_only=True):
     """Workers serving one speculative configuration. ``speculation: server`` means SGLang servers launched
     with it (k fixed); ``per_request`` means the embedded worker, told per request via
-    ``custom_params.speculation = {proposer, draft_tokens}``."""
+    ``custom_params.speculation = {proposer, draft_tokens, adaptive}``. ``adaptive: true`` (per_request only)
+    lets the worker pick k per round and per sequence, 0 to ``draft_tokens`` (its adaptive draft length:
+    plain steps where the prompt gives the proposer nothing to copy); auto then treats the pool as one
+    option, judged by its measured TPOT."""
 
     proposer: Proposer
     draft_tokens: DraftLen | DraftRange | None = None
     pair: Name | None = None
     workers: Annotated[list[Url], Meta(min_length=1)]
     speculation: Literal["server", "per_request"] = "server"
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.proposer == "none":
             if self.draft_tokens is not None:
                 raise ValueError("proposer none takes no draft_tokens; remove it")
+            if self.adaptive:
+                raise ValueError("proposer none takes no adaptive; remove it")
             return
         if self.draft_tokens is None:
             raise ValueError(f"proposer {self.proposer} needs draft_tokens (an int or {{min, max}})")
@@ -161,6 +167,13 @@ class Pool(_Strict, kw_only=True):
         if self.speculation == "server" and isinstance(self.draft_tokens, DraftRange):
             raise ValueError("a server pool's draft length is fixed when its server starts; give an int "
                              "or use speculation: per_request")
+        if self.adaptive:
+            if self.speculation != "per_request":
+                raise ValueError("adaptive: true needs speculation: per_request (the embedded worker picks k "
+                                 "per sequence; a server's k is fixed at launch)")
+            if isinstance(self.draft_tokens, DraftRange):
+                raise ValueError("an adaptive pool's draft_tokens is the largest k the worker may pick "
+                                 f"(an int, e.g. {self.draft_tokens.max}), not a range")
 
     @property
     def k_range(self) -> tuple[int, int]:

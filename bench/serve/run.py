@@ -64,7 +64,7 @@ class Bench:
             return await drive(load, items, one, self.args.seed)
 
     def worker_flags(self) -> list[str]:
-        flags = ["--no-calibrate", "--max-running-requests", str(self.args.max_running_requests)]
+        flags = ["--max-running-requests", str(self.args.max_running_requests)]
         return flags + (["--num-threads", str(self.args.num_threads)] if self.args.num_threads else [])
 
     def run_arms(self, arms: list[Arm], log_dir: Path, shared: tuple[str, RssSampler] | None, advance,

@@ -89,7 +89,8 @@ def test_min_gain_boundary_is_inclusive() -> None:
     at = decide(policy(gain=cand.speedup), FEATURES, snap)
     above = decide(policy(gain=math.nextafter(cand.speedup, 2.0)), FEATURES, snap)
     assert not at.bypass and at.draft_tokens == 2 and at.speculation_override == {"proposer": "ngram",
-                                                                                  "draft_tokens": 2}
+                                                                                  "draft_tokens": 2,
+                                                                                  "adaptive": False}
     assert above.bypass and "< min_gain" in above.reason
 
 
@@ -271,6 +272,23 @@ def test_totals_only_outcomes_use_measured_tpot() -> None:
     cand = explain(p, FEATURES, state.snapshot(0.0, HEALTHY, 1)).candidates[0]
     assert cand.note == "measured TPOT (per-request totals only)"
     assert cand.expected_accept_length == 2.01 and math.isclose(cand.speedup, 2.0)
+
+
+def test_an_adaptive_pool_is_one_option_judged_by_measured_tpot_and_tells_the_worker() -> None:
+    """Its k varies per round and prompt: even with per-position data, auto neither models it from the curve
+    nor offers shorter k; it serves the pool's largest k with ``adaptive: true``."""
+    text = POLICY.replace("REV", "r1").replace("EXPLORE", "0").replace("GAIN", "1.05").replace("COLD", "0")
+    p = load_policy(text.replace("draft_tokens: {min: 2, max: 2}, pair: p",
+                                 "draft_tokens: 2, adaptive: true, pair: p"), "t.yaml")
+    state = LearningState(p.learning)
+    state.record(plain_outcome(0.05))
+    state.record(spec_outcome(p.pool_pair_version("ngram"), tpot=0.03))  # curve says E[P](2) = 2.2
+    snap = state.snapshot(0.0, HEALTHY, 1)
+    (cand,) = explain(p, FEATURES, snap).candidates
+    assert cand.note == "measured TPOT (the worker picks k per sequence, up to this one)"
+    assert cand.draft_tokens == 2 and math.isclose(cand.speedup, 0.05 / 0.03)
+    d = decide(p, FEATURES, snap)
+    assert not d.bypass and d.speculation_override == {"proposer": "ngram", "draft_tokens": 2, "adaptive": True}
 
 
 def test_failed_outcomes_are_counted_not_learned() -> None:

@@ -75,6 +75,15 @@ def test_base_policy_is_valid() -> None:
     ("draft_tokens: 4, pair", "draft_tokens: {min: 1, max: 4}, pair",
      "p.yaml:9:10: pools.ngram: a server pool's draft length is fixed when its server starts; give an int "
      "or use speculation: per_request"),
+    ("draft_tokens: 4, pair", "draft_tokens: 4, adaptive: true, pair",
+     "p.yaml:9:10: pools.ngram: adaptive: true needs speculation: per_request (the embedded worker picks k per "
+     "sequence; a server's k is fixed at launch)"),
+    ("draft_tokens: 4, pair: p, workers: [\"http://w:1\"]}",
+     "draft_tokens: {min: 1, max: 8}, adaptive: true, pair: p, workers: [\"http://w:1\"], speculation: per_request}",
+     "p.yaml:9:10: pools.ngram: an adaptive pool's draft_tokens is the largest k the worker may pick (an int, "
+     "e.g. 8), not a range"),
+    ("plain: {proposer: none,", "plain: {proposer: none, adaptive: true,",
+     "p.yaml:8:10: pools.plain: proposer none takes no adaptive; remove it"),
     ("version: 1", "version: 2", "p.yaml:1:10: version: invalid value 2; expected one of: 1"),
     ("pools:\n", "pools:\n  bad: {proposer: none}\n",
      "p.yaml:8:8: pools.bad: missing required key 'workers'"),
