@@ -27,8 +27,8 @@ measures every draft position): a cold pool needs only ``min_rounds`` rounds, a 
 every other request still gets the best known option. A candidate with an estimate from fewer than
 ``confirm_requests`` requests, within reach of the served option (not below ``FAR`` x its speed), is
 *unconfirmed* and explored at ``explore_cold`` too, so that two unlucky prompts cannot lock a winning pool
-out; so is the served pool at its smallest k while its round time was measured at one k only
-(:func:`slope_probe`). A candidate measured enough once but whose *decayed* evidence fell below the
+out; so is the served pool at its smallest k until its round time was measured at two k with ``min_rounds``
+rounds each (:func:`slope_probe`). A candidate measured enough once but whose *decayed* evidence fell below the
 minimums is *stale*: still exploited on its estimate (ratios do not decay), and re-measured at the low
 rate ``explore`` (the least-sampled stale option, plain included; one predicted below ``FAR`` x the served
 speed only ``FAR_RATE`` as often); with nothing stale, ``explore`` serves the best pool at its largest k
@@ -71,7 +71,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     samples: float = 0.0  # decayed rounds of evidence
     cold: bool = False  # never measured enough (min_rounds / min_requests without decay): explore, never exploit
     unconfirmed: bool = False  # has an estimate, but from fewer than confirm_requests requests
-    slope_unknown: bool = False  # the pool's round time was measured at one k only
+    slope_unknown: bool = False  # the pool's round time lacks min_rounds rounds at a second k
     stale: bool = False  # measured enough once, but the decayed evidence is below those minimums
 
 
@@ -116,9 +116,9 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
             e_p = expected_tokens(curve)
             unconfirmed = summary.ever_requests < learn.confirm_requests
             for k in range(lo, hi + 1):
-                tpot = fit.predict(k, learn.draft_token_cost) / e_p[k]
+                tpot = fit.predict(k, learn.draft_token_cost, learn.min_rounds) / e_p[k]
                 out.append(Candidate(pool=name, draft_tokens=k, eligible=True, samples=rounds, stale=stale,
-                                     unconfirmed=unconfirmed, slope_unknown=not fit.identified,
+                                     unconfirmed=unconfirmed, slope_unknown=not fit.slope_measured(learn.min_rounds),
                                      note="acceptance curve x round-time fit", expected_accept_length=e_p[k],
                                      predicted_tpot_ms=tpot * 1e3, speedup=plain_fit.mean / tpot))
         elif measured is not None:
@@ -156,9 +156,9 @@ def unconfirmed(options: list[Candidate], best: Candidate | None, min_gain: floa
 
 
 def slope_probe(options: list[Candidate], best: Candidate | None, min_gain: float) -> Candidate | None:
-    """The served pool at its smallest k while its round time was measured at one k only (exploration
-    measures the largest): one request there fits the cost slope, so auto can weigh shorter drafts on
-    measured cost instead of the prior's guess."""
+    """The served pool at its smallest k while its round time lacks ``min_rounds`` rounds at a second k
+    (exploration measures the largest): a few requests there fit the cost slope, so auto can weigh
+    shorter drafts on measured cost instead of the prior's guess or one request's timing."""
     if best is None or best.speedup < min_gain or not best.slope_unknown:
         return None
     ks = [c for c in options if c.pool == best.pool]

@@ -2,10 +2,10 @@
 
 Per pool and concurrency bucket the learner fits ``t_round(k) = c0 + c1 * k`` (seconds per
 speculative round: draft + verify + overhead, from ``tpot * (completion_tokens - 1) / verify_ct``) by
-weighted least squares over decayed sums; when only one k has been observed the slope is not
-identified, so the prior ``c1 = draft_token_cost * c0`` (each extra draft token costs that fraction of a
-round) is used above that k, and below it a round is predicted to cost what the measured one did (never a
-guessed saving). The same fit is kept for ``draft_s`` and ``verify_s`` when the worker reports them, for
+weighted least squares over decayed sums. Until two k have ``min_rounds`` rounds each (counted without
+decay) the fitted slope is not trusted: the prior ``c1 = draft_token_cost * c0`` (each extra draft token
+costs that fraction of a round) is used above the mean measured k, and below it a round is predicted to
+cost what the measured ones did (never a guessed saving). The same fit is kept for ``draft_s`` and ``verify_s`` when the worker reports them, for
 display (overhead = round - draft - verify). Plain decoding is measured directly as TPOT of requests
 served without speculation, per slice and bucket.
 """
@@ -43,6 +43,7 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
     sy: float = 0.0
     sky: float = 0.0
     ever_w: float = 0.0  # w without decay
+    ever_by_k: dict[int, float] = {}  # w without decay, per k
 
     @property
     def evidence(self) -> float:
@@ -54,26 +55,35 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
         """More than one k measured: the slope is fitted, not the prior's."""
         return self.w > 0 and self.skk / self.w - (self.sk / self.w) ** 2 > 1e-6
 
-    def coefficients(self, draft_token_cost: float) -> tuple[float, float] | None:
-        """(c0, c1), or None without data. Slope clamped at >= 0 (more drafts never cost less)."""
+    def slope_measured(self, min_rounds: float) -> bool:
+        """Measured at two or more k with ``min_rounds`` rounds each (counted without decay): only then is
+        the fitted slope trusted. One short request at a second k, timed during a load spike, once fitted a
+        slope steep enough to make k=2 look best, and it was slower than k=8."""
+        return self.identified and sum(v >= min_rounds for v in self.ever_by_k.values()) >= 2
+
+    def coefficients(self, draft_token_cost: float, fitted: bool = True) -> tuple[float, float] | None:
+        """(c0, c1), or None without data. Slope clamped at >= 0 (more drafts never cost less). With
+        ``fitted`` False, or one k measured, the prior slope around the mean."""
         if self.w <= 0:
             return None
         mean_k, mean_y = self.sk / self.w, self.sy / self.w
         var_k = self.skk / self.w - mean_k * mean_k
-        if var_k > 1e-6:
+        if fitted and var_k > 1e-6:
             c1 = max(0.0, (self.sky / self.w - mean_k * mean_y) / var_k)
             return mean_y - c1 * mean_k, c1
         c0 = mean_y / (1.0 + draft_token_cost * mean_k)
         return c0, draft_token_cost * c0
 
-    def predict(self, k: int, draft_token_cost: float) -> float | None:
-        """Seconds per round at ``k``. With one k measured, a shorter draft is predicted no cheaper than the
-        measured one (the prior slope is only a guess, and a guessed-cheap short round made auto serve
-        k=1 at 1.84x predicted, under 1x measured); a longer one costs the prior slope more. Auto measures
-        a second k soon (:func:`policies.auto.slope_probe`)."""
-        coef = self.coefficients(draft_token_cost)
+    def predict(self, k: int, draft_token_cost: float, min_rounds: float = 0.0) -> float | None:
+        """Seconds per round at ``k``. Until the slope is measured (:meth:`slope_measured`), a draft shorter
+        than the mean measured k is predicted no cheaper than the measured rounds (the prior slope is only
+        a guess, and a guessed-cheap short round made auto serve k=1 at 1.84x predicted, under 1x
+        measured); a longer one costs the prior slope more. Auto measures a second k soon
+        (:func:`policies.auto.slope_probe`)."""
+        fitted = self.slope_measured(min_rounds)
+        coef = self.coefficients(draft_token_cost, fitted)
         if coef is None:
             return None
-        if not self.identified and k < self.sk / self.w:
+        if not fitted and k < self.sk / self.w:
             return max(1e-9, self.sy / self.w)
         return max(1e-9, coef[0] + coef[1] * k)

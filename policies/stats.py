@@ -15,7 +15,7 @@ Keys and what x is:
 - tpot ``pool|slice|bucket`` (``none|slice|bucket`` for any request served without speculation): weight
   += completion_tokens - 1, total += tpot_s * (completion_tokens - 1) (a token-weighted mean TPOT).
 - rounds/draft/verify ``pool|bucket``: a weighted line fit of seconds per round against k, weight =
-  verify_ct (:mod:`policies.cost`).
+  verify_ct (:mod:`policies.cost`), plus rounds per k without decay (whether the slope is trusted).
 
 Each key also keeps its sums without decay (``ever_*``): how much evidence was ever seen, which decides
 whether a candidate has been measured at all (cold) as opposed to measured long ago (stale).
@@ -66,11 +66,12 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 class _Sums:
     """Mutable decayed sums: ``head`` fixed-size, ``a``/``b`` growable per-position lists."""
 
-    __slots__ = ("t_ref", "head", "a", "b", "ever")
+    __slots__ = ("t_ref", "head", "a", "b", "ever", "ever_by_k")
 
     def __init__(self, t: float, size: int) -> None:
         self.t_ref, self.head, self.a, self.b = t, [0.0] * size, [], []
         self.ever = [0.0] * size  # ``head`` without decay: how much evidence was ever seen
+        self.ever_by_k: dict[int, float] = {}  # fits: rounds without decay per draft length
 
     def weight(self, t: float, half_life: float) -> float:
         """Decay the sums to ``t`` if later and return the weight a new observation at ``t`` gets."""
@@ -169,6 +170,7 @@ class LearningState:
     def _fit(self, table: str, key: str, t: float, k: int, y: float, rounds: int) -> None:
         sums, w = self._sums_for(table, key, t, 5)
         sums.ever[0] += rounds
+        sums.ever_by_k[k] = sums.ever_by_k.get(k, 0.0) + rounds
         w *= rounds
         h = sums.head
         h[0] += w
@@ -177,7 +179,7 @@ class LearningState:
         h[3] += w * y
         h[4] += w * k * y
         self._frozen[table][key] = FitSummary(t_ref=sums.t_ref, w=h[0], sk=h[1], skk=h[2], sy=h[3], sky=h[4],
-                                              ever_w=sums.ever[0])
+                                              ever_w=sums.ever[0], ever_by_k=dict(sums.ever_by_k))
 
     def forget_pair_versions(self, keep: set[str]) -> None:
         """Drop acceptance statistics of pair versions not in ``keep`` (after a reload retired them)."""

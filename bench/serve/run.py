@@ -71,8 +71,9 @@ class Bench:
                  label=lambda text: None) -> dict:
         """Every arm on its own fresh gateway (learner), in front of the ``shared`` worker (the default,
         ``--restart gateway``) or its own fresh worker, all up at once. Arms are interleaved: for every load point and slice,
-        each arm serves that cell in turn (plain first, the identity reference), so a drift of machine
-        speed during the run hits every arm alike instead of whichever arm ran at the time."""
+        each arm serves that cell in turn (plain first, the identity reference), at c1 each request in turn,
+        so a drift of machine speed during the run hits every arm alike instead of whichever arm ran at the
+        time."""
         with contextlib.ExitStack() as stack:
             stacks: dict[str, tuple[str, RssSampler, str]] = {}
             for arm in arms:
@@ -91,22 +92,40 @@ class Bench:
             for load in self.loads:
                 for slice_ in self.slices:
                     items = [i for i in self.items if i.slice == slice_]
-                    for arm in arms:
+                    batches: dict[str, list[Result]] = {arm.name: [] for arm in arms}
+                    walls = dict.fromkeys(batches, 0.0)
+                    peaks = dict.fromkeys(batches, 0.0)
+                    for arm, group in turns(load, items, arms):
                         url, rss, model = stacks[arm.name]
                         label(f"{load.label} {slice_} {arm.name}")
                         rss.take_peak()
-                        batch: list[Result] = []
-                        wall = asyncio.run(self._batch(url, arm.name, load, items, model, batch, advance))
-                        if arm.name == "plain":
-                            self.plain.setdefault(load.label, {}).update({r.item: r.text for r in batch if r.ok})
-                        batch.sort(key=lambda r: r.start_s)
+                        done, offset = len(batches[arm.name]), walls[arm.name]
+                        walls[arm.name] += asyncio.run(self._batch(url, arm.name, load, group, model,
+                                                                   batches[arm.name], advance))
+                        for r in batches[arm.name][done:]:  # start_s counts the arm's own serving time
+                            r.start_s = round(r.start_s + offset, 3)
+                        peaks[arm.name] = max(peaks[arm.name], rss.take_peak())
+                    if "plain" in batches:
+                        self.plain.setdefault(load.label, {}).update(
+                            {r.item: r.text for r in batches["plain"] if r.ok})
+                    for arm in arms:
+                        batch = sorted(batches[arm.name], key=lambda r: r.start_s)
                         self.results += batch
                         cells[arm.name].setdefault(load.label, {})[slice_] = cell(
-                            batch, wall, rss.take_peak(), self.plain.get(load.label))
+                            batch, walls[arm.name], peaks[arm.name], self.plain.get(load.label))
         return {arm.name: {"policy": str(arm.policy.relative_to(REPO)), "warm": arm.warm, "cells": cells[arm.name],
                            "peak_rss_mb": max(c["peak_rss_mb"] for per in cells[arm.name].values()
                                               for c in per.values())}
                 for arm in arms}
+
+
+def turns(load: LoadPoint, items: list[WorkItem], arms: list[Arm]) -> list[tuple[Arm, list[WorkItem]]]:
+    """Who serves what, in order, for one cell (load point x slice). One request at a time (c1): arms take
+    turns per request, so a slow spell of the machine (measured: 4 requests in a row 12% slower) lands on
+    neighbouring arms' same prompt, not on one arm's whole cell. Concurrent loads: each arm serves the
+    whole cell in turn (an arm's own requests are its load)."""
+    groups = [[i] for i in items] if load.concurrency == 1 else [items]
+    return [(arm, group) for group in groups for arm in arms]
 
 
 def _meta(args: argparse.Namespace, argv: list[str], slo: dict) -> dict:

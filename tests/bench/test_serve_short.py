@@ -10,10 +10,12 @@ import sys
 
 import pytest
 
+from bench.serve.arms import parse_arms
 from bench.serve.load import LoadPoint
+from bench.serve.run import turns
 from bench.serve.summary import learning_cost, percentile
 from bench.serve.client import Result
-from bench.workloads import DEFAULT_ROOT
+from bench.workloads import DEFAULT_ROOT, WorkItem
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 CLI = "import sys; from gateway.cli import main; sys.exit(main())"
@@ -92,6 +94,16 @@ def test_load_points_parse_and_reject_with_the_fix():
     for bad in ("x3", "c0", "p-1", "c"):
         with pytest.raises(ValueError, match=rf"--loads: '{bad}' is not a load point; use cN"):
             LoadPoint.parse(bad)
+
+
+def test_arms_take_turns_per_request_at_c1_and_per_cell_under_load():
+    a, b = (WorkItem(id=x, slice="code", source="s", messages=[]) for x in "ab")
+    plain, ngram = parse_arms(["ngram-k4", "plain"])  # plain first: the identity reference
+    served = [(arm.name, [i.id for i in group]) for arm, group in turns(LoadPoint.parse("c1"), [a, b], [plain, ngram])]
+    assert served == [("plain", ["a"]), ("ngram-k4", ["a"]), ("plain", ["b"]), ("ngram-k4", ["b"])]
+    for load in ("c4", "p1"):
+        served = [(arm.name, [i.id for i in group]) for arm, group in turns(LoadPoint.parse(load), [a, b], [plain, ngram])]
+        assert served == [("plain", ["a", "b"]), ("ngram-k4", ["a", "b"])]
 
 
 def test_percentile_and_learning_cost():

@@ -255,11 +255,21 @@ def test_one_measured_k_predicts_no_cheaper_shorter_drafts_and_is_probed_at_the_
     d = decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(0))
     assert d.explored and d.draft_tokens == 1
     assert d.reason == "rule 'learned' auto: exploring the cost slope of pool 'ngram' k=1 (400 rounds of evidence)"
-    state.record(Outcome(route="default", slice="prose", pool="ngram", pair_version=pv, proposer="ngram",
-                         draft_tokens=1, completion_tokens=91, verify_ct=50, reached_per_position=[50],
-                         accepted_per_position=[40], tpot_s=0.04, timestamp=0.0))
+    k1 = Outcome(route="default", slice="prose", pool="ngram", pair_version=pv, proposer="ngram", draft_tokens=1,
+                 completion_tokens=91, verify_ct=50, reached_per_position=[50], accepted_per_position=[40],
+                 tpot_s=0.02, timestamp=0.0)  # 0.036 s per k=1 round: a steep slope if trusted
+    state.record(k1)
+    snap = state.snapshot(0.0, HEALTHY, 1)
+    fit = snap.data.rounds["ngram|0"]
+    assert fit.identified and not fit.slope_measured(100) and fit.slope_measured(50)
+    k1_cand = explain(p, FEATURES, snap).candidates[0]
+    assert k1_cand.draft_tokens == 1 and k1_cand.slope_unknown
+    assert math.isclose(k1_cand.predicted_tpot_ms, fit.sy / fit.w / 1.8 * 1e3)  # the measured mean, no saving
+    d = decide(p, FEATURES, snap, rng=random.Random(0))
+    assert d.explored and d.draft_tokens == 1  # 50 rounds at k=1 < min_rounds 100: one request's timing
+    state.record(k1)
     d = decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(0))
-    assert not d.explored and not d.bypass  # two k measured: the slope is fitted, nothing left to probe
+    assert not d.explored and not d.bypass and d.draft_tokens == 1  # min_rounds at two k: the fitted slope
 
 
 def test_totals_only_outcomes_use_measured_tpot() -> None:
