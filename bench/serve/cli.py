@@ -12,8 +12,8 @@ from bench.workloads import DEFAULT_ROOT, SLICES
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=("default", "full"), default="default",
-                   help="sizes: default ~36 min, full (the issue's sizes) ~4-5 h on a quiet 2-core "
-                        "machine; any size flag given explicitly overrides the preset")
+                   help="sizes: default ~36-40 min, full (the issue's sizes) ~13 h (~2.2 h per load point, "
+                        "--loads c1) on a quiet 2-core machine; any size flag given explicitly overrides the preset")
     p.add_argument("--workloads", type=Path, default=DEFAULT_ROOT, help="the shared workloads directory")
     p.add_argument("--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"of {', '.join(ARMS)}")
     p.add_argument("--slices", nargs="+", default=list(SLICES), choices=SLICES, metavar="SLICE")
@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--out", type=Path, default=Path("results/serve"), help="directory for JSON, markdown, PNGs, logs")
     p.add_argument("--keep-progress", action="store_true", help="leave the progress bar on screen at the end")
+    p.add_argument("--report", type=Path, default=None, metavar="DIR",
+                   help="run nothing: re-render DIR/serve.md and the plots from DIR/serve.json")
 
 
 def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
@@ -59,6 +61,8 @@ def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    if args.report is not None:
+        return _rerender(args.report)
     try:
         args = apply_preset(args)
         result = run(args, argv)
@@ -71,6 +75,21 @@ def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
     json_path, md_path, pngs = write(result, args.out)
     print(md_path.read_text())
     print(f"wrote {json_path}, {md_path}, " + ", ".join(str(p) for p in pngs))
+    return 0
+
+
+def _rerender(out: Path) -> int:
+    import json
+
+    from bench.serve.run import write
+
+    try:
+        result = json.loads((out / "serve.json").read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: --report {out}: cannot read serve.json ({exc}); give a directory a run wrote", file=sys.stderr)
+        return 2
+    json_path, md_path, pngs = write(result, out, rewrite_json=False)
+    print(f"wrote {md_path}, " + ", ".join(str(p) for p in pngs))
     return 0
 
 

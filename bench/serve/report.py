@@ -3,6 +3,7 @@ one line per arm)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 
@@ -14,6 +15,39 @@ def _decisions(cell: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(cell["choices"].items()))
 
 
+TPOT_TARGET = 1.03  # adaptive p50 TPOT <= 1.03x the best fixed arm's
+
+
+def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, slice_: str
+                      ) -> tuple[float, float, float, int] | None:
+    """Geometric mean of ``arm``'s TPOT over ``other``'s on the same prompts of one cell, with a 95%
+    confidence interval (Student t on the log ratios): (ratio, low, high, pairs), None under 2 pairs.
+    Pairing by prompt removes the variation between prompts, which dwarfs the one between arms."""
+    from scipy import stats
+
+    tpot: dict[tuple[str, str], float] = {}
+    for r in requests:
+        if r["load"] == load and r["slice"] == slice_ and r["arm"] in (arm, other) and r["ok"] and r["tpot_s"]:
+            tpot[(r["arm"], r["item"])] = r["tpot_s"]
+    logs = [math.log(tpot[(arm, item)] / t) for (a, item), t in tpot.items() if a == other and (arm, item) in tpot]
+    n = len(logs)
+    if n < 2:
+        return None
+    mean = sum(logs) / n
+    half = stats.t.ppf(0.975, n - 1) * math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1) / n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half), n
+
+
+def _verdict(ci: tuple[float, float, float, int] | None, bound: float) -> str:
+    """Against an upper bound: met (the whole interval at or below), missed (the whole interval above),
+    else open (this run cannot tell)."""
+    if ci is None:
+        return "-"
+    ratio, low, high, _ = ci
+    state = "met" if high <= bound else "missed" if low > bound else "open"
+    return f"{ratio:.2f} [{low:.2f}, {high:.2f}] {state}"
+
+
 def _targets(result: dict) -> list[str]:
     """Adaptive (warm if measured, else cold) against the best fixed arm of each cell: the issue's targets."""
     arms = result["arms"]
@@ -22,9 +56,14 @@ def _targets(result: dict) -> list[str]:
     if adaptive is None or not fixed:
         return []
     lines = [f"\n**{adaptive} vs the best fixed arm per cell** (targets: goodput >= 0.97x best, "
-             "p50 TPOT <= 1.03x best, goodput >= 1.0x plain)\n",
+             f"p50 TPOT <= {TPOT_TARGET}x best, goodput >= 1.0x plain). The paired columns compare TPOT prompt by "
+             "prompt (geometric mean of the ratios, 95% interval): *met* / *missed* when the whole interval is on "
+             f"one side of the bound ({TPOT_TARGET} against the best arm, 1.0 against plain), *open* when this run "
+             "cannot tell\n",
              "| slice | load | best goodput (arm) | adaptive goodput | x best | best p50 TPOT (arm) | "
-             "adaptive p50 TPOT | x best | x plain goodput |", "|---|---|---|---|---|---|---|---|---|"]
+             "adaptive p50 TPOT | x best | paired TPOT x best | paired TPOT x plain | x plain goodput |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    requests = result.get("requests", [])
     for load in result["settings"]["loads"]:
         for slice_ in result["settings"]["slices"]:
             cells = {a: arms[a]["cells"][load][slice_] for a in fixed}
@@ -34,10 +73,13 @@ def _targets(result: dict) -> list[str]:
             g_best, t_best = cells[g_arm]["goodput_rps"] or 0, cells[t_arm]["tpot_ms"]["p50"]
             g, t = ours["goodput_rps"] or 0, ours["tpot_ms"]["p50"]
             plain_g = cells["plain"]["goodput_rps"] if "plain" in cells else None
+            vs_best = _verdict(paired_tpot_ratio(requests, adaptive, t_arm, load, slice_), TPOT_TARGET)
+            vs_plain = (_verdict(paired_tpot_ratio(requests, adaptive, "plain", load, slice_), 1.0)
+                        if "plain" in cells else "-")
             lines.append(
                 f"| {slice_} | {load} | {g_best:.3f} ({g_arm}) | {g:.3f} | {_fmt(g / g_best if g_best else None, '.2f')} "
                 f"| {_fmt(t_best)} ({t_arm}) | {_fmt(t)} | {_fmt(t / t_best if t and t_best else None, '.2f')} "
-                f"| {_fmt(g / plain_g if plain_g else None, '.2f')} |")
+                f"| {vs_best} | {vs_plain} | {_fmt(g / plain_g if plain_g else None, '.2f')} |")
     return lines
 
 

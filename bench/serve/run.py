@@ -28,9 +28,9 @@ from bench.workloads import SLICES, WorkItem, sample
 
 # Sizes per preset; every one is also a flag, and a flag given explicitly wins.
 PRESETS: dict[str, dict] = {
-    # ~36 min on a quiet 2-core machine (measured: see docs/benchmarks.md)
+    # ~36-40 min on a quiet 2-core machine (measured: see docs/benchmarks.md)
     "default": {"per_slice": 4, "max_tokens": 32, "loads": ["c1", "c4", "p1"], "warmup_per_slice": 40},
-    # the sizes: ~4-5 h on a quiet 2-core machine
+    # the sizes: ~13 h on a quiet 2-core machine, ~2.2 h per load point (docs/benchmarks.md)
     "full": {"per_slice": 16, "max_tokens": 128, "loads": ["c1", "c4", "c16", "p0.25", "p0.5", "p1"],
              "warmup_per_slice": 40},
 }
@@ -221,9 +221,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     return result
 
 
-def write(result: dict, out: Path) -> tuple[Path, Path, list[Path]]:
+def write(result: dict, out: Path, rewrite_json: bool = True) -> tuple[Path, Path, list[Path]]:
     json_path, md_path = out / "serve.json", out / "serve.md"
-    json_path.write_text(json.dumps(result, indent=1))
+    if rewrite_json:
+        json_path.write_text(json.dumps(result, indent=1))
     pngs = plots(result, out)
     md_path.write_text(markdown(result, pngs))
     return json_path, md_path, pngs

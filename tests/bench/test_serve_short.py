@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import subprocess
 import sys
 
@@ -12,6 +14,7 @@ import pytest
 
 from bench.serve.arms import parse_arms
 from bench.serve.load import LoadPoint
+from bench.serve.report import _targets, _verdict, paired_tpot_ratio
 from bench.serve.run import turns
 from bench.serve.summary import learning_cost, percentile
 from bench.serve.client import Result
@@ -86,6 +89,54 @@ def test_markdown_and_plots_are_written(run):
     for name in ("serve-tpot.png", "serve-goodput.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({name})" in text
+
+
+def test_report_re_renders_from_the_result_file(run, tmp_path):
+    out, _ = run
+    (tmp_path / "serve.json").write_bytes((out / "serve.json").read_bytes())
+    proc = subprocess.run([sys.executable, "-c", CLI, "bench", "serve", "--report", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "serve.md").read_text() == (out / "serve.md").read_text()
+    assert (tmp_path / "serve-tpot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = subprocess.run([sys.executable, "-c", CLI, "bench", "serve", "--report", str(tmp_path / "nope")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "--report" in missing.stderr and "serve.json" in missing.stderr
+
+
+def _request(arm: str, item: str, tpot_ms: float) -> dict:
+    return {"arm": arm, "load": "c1", "slice": "code", "item": item, "ok": True, "tpot_s": tpot_ms / 1e3}
+
+
+def _cell(goodput: float, tpot_p50: float) -> dict:
+    return {"goodput_rps": goodput, "tpot_ms": {"p50": tpot_p50}}
+
+
+def test_adaptive_against_the_best_arm_paired_by_prompt_with_an_interval():
+    best = {"a": 20.0, "b": 40.0, "c": 60.0, "d": 80.0}
+    requests = [_request("ngram-k8", i, t) for i, t in best.items()]
+    requests += [_request("plain", i, 100.0) for i in best]
+    # adaptive is 1.10x, 1.10x, 1.20x, 1.00x of ngram-k8 on the same prompts; prompt "e" has no pair
+    requests += [_request("adaptive-warm", i, t * f) for (i, t), f in zip(best.items(), (1.1, 1.1, 1.2, 1.0))]
+    requests.append(_request("adaptive-warm", "e", 500.0))
+    ratio, low, high, n = paired_tpot_ratio(requests, "adaptive-warm", "ngram-k8", "c1", "code")
+    logs = [math.log(f) for f in (1.1, 1.1, 1.2, 1.0)]
+    mean = sum(logs) / 4
+    half = 3.1824463052837078 * statistics.stdev(logs) / 2  # t(0.975, 3) * sd / sqrt(4)
+    assert n == 4 and math.isclose(ratio, math.exp(mean))
+    assert math.isclose(low, math.exp(mean - half)) and math.isclose(high, math.exp(mean + half))
+    assert paired_tpot_ratio(requests, "adaptive-warm", "ngram-k8", "c4", "code") is None
+    result = {"settings": {"loads": ["c1"], "slices": ["code"]}, "requests": requests,
+              "arms": {"plain": {"cells": {"c1": {"code": _cell(0.2, 100.0)}}},
+                       "ngram-k8": {"cells": {"c1": {"code": _cell(0.5, 50.0)}}},
+                       "adaptive-warm": {"cells": {"c1": {"code": _cell(0.45, 55.0)}}}}}
+    row = [line for line in _targets(result) if line.startswith("| code |")]
+    assert row == [f"| code | c1 | 0.500 (ngram-k8) | 0.450 | 0.90 | 50.0 (ngram-k8) | 55.0 | 1.10 "
+                   f"| {ratio:.2f} [{low:.2f}, {high:.2f}] open | 0.49 [0.19, 1.24] open | 2.25 |"]
+    assert ratio > 1.03 and low < 1.03 < high  # 1.10x on four prompts: this run cannot tell
+    assert _verdict((1.0, 0.9, 1.03, 4), 1.03) == "1.00 [0.90, 1.03] met"
+    assert _verdict((1.1, 1.04, 1.2, 4), 1.03) == "1.10 [1.04, 1.20] missed"
+    assert _verdict(None, 1.03) == "-"
 
 
 def test_load_points_parse_and_reject_with_the_fix():
