@@ -13,10 +13,10 @@ For a candidate pool p (healthy, pair verified) and draft length k in its range:
 Where a pool has no per-position data (SGLang reports only totals) but has ``min_rounds`` rounds and
 ``min_requests`` requests, its measured TPOT per (pool, slice, bucket) replaces the model:
 speedup = t_plain / TPOT(p). So does an ``adaptive`` pool's (the worker picks k per round and sequence, up
-to the pool's draft_tokens): one option per pool, at its largest k. t_plain and the pool's fit (or TPOT) come from the same concurrency bucket
-when one has both (the nearest to the current concurrency where both have ``min_rounds`` of undecayed
-evidence, else the nearest where both exist), so a speedup never divides times measured at different
-loads, nor trusts one request's timing at a new load.
+to the pool's draft_tokens): one option per pool, at its largest k. t_plain and the pool's fit (or TPOT)
+come from the same concurrency bucket when one has both (the nearest to the current concurrency where both
+have ``min_rounds`` of undecayed evidence, else the nearest where both exist), so a speedup never divides
+times measured at different loads, nor trusts one request's timing at a new load.
 
 A candidate that was never measured enough (``min_rounds`` rounds and ``min_requests`` requests,
 counted without decay) is *cold*: not exploited (a new pair version has no evidence, and its curve starts
@@ -27,9 +27,9 @@ measures every draft position): a cold pool needs only ``min_rounds`` rounds, a 
 every other request still gets the best known option. A candidate with an estimate from fewer than
 ``confirm_requests`` requests, within reach of the served option (not below ``FAR`` x its speed), is
 *unconfirmed* and explored at ``explore_cold`` too, so that two unlucky prompts cannot lock a winning pool
-out; so is the served pool at its smallest k until its round time was measured at two k with ``min_rounds``
-rounds each (:func:`slope_probe`). A candidate measured enough once but whose *decayed* evidence fell below the
-minimums is *stale*: still exploited on its estimate (ratios do not decay), and re-measured at the low
+out; so is the served pool at its smallest k until its round time was measured at two k with
+``min_rounds`` rounds each (:func:`slope_probe`). A candidate measured enough once but whose *decayed*
+evidence fell below the minimums is *stale*: still exploited on its estimate (ratios do not decay), and re-measured at the low
 rate ``explore`` (the least-sampled stale option, plain included; one predicted below ``FAR`` x the served
 speed only ``FAR_RATE`` as often); with nothing stale, ``explore`` serves the best pool at its largest k
 (the tail of its curve), or at its smallest when it is served at its largest. So losing pools and plain
@@ -115,10 +115,11 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
             curve = conditional_curve(summary, f, learn.prior.accept, learn.prior.rounds, hi)
             e_p = expected_tokens(curve)
             unconfirmed = summary.ever_requests < learn.confirm_requests
+            line = fit.round_time(learn.draft_token_cost, learn.min_rounds)
             for k in range(lo, hi + 1):
-                tpot = fit.predict(k, learn.draft_token_cost, learn.min_rounds) / e_p[k]
+                tpot = line.predict(k) / e_p[k]
                 out.append(Candidate(pool=name, draft_tokens=k, eligible=True, samples=rounds, stale=stale,
-                                     unconfirmed=unconfirmed, slope_unknown=not fit.slope_measured(learn.min_rounds),
+                                     unconfirmed=unconfirmed, slope_unknown=not line.slope_measured,
                                      note="acceptance curve x round-time fit", expected_accept_length=e_p[k],
                                      predicted_tpot_ms=tpot * 1e3, speedup=plain_fit.mean / tpot))
         elif measured is not None:
@@ -169,8 +170,8 @@ def explore_target(options: list[Candidate], best: Candidate | None, cold: bool,
                    unsure: list[Candidate] | None = None, probe: Candidate | None = None) -> Candidate | None:
     """What exploration measures (None: nothing among the pools; the caller weighs plain decoding).
     ``cold``: the least-sampled cold candidate, else the least-sampled of ``unsure`` (:func:`unconfirmed`),
-    else ``probe`` (:func:`slope_probe`); the caller computes both once per decision. Else the least-sampled stale one (those :func:`far_behind` only if ``far_ok``),
-    else the best pool at its largest k (its smallest when the best is already its largest, so round time
+    else ``probe`` (:func:`slope_probe`); the caller computes both once per decision. Else the least-sampled
+    stale one (those :func:`far_behind` only if ``far_ok``), else the best pool at its largest k (its smallest when the best is already its largest, so round time
     is measured at two k). Cold, unconfirmed and stale ones at their pool's largest k, which measures every
     draft position."""
     pick = (([c for c in options if c.cold] or unsure or ([probe] if probe else []))

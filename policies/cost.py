@@ -5,9 +5,9 @@ speculative round: draft + verify + overhead, from ``tpot * (completion_tokens -
 weighted least squares over decayed sums. Until two k have ``min_rounds`` rounds each (counted without
 decay) the fitted slope is not trusted: the prior ``c1 = draft_token_cost * c0`` (each extra draft token
 costs that fraction of a round) is used above the mean measured k, and below it a round is predicted to
-cost what the measured ones did (never a guessed saving). The same fit is kept for ``draft_s`` and ``verify_s`` when the worker reports them, for
-display (overhead = round - draft - verify). Plain decoding is measured directly as TPOT of requests
-served without speculation, per slice and bucket.
+cost what the measured ones did (never a guessed saving). The same fit is kept for ``draft_s`` and
+``verify_s`` when the worker reports them, for display (overhead = round - draft - verify). Plain
+decoding is measured directly as TPOT of requests served without speculation, per slice and bucket.
 """
 
 from __future__ import annotations
@@ -74,16 +74,37 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
         c0 = mean_y / (1.0 + draft_token_cost * mean_k)
         return c0, draft_token_cost * c0
 
-    def predict(self, k: int, draft_token_cost: float, min_rounds: float = 0.0) -> float | None:
-        """Seconds per round at ``k``. Until the slope is measured (:meth:`slope_measured`), a draft shorter
-        than the mean measured k is predicted no cheaper than the measured rounds (the prior slope is only
-        a guess, and a guessed-cheap short round made auto serve k=1 at 1.84x predicted, under 1x
-        measured); a longer one costs the prior slope more. Auto measures a second k soon
+    def round_time(self, draft_token_cost: float, min_rounds: float = 0.0) -> RoundTime | None:
+        """The round-time line to predict from, or None without data; computed once per pool and snapshot,
+        then asked for every k. Until the slope is measured (:meth:`slope_measured`), a draft shorter than
+        the mean measured k is predicted no cheaper than the measured rounds (the prior slope is only a
+        guess, and a guessed-cheap short round made auto serve k=1 at 1.84x predicted, under 1x measured);
+        a longer one costs the prior slope more. Auto measures a second k soon
         (:func:`policies.auto.slope_probe`)."""
         fitted = self.slope_measured(min_rounds)
         coef = self.coefficients(draft_token_cost, fitted)
         if coef is None:
             return None
-        if not fitted and k < self.sk / self.w:
-            return max(1e-9, self.sy / self.w)
-        return max(1e-9, coef[0] + coef[1] * k)
+        return RoundTime(c0=coef[0], c1=coef[1], slope_measured=fitted, mean_k=self.sk / self.w,
+                         mean_s=self.sy / self.w)
+
+    def predict(self, k: int, draft_token_cost: float, min_rounds: float = 0.0) -> float | None:
+        """Seconds per round at ``k`` (:meth:`round_time` for one k)."""
+        line = self.round_time(draft_token_cost, min_rounds)
+        return None if line is None else line.predict(k)
+
+
+class RoundTime(msgspec.Struct, frozen=True, kw_only=True):
+    """Seconds per round against k: ``c0 + c1 * k``; below the mean measured k, until the slope is
+    measured, the measured mean (no guessed saving)."""
+
+    c0: float
+    c1: float
+    slope_measured: bool
+    mean_k: float
+    mean_s: float
+
+    def predict(self, k: int) -> float:
+        if not self.slope_measured and k < self.mean_k:
+            return max(1e-9, self.mean_s)
+        return max(1e-9, self.c0 + self.c1 * k)

@@ -70,10 +70,10 @@ class Bench:
     def run_arms(self, arms: list[Arm], log_dir: Path, shared: tuple[str, RssSampler] | None, advance,
                  label=lambda text: None) -> dict:
         """Every arm on its own fresh gateway (learner), in front of the ``shared`` worker (the default,
-        ``--restart gateway``) or its own fresh worker, all up at once. Arms are interleaved: for every load point and slice,
-        each arm serves that cell in turn (plain first, the identity reference), at c1 each request in turn,
-        so a drift of machine speed during the run hits every arm alike instead of whichever arm ran at the
-        time."""
+        ``--restart gateway``) or its own fresh worker, all up at once. Arms are interleaved: for every load
+        point and slice, each arm serves that cell in turn (plain first, the identity reference), at c1 each
+        request in turn, so a drift of machine speed during the run hits every arm alike instead of whichever
+        arm ran at the time."""
         with contextlib.ExitStack() as stack:
             stacks: dict[str, tuple[str, RssSampler, str]] = {}
             for arm in arms:

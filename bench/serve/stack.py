@@ -4,8 +4,8 @@ Each arm gets its own gateway (fresh learner). By default all gateways share one
 keeps no state across requests that changes speed (no prefix cache; proposers are per sequence), and
 the same process times every arm, so a 5-10% speed difference between two worker processes (measured:
 the same configuration in two workers) does not pass for a policy difference. ``--restart worker``
-gives each arm its own worker instead. Processes are started with
-this interpreter (``-c`` into the CLI, as ``specgate up`` does) so the harness works from any checkout without an installed entry point.
+gives each arm its own worker instead. Processes are started with this interpreter (``-c`` into the CLI,
+as ``specgate up`` does) so the harness works from any checkout without an installed entry point.
 """
 
 from __future__ import annotations
