@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from bench.serve.analyse import between_cells_variance, same_config_cells, section, sequential
+
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
@@ -18,11 +20,15 @@ def _decisions(cell: dict) -> str:
 TPOT_TARGET = 1.03  # adaptive p50 TPOT <= 1.03x the best fixed arm's
 
 
-def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, slice_: str
-                      ) -> tuple[float, float, float, int] | None:
+def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, slice_: str,
+                      between: tuple[float, int] | None = None) -> tuple[float, float, float, int] | None:
     """Geometric mean of ``arm``'s TPOT over ``other``'s on the same prompts of one cell, with a 95%
     confidence interval (Student t on the log ratios): (ratio, low, high, pairs), None under 2 pairs.
-    Pairing by prompt removes the variation between prompts, which dwarfs the one between arms."""
+    Pairing by prompt removes the variation between prompts, which dwarfs the one between arms.
+    ``between`` = (variance, cells): the variance of a cell's mean log ratio between runs
+    (:func:`bench.serve.analyse.between_cells_variance`), added for loads where the cell's requests are not
+    independent; the degrees of freedom by Welch-Satterthwaite. Bounds are NaN when ``between`` is needed
+    but unknown (``(nan, 0)``)."""
     from scipy import stats
 
     tpot: dict[tuple[str, str], float] = {}
@@ -34,7 +40,12 @@ def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, sli
     if n < 2:
         return None
     mean = sum(logs) / n
-    half = stats.t.ppf(0.975, n - 1) * math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1) / n)
+    within = sum((x - mean) ** 2 for x in logs) / (n - 1) / n
+    var_b, cells = between or (0.0, 0)
+    if math.isnan(var_b):
+        return math.exp(mean), math.nan, math.nan, n
+    df = n - 1 if var_b <= 0 else (within + var_b) ** 2 / (within ** 2 / (n - 1) + var_b ** 2 / cells)
+    half = stats.t.ppf(0.975, df) * math.sqrt(within + var_b)
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half), n
 
 
@@ -44,6 +55,8 @@ def _verdict(ci: tuple[float, float, float, int] | None, bound: float) -> str:
     if ci is None:
         return "-"
     ratio, low, high, _ = ci
+    if math.isnan(low):
+        return f"{ratio:.2f} [unsized] open"
     state = "met" if high <= bound else "missed" if low > bound else "open"
     return f"{ratio:.2f} [{low:.2f}, {high:.2f}] {state}"
 
@@ -59,12 +72,15 @@ def _targets(result: dict) -> list[str]:
              f"p50 TPOT <= {TPOT_TARGET}x best, goodput >= 1.0x plain). The paired columns compare TPOT prompt by "
              "prompt (geometric mean of the ratios, 95% interval): *met* / *missed* when the whole interval is on "
              f"one side of the bound ({TPOT_TARGET} against the best arm, 1.0 against plain), *open* when this run "
-             "cannot tell\n",
+             "cannot tell; at concurrent loads the interval adds the between-run variance of a cell measured by "
+             "the same-configuration cells below (*unsized* without two of them)\n",
              "| slice | load | best goodput (arm) | adaptive goodput | x best | best p50 TPOT (arm) | "
              "adaptive p50 TPOT | x best | paired TPOT x best | paired TPOT x plain | x plain goodput |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     requests = result.get("requests", [])
+    noise = between_cells_variance(same_config_cells(result)) or (math.nan, 0)
     for load in result["settings"]["loads"]:
+        between = None if sequential(load) else noise
         for slice_ in result["settings"]["slices"]:
             cells = {a: arms[a]["cells"][load][slice_] for a in fixed}
             ours = arms[adaptive]["cells"][load][slice_]
@@ -73,8 +89,8 @@ def _targets(result: dict) -> list[str]:
             g_best, t_best = cells[g_arm]["goodput_rps"] or 0, cells[t_arm]["tpot_ms"]["p50"]
             g, t = ours["goodput_rps"] or 0, ours["tpot_ms"]["p50"]
             plain_g = cells["plain"]["goodput_rps"] if "plain" in cells else None
-            vs_best = _verdict(paired_tpot_ratio(requests, adaptive, t_arm, load, slice_), TPOT_TARGET)
-            vs_plain = (_verdict(paired_tpot_ratio(requests, adaptive, "plain", load, slice_), 1.0)
+            vs_best = _verdict(paired_tpot_ratio(requests, adaptive, t_arm, load, slice_, between), TPOT_TARGET)
+            vs_plain = (_verdict(paired_tpot_ratio(requests, adaptive, "plain", load, slice_, between), 1.0)
                         if "plain" in cells else "-")
             lines.append(
                 f"| {slice_} | {load} | {g_best:.3f} ({g_arm}) | {g:.3f} | {_fmt(g / g_best if g_best else None, '.2f')} "
@@ -106,6 +122,7 @@ def markdown(result: dict, plots: list[Path] | None = None) -> str:
                     f"{_fmt(c['goodput_rps'], '.3f')} | {_fmt(c['slo_attainment'], '.2f')} | "
                     f"{_fmt(c['accept_length'], '.2f')} | {_decisions(c)} | {same} | {_fmt(c['peak_rss_mb'], '.0f')} |")
     lines += _targets(result)
+    lines += section(result)
     if result.get("learning_cost"):
         lines += ["\n**Cost of learning** (warm-up pass from a cold learner; requests counted over all slices, "
                   "in brackets the slice's own: until the slice's rolling TPOT over 3 requests came within 5% of "

@@ -71,7 +71,7 @@ class Bench:
                  label=lambda text: None) -> dict:
         """Every arm on its own fresh gateway (learner), in front of the ``shared`` worker (the default,
         ``--restart gateway``) or its own fresh worker, all up at once. Arms are interleaved: for every load
-        point and slice, each arm serves that cell in turn (plain first, the identity reference), at c1 each
+        point and slice, each arm serves that cell in turn (:func:`turns`: rotating order), at c1 each
         request in turn, so a drift of machine speed during the run hits every arm alike instead of whichever
         arm ran at the time."""
         with contextlib.ExitStack() as stack:
@@ -89,13 +89,16 @@ class Bench:
                     point = LoadPoint("warmup", concurrency=self.args.warmup_concurrency)
                     asyncio.run(self._batch(url, arm.name, point, self.warmup_items, model, self.warmup, advance))
             cells: dict[str, dict[str, dict]] = {arm.name: {} for arm in arms}
+            turn = 0
             for load in self.loads:
                 for slice_ in self.slices:
                     items = [i for i in self.items if i.slice == slice_]
                     batches: dict[str, list[Result]] = {arm.name: [] for arm in arms}
                     walls = dict.fromkeys(batches, 0.0)
                     peaks = dict.fromkeys(batches, 0.0)
-                    for arm, group in turns(load, items, arms):
+                    order = turns(load, items, arms, turn)
+                    turn += len(order) // len(arms)
+                    for arm, group in order:
                         url, rss, model = stacks[arm.name]
                         label(f"{load.label} {slice_} {arm.name}")
                         rss.take_peak()
@@ -119,13 +122,16 @@ class Bench:
                 for arm in arms}
 
 
-def turns(load: LoadPoint, items: list[WorkItem], arms: list[Arm]) -> list[tuple[Arm, list[WorkItem]]]:
+def turns(load: LoadPoint, items: list[WorkItem], arms: list[Arm], start: int = 0
+          ) -> list[tuple[Arm, list[WorkItem]]]:
     """Who serves what, in order, for one cell (load point x slice). One request at a time (c1): arms take
     turns per request, so a slow spell of the machine (measured: 4 requests in a row 12% slower) lands on
     neighbouring arms' same prompt, not on one arm's whole cell. Concurrent loads: each arm serves the
-    whole cell in turn (an arm's own requests are its load)."""
+    whole cell in turn (an arm's own requests are its load). The order rotates by one arm per turn
+    (``start`` = the turn this cell begins with), so no arm is always served first or last; plain need not
+    lead, its answers are compared once the cell is done."""
     groups = [[i] for i in items] if load.concurrency == 1 else [items]
-    return [(arm, group) for group in groups for arm in arms]
+    return [(arms[(start + j + n) % len(arms)], group) for j, group in enumerate(groups) for n in range(len(arms))]
 
 
 def _meta(args: argparse.Namespace, argv: list[str], slo: dict) -> dict:

@@ -105,7 +105,8 @@ def test_report_re_renders_from_the_result_file(run, tmp_path):
 
 
 def _request(arm: str, item: str, tpot_ms: float) -> dict:
-    return {"arm": arm, "load": "c1", "slice": "code", "item": item, "ok": True, "tpot_s": tpot_ms / 1e3}
+    return {"arm": arm, "load": "c1", "slice": "code", "item": item, "ok": True, "tpot_s": tpot_ms / 1e3,
+            "pool": arm, "draft_tokens": 0, "text": arm}
 
 
 def _cell(goodput: float, tpot_p50: float) -> dict:
@@ -147,14 +148,19 @@ def test_load_points_parse_and_reject_with_the_fix():
             LoadPoint.parse(bad)
 
 
-def test_arms_take_turns_per_request_at_c1_and_per_cell_under_load():
-    a, b = (WorkItem(id=x, slice="code", source="s", messages=[]) for x in "ab")
-    plain, ngram = parse_arms(["ngram-k4", "plain"])  # plain first: the identity reference
-    served = [(arm.name, [i.id for i in group]) for arm, group in turns(LoadPoint.parse("c1"), [a, b], [plain, ngram])]
-    assert served == [("plain", ["a"]), ("ngram-k4", ["a"]), ("plain", ["b"]), ("ngram-k4", ["b"])]
+def test_arms_take_turns_per_request_at_c1_and_per_cell_under_load_in_rotating_order():
+    a, b, c = (WorkItem(id=x, slice="code", source="s", messages=[]) for x in "abc")
+    plain, ngram, warm = parse_arms(["ngram-k4", "adaptive-warm", "plain"])
+    def order(load: str, start: int) -> list[tuple[str, list[str]]]:
+        return [(arm.name, [i.id for i in g]) for arm, g in turns(LoadPoint.parse(load), [a, b, c], [plain, ngram, warm], start)]
+    assert order("c1", 0) == [("plain", ["a"]), ("ngram-k4", ["a"]), ("adaptive-warm", ["a"]),
+                              ("ngram-k4", ["b"]), ("adaptive-warm", ["b"]), ("plain", ["b"]),
+                              ("adaptive-warm", ["c"]), ("plain", ["c"]), ("ngram-k4", ["c"])]
+    assert order("c1", 4)[:3] == [("ngram-k4", ["a"]), ("adaptive-warm", ["a"]), ("plain", ["a"])]
     for load in ("c4", "p1"):
-        served = [(arm.name, [i.id for i in group]) for arm, group in turns(LoadPoint.parse(load), [a, b], [plain, ngram])]
-        assert served == [("plain", ["a", "b"]), ("ngram-k4", ["a", "b"])]
+        assert order(load, 0) == [("plain", ["a", "b", "c"]), ("ngram-k4", ["a", "b", "c"]),
+                                  ("adaptive-warm", ["a", "b", "c"])]
+        assert [arm for arm, _ in order(load, 2)] == ["adaptive-warm", "plain", "ngram-k4"]
 
 
 def test_percentile_and_learning_cost():

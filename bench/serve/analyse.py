@@ -1,0 +1,178 @@
+"""What a result file says about its own noise, and what a bigger run would cost: computed from
+``serve.json`` alone, so every figure quoted from a run can be recomputed with ``--report DIR``.
+
+- **Same-configuration comparisons** (A/A): two arms of one cell that served the same pool:k on a prompt
+  (an adaptive arm and the fixed arm of its choice, or both adaptive arms) and answered it identically.
+  Their TPOT ratio should be 1; how far it strays is the run's noise. Per request (the median and spread
+  per load point) and per cell (cells where both arms served that one configuration on every request).
+- **Run-to-run noise under concurrency**: at a concurrent load point each arm serves a whole cell in turn,
+  so its requests share that stretch of the machine's speed and are not independent; a paired interval
+  over them is too narrow. The same-configuration cells measure the missing part, the variance of a
+  cell's mean log ratio between two runs of one configuration, and :func:`between_cells_variance`
+  estimates it for widening the intervals at those loads.
+- **Duration estimate** of a larger preset, from this run's cell wall times.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+
+def sequential(load: str) -> bool:
+    """One request at a time (c1): arms take turns per request, the requests are close to independent."""
+    return load == "c1"
+
+
+@dataclass(frozen=True)
+class SameConfigCell:
+    load: str
+    slice: str
+    arms: tuple[str, str]
+    config: str
+    logs: tuple[float, ...]  # log TPOT ratio per prompt, arms[0] over arms[1]
+
+    @property
+    def ratio(self) -> float:
+        return math.exp(statistics.fmean(self.logs))
+
+
+def _by_arm(result: dict) -> dict[tuple[str, str, str], dict[str, dict]]:
+    """(load, slice, arm) -> item -> request, ok requests with a TPOT only."""
+    out: dict[tuple[str, str, str], dict[str, dict]] = defaultdict(dict)
+    for r in result.get("requests", []):
+        if r["ok"] and r["tpot_s"]:
+            out[(r["load"], r["slice"], r["arm"])][r["item"]] = r
+    return out
+
+
+def _config(r: dict) -> str:
+    return f"{r['pool']}:{r['draft_tokens']}"
+
+
+def _pairs(result: dict) -> list[tuple[str, str]]:
+    """Arm pairs that can serve the same configuration: each adaptive arm with every other arm."""
+    arms = list(result["arms"])
+    return [(a, b) for a in arms if a.startswith("adaptive") for b in arms
+            if b != a and not (b.startswith("adaptive") and b < a)]
+
+
+def same_config_requests(result: dict) -> list[tuple[str, str, tuple[str, str], float]]:
+    """(load, slice, arms, log TPOT ratio) for every prompt two arms served with the same pool:k and the
+    same text."""
+    by_arm, out = _by_arm(result), []
+    for load in result["settings"]["loads"]:
+        for slice_ in result["settings"]["slices"]:
+            for a, b in _pairs(result):
+                mine, theirs = by_arm.get((load, slice_, a), {}), by_arm.get((load, slice_, b), {})
+                for item, r in mine.items():
+                    o = theirs.get(item)
+                    if o and _config(r) == _config(o) and r["text"] == o["text"]:
+                        out.append((load, slice_, (a, b), math.log(r["tpot_s"] / o["tpot_s"])))
+    return out
+
+
+def same_config_cells(result: dict) -> list[SameConfigCell]:
+    """Cells where two arms served one configuration on every prompt (at least two), identically."""
+    by_arm, out = _by_arm(result), []
+    for load in result["settings"]["loads"]:
+        for slice_ in result["settings"]["slices"]:
+            for a, b in _pairs(result):
+                mine, theirs = by_arm.get((load, slice_, a), {}), by_arm.get((load, slice_, b), {})
+                configs = {_config(r) for r in (*mine.values(), *theirs.values())}
+                if len(mine) < 2 or mine.keys() != theirs.keys() or len(configs) != 1:
+                    continue
+                if any(mine[i]["text"] != theirs[i]["text"] for i in mine):
+                    continue
+                logs = tuple(math.log(mine[i]["tpot_s"] / theirs[i]["tpot_s"]) for i in sorted(mine))
+                out.append(SameConfigCell(load, slice_, (a, b), configs.pop(), logs))
+    return out
+
+
+def between_cells_variance(cells: list[SameConfigCell]) -> tuple[float, int] | None:
+    """Variance of a cell's mean log TPOT ratio between two runs of one configuration, beyond what its
+    prompts' scatter explains, over the same-configuration cells at concurrent loads: (variance, cells),
+    None under two such cells. Method of moments on a ratio whose true value is 1: E[d^2] = var_between +
+    s^2/n, so var_between = mean(d^2 - s^2/n), floored at 0. A systematic effect of an arm's position in
+    the cell also lands here (d's mean is not subtracted), which errs on the wide side."""
+    terms = []
+    for c in cells:
+        n = len(c.logs)
+        if sequential(c.load) or n < 2:
+            continue
+        d = statistics.fmean(c.logs)
+        terms.append(d * d - statistics.variance(c.logs) / n)
+    if len(terms) < 2:
+        return None
+    return max(0.0, statistics.fmean(terms)), len(terms)
+
+
+def duration_estimate(result: dict, per_slice: int, max_tokens: int, loads: int) -> dict:
+    """Seconds a run of ``per_slice`` requests per slice, ``max_tokens`` tokens and ``loads`` load points
+    would take on this machine, scaled from this run: per load point, each cell's wall time split into its
+    time to first token and its decode by the requests' own TTFT and end-to-end times; the first part
+    scales with requests, the decode with requests x tokens after the first. The warm-up scales with
+    tokens only (its size does not depend on per_slice)."""
+    settings = result["settings"]
+    by_cell: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+    for r in result.get("requests", []):
+        if r["ok"] and r["e2e_s"]:
+            by_cell[(r["arm"], r["load"], r["slice"])].append(r)
+
+    def scaled(wall: float, reqs: list[dict], n_factor: float) -> float:
+        e2e = sum(r["e2e_s"] for r in reqs)
+        if not e2e:
+            return wall * n_factor
+        ttft = sum(r["ttft_s"] or 0.0 for r in reqs) / e2e
+        tokens = statistics.fmean(r["completion_tokens"] for r in reqs)
+        decode = (max_tokens - 1) / (tokens - 1) if tokens > 1 else 1.0
+        return wall * n_factor * (ttft + (1 - ttft) * decode)
+
+    n_factor = per_slice / settings["per_slice"]
+    per_load: dict[str, float] = defaultdict(float)
+    for arm, data in result["arms"].items():
+        for load, cells in data["cells"].items():
+            for slice_, c in cells.items():
+                per_load[load] += scaled(c["wall_s"], by_cell[(arm, load, slice_)], n_factor)
+    warmup = result.get("warmup") or []
+    warm_wall = sum(r["e2e_s"] or 0.0 for r in warmup if r["ok"])  # the warm-up runs one request at a time
+    warm_s = scaled(warm_wall, [r for r in warmup if r["ok"] and r["e2e_s"]], 1.0) if warmup else 0.0
+    mean_load = statistics.fmean(per_load.values()) if per_load else 0.0
+    return {"per_load_s": {k: round(v) for k, v in per_load.items()}, "mean_load_s": round(mean_load),
+            "warmup_s": round(warm_s), "total_s": round(mean_load * loads + warm_s)}
+
+
+def section(result: dict) -> list[str]:
+    """The markdown section: same-configuration comparisons, and the full preset's duration."""
+    lines = ["\n**Same-configuration comparisons** (two arms that served one pool:k on a prompt with the same "
+             "text; their TPOT ratio is noise)\n",
+             "| load | prompts | median ratio | p10-p90 | cells (all prompts one config) | cell ratios |",
+             "|---|---|---|---|---|---|"]
+    reqs, cells = same_config_requests(result), same_config_cells(result)
+    for load in result["settings"]["loads"]:
+        ratios = sorted(math.exp(x) for ld, _, _, x in reqs if ld == load)
+        mine = sorted(c.ratio for c in cells if c.load == load)
+        if not ratios:
+            lines.append(f"| {load} | 0 | - | - | 0 | - |")
+            continue
+        q = statistics.quantiles(ratios, n=10, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 9
+        spread = f"{min(mine):.2f}-{max(mine):.2f}" if mine else "-"
+        lines.append(f"| {load} | {len(ratios)} | {statistics.median(ratios):.3f} | {q[0]:.2f}-{q[-1]:.2f} "
+                     f"| {len(mine)} | {spread} |")
+    between = between_cells_variance(cells)
+    lines.append("\nUnder concurrent load a cell's requests share one stretch of the machine's speed: "
+                 + (f"between-run standard deviation of a cell's log TPOT ratio {math.sqrt(between[0]):.3f} "
+                    f"(from {between[1]} same-configuration cells), added to the paired intervals at those loads."
+                    if between else "fewer than two same-configuration cells at concurrent loads, so the paired "
+                    "intervals there cannot be sized and their verdicts stay open."))
+    from bench.serve.run import PRESETS
+
+    full = PRESETS["full"]
+    est = duration_estimate(result, full["per_slice"], full["max_tokens"], len(full["loads"]))
+    lines.append(f"\nEstimated duration of `--preset full` ({full['per_slice']} requests per slice, max_tokens "
+                 f"{full['max_tokens']}, {len(full['loads'])} load points, these arms) on this machine, scaled from "
+                 f"this run's cell wall times: {est['mean_load_s'] / 3600:.1f} h per load point, warm-up "
+                 f"{est['warmup_s'] / 60:.0f} min, {est['total_s'] / 3600:.1f} h in all.")
+    return lines

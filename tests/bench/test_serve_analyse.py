@@ -1,0 +1,118 @@
+"""The serving benchmark's analyses of its own result file: same-configuration (A/A) comparisons, the
+between-run variance they size, the widened paired intervals at concurrent loads, the duration estimate."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from scipy import stats
+
+from bench.serve.analyse import (between_cells_variance, duration_estimate, same_config_cells,
+                                 same_config_requests, section)
+from bench.serve.report import _targets, _verdict, paired_tpot_ratio
+
+
+def _req(arm: str, load: str, item: str, config: str, tpot_ms: float, text: str = "same", slice_: str = "code",
+         **extra) -> dict:
+    pool, k = config.split(":")
+    return {"arm": arm, "load": load, "slice": slice_, "item": item, "ok": True, "tpot_s": tpot_ms / 1e3,
+            "pool": pool, "draft_tokens": int(k), "text": text, "ttft_s": 0.1, "e2e_s": 1.0,
+            "completion_tokens": 8, **extra}
+
+
+def _result(requests: list[dict], loads: list[str]) -> dict:
+    arms = ("plain", "ngram-k8", "adaptive-warm")
+    cell = {"goodput_rps": 0.1, "tpot_ms": {"p50": 50.0}, "wall_s": 1.0}
+    return {"settings": {"arms": list(arms), "loads": loads, "slices": ["code"], "per_slice": 3},
+            "arms": {a: {"cells": {ld: {"code": dict(cell)} for ld in loads}} for a in arms},
+            "requests": requests}
+
+
+# adaptive-warm over ngram-k8, per prompt, in the two concurrent cells where it served ngram:8 throughout
+C4 = {"a": 1.2, "b": 1.1, "c": 1.3}
+P1 = {"a": 0.9, "b": 1.0, "c": 0.8}
+
+
+def _requests() -> list[dict]:
+    reqs = []
+    for load, factors in (("c4", C4), ("p1", P1)):
+        for item, f in factors.items():
+            reqs += [_req("plain", load, item, "plain:0", 100.0), _req("ngram-k8", load, item, "ngram:8", 40.0),
+                     _req("adaptive-warm", load, item, "ngram:8", 40.0 * f)]
+    # c1: adaptive-warm served ngram:8 on a, b (one answered differently: no pair) and plain on c
+    reqs += [_req("plain", "c1", i, "plain:0", 100.0) for i in "abc"]
+    reqs += [_req("ngram-k8", "c1", i, "ngram:8", 40.0) for i in "abc"]
+    reqs += [_req("adaptive-warm", "c1", "a", "ngram:8", 42.0), _req("adaptive-warm", "c1", "b", "ngram:8", 30.0, "other"),
+             _req("adaptive-warm", "c1", "c", "plain:0", 95.0)]
+    return reqs
+
+
+def test_same_configuration_pairs_need_the_same_pool_k_and_the_same_text():
+    result = _result(_requests(), ["c1", "c4", "p1"])
+    c1 = [(arms, round(math.exp(x), 6)) for load, _, arms, x in same_config_requests(result) if load == "c1"]
+    assert c1 == [(("adaptive-warm", "plain"), 0.95), (("adaptive-warm", "ngram-k8"), 1.05)]
+    cells = same_config_cells(result)
+    assert [(c.load, c.arms, c.config) for c in cells] == [("c4", ("adaptive-warm", "ngram-k8"), "ngram:8"),
+                                                          ("p1", ("adaptive-warm", "ngram-k8"), "ngram:8")]
+    assert math.isclose(cells[0].ratio, (1.2 * 1.1 * 1.3) ** (1 / 3))
+
+
+def test_between_run_variance_by_the_method_of_moments():
+    cells = same_config_cells(_result(_requests(), ["c1", "c4", "p1"]))
+    terms = []
+    for factors in (C4, P1):
+        logs = [math.log(f) for f in factors.values()]
+        terms.append(statistics.fmean(logs) ** 2 - statistics.variance(logs) / 3)
+    var, n = between_cells_variance(cells)
+    assert n == 2 and math.isclose(var, statistics.fmean(terms)) and var > 0
+    assert between_cells_variance(cells[:1]) is None  # one cell cannot size it
+
+
+def test_concurrent_loads_widen_the_paired_interval_or_leave_it_unsized():
+    requests = [_req("ngram-k8", "c4", i, "ngram:8", t) for i, t in zip("abcd", (20.0, 40.0, 60.0, 80.0))]
+    requests += [_req("adaptive-warm", "c4", i, "ngram:8", t * f, text=i)
+                 for i, t, f in zip("abcd", (20.0, 40.0, 60.0, 80.0), (1.1, 1.1, 1.2, 1.0))]
+    logs = [math.log(f) for f in (1.1, 1.1, 1.2, 1.0)]
+    mean, within = statistics.fmean(logs), statistics.variance(logs) / 4
+    narrow = paired_tpot_ratio(requests, "adaptive-warm", "ngram-k8", "c4", "code")
+    ratio, low, high, n = paired_tpot_ratio(requests, "adaptive-warm", "ngram-k8", "c4", "code", (0.01, 5))
+    df = (within + 0.01) ** 2 / (within ** 2 / 3 + 0.01 ** 2 / 5)
+    half = stats.t.ppf(0.975, df) * math.sqrt(within + 0.01)
+    assert n == 4 and math.isclose(ratio, math.exp(mean)) and math.isclose(high, math.exp(mean + half))
+    assert math.isclose(low, math.exp(mean - half)) and low < narrow[1] and high > narrow[2]
+    unsized = paired_tpot_ratio(requests, "adaptive-warm", "ngram-k8", "c4", "code", (math.nan, 0))
+    assert _verdict(unsized, 1.03) == f"{math.exp(mean):.2f} [unsized] open"
+
+
+def test_the_target_table_uses_the_runs_own_noise_at_concurrent_loads_only():
+    reqs = _requests()
+    # a third cell at c16 where adaptive-warm served plain: paired against plain with the between variance
+    reqs += [_req(a, "c16", i, "plain:0", 100.0 * f) for i, f in zip("abc", (1.0, 1.1, 0.9))
+             for a in ("plain", "ngram-k8")]
+    reqs += [_req("adaptive-warm", "c16", i, "plain:0", 100.0 * f * g, text=i)
+             for i, f, g in zip("abc", (1.0, 1.1, 0.9), (1.0, 1.02, 0.98))]
+    result = _result(reqs, ["c1", "c4", "p1", "c16"])
+    noise = between_cells_variance(same_config_cells(result))
+    rows = {line.split(" | ")[1]: line for line in _targets(result) if line.startswith("| code |")}
+    expect = _verdict(paired_tpot_ratio(reqs, "adaptive-warm", "ngram-k8", "c16", "code", noise), 1.03)
+    assert expect in rows["c16"] and "unsized" not in rows["c16"]
+    alone = _result([r for r in reqs if r["load"] in ("c1", "c16")], ["c1", "c16"])  # no A/A cell under load
+    rows = {line.split(" | ")[1]: line for line in _targets(alone) if line.startswith("| code |")}
+    assert "[unsized] open" in rows["c16"] and "unsized" not in rows["c1"]
+    text = "\n".join(section(result))
+    assert "| c4 | 3 | 1.200 | 1.12-1.28 | 1 | 1.20-1.20 |" in text
+    assert f"standard deviation of a cell's log TPOT ratio {math.sqrt(noise[0]):.3f} (from 2 same-configuration" in text
+
+
+def test_duration_estimate_scales_requests_and_decode_tokens():
+    # one cell: 2 requests, each 1 s to first token of 4 s end to end, 9 tokens; wall 6 s
+    reqs = [dict(_req("plain", "c1", i, "plain:0", 375.0), ttft_s=1.0, e2e_s=4.0, completion_tokens=9) for i in "ab"]
+    result = {"settings": {"per_slice": 2}, "requests": reqs,
+              "arms": {"plain": {"cells": {"c1": {"code": {"wall_s": 6.0}}}}},
+              "warmup": [dict(reqs[0], arm="adaptive-warm", load="warmup")]}
+    est = duration_estimate(result, per_slice=4, max_tokens=17, loads=3)
+    # x2 requests; TTFT share 1/4 stays, decode share 3/4 x (17-1)/(9-1) = 2: 6 * 2 * (0.25 + 1.5) = 21
+    assert est["per_load_s"] == {"c1": 21} and est["mean_load_s"] == 21
+    # warm-up: 4 s * (0.25 + 1.5) = 7; total 3 * 21 + 7
+    assert est["warmup_s"] == 7 and est["total_s"] == 70
