@@ -12,7 +12,7 @@ from bench.workloads import DEFAULT_ROOT, SLICES
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=("default", "full"), default="default",
-                   help="sizes: default ~36-40 min, full (the issue's sizes) ~13 h (~2.2 h per load point, "
+                   help="sizes: default ~36-40 min, full (the issue's sizes) ~13-16 h (~2.1-2.5 h per load point, "
                         "--loads c1) on a quiet 2-core machine; any size flag given explicitly overrides the preset")
     p.add_argument("--workloads", type=Path, default=DEFAULT_ROOT, help="the shared workloads directory")
     p.add_argument("--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"of {', '.join(ARMS)}")

@@ -30,7 +30,7 @@ from bench.workloads import SLICES, WorkItem, sample
 PRESETS: dict[str, dict] = {
     # ~36-40 min on a quiet 2-core machine (measured: see docs/benchmarks.md)
     "default": {"per_slice": 4, "max_tokens": 32, "loads": ["c1", "c4", "p1"], "warmup_per_slice": 40},
-    # the sizes: ~13 h on a quiet 2-core machine, ~2.2 h per load point (docs/benchmarks.md)
+    # the sizes: ~13-16 h on a quiet 2-core machine, ~2.1-2.5 h per load point (every report estimates it)
     "full": {"per_slice": 16, "max_tokens": 128, "loads": ["c1", "c4", "c16", "p0.25", "p0.5", "p1"],
              "warmup_per_slice": 40},
 }
