@@ -12,10 +12,13 @@ import itertools
 
 import httpx
 
+from backends.sglang.client import KEEPALIVE_EXPIRY_S
+
 
 class ShardedTransport(httpx.AsyncBaseTransport):
     def __init__(self, shards: int = 8, keepalive_per_shard: int = 16) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive_per_shard)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive_per_shard,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
         self._shards = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(shards)]
         self._next = itertools.cycle(self._shards)
 

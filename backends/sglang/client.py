@@ -43,6 +43,22 @@ T = TypeVar("T")
 LOADS_INCLUDE = "core,memory,spec,queues"
 
 
+# A keep-alive connection the worker closes just as it is reused (uvicorn closes idle ones after 5 s: Poisson
+# arrivals a few seconds apart hit that window) fails with one of these before any answer byte. Nothing was
+# relayed, so the request is sent once more (on another connection: the pool discards the broken one), as
+# safe as the gateway's retry on another worker; a second failure is the worker's.
+_DROPPED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+KEEPALIVE_EXPIRY_S = 4.0  # below uvicorn's 5 s keep-alive timeout, so an idle connection expires here first
+
+
+class _Unanswered(Exception):
+    """A dropped connection before the status line (internal to the streaming retry)."""
+
+    def __init__(self, cause: httpx.HTTPError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 @dataclass(frozen=True, slots=True)
 class ClientTimeouts:
     """Seconds. ``read`` bounds the wait for the first byte AND for each next stream chunk."""
@@ -145,7 +161,8 @@ class SGLangClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=self._headers, transport=self._transport,
             timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64,
+                                keepalive_expiry=KEEPALIVE_EXPIRY_S),
         )
         if self._fast_json:
             self._h1 = H1Pool(self.base_url, connect_s=t.connect, read_s=t.read)
@@ -217,11 +234,16 @@ class SGLangClient:
                        control: bool = False) -> httpx.Response:
         timeout = (httpx.Timeout(self.timeouts.control, connect=self.timeouts.connect)
                    if control else httpx.USE_CLIENT_DEFAULT)
-        try:
-            response = await self.http.request(method, path, json=json, params=params,
-                                               timeout=timeout)
-        except httpx.HTTPError as exc:
-            raise self._translate(exc, bytes_received=False) from exc
+        for attempt in range(2):
+            try:
+                response = await self.http.request(method, path, json=json, params=params,
+                                                   timeout=timeout)
+                break
+            except _DROPPED as exc:  # before any answer byte: once more, on another connection
+                if attempt:
+                    raise self._translate(exc, bytes_received=False) from exc
+            except httpx.HTTPError as exc:
+                raise self._translate(exc, bytes_received=False) from exc
         await self._raise_for_status(response)
         return response
 
@@ -235,10 +257,22 @@ class SGLangClient:
         return response.body
 
     async def _stream_payloads(self, path: str, body: Any) -> AsyncIterator[bytes]:
-        """POST ``body`` and yield each SSE data payload; raise typed errors, incl. error chunks."""
-        received = False
+        """POST ``body`` and yield each SSE data payload; raise typed errors, incl. error chunks. A
+        connection dropped before the answer's status line is retried once (:data:`_DROPPED`)."""
+        for attempt in range(2):
+            try:
+                async for payload in self._stream_once(path, body):
+                    yield payload
+                return
+            except _Unanswered as exc:  # raised before the first payload, so nothing was yielded
+                if attempt:
+                    raise self._translate(exc.cause, bytes_received=False) from exc.cause
+
+    async def _stream_once(self, path: str, body: Any) -> AsyncIterator[bytes]:
+        received = status_seen = False
         try:
             async with self.http.stream("POST", path, json=body) as response:
+                status_seen = True
                 await self._raise_for_status(response)
                 done = False
                 async for payload in sse_data(response.aiter_lines()):
@@ -257,6 +291,10 @@ class SGLangClient:
                 if not done:
                     raise WorkerStreamError(self.base_url, "stream ended without data: [DONE]",
                                             bytes_received=received)
+        except _DROPPED as exc:
+            if not status_seen:
+                raise _Unanswered(exc) from exc
+            raise self._translate(exc, bytes_received=received) from exc
         except httpx.HTTPError as exc:
             raise self._translate(exc, bytes_received=received) from exc
 

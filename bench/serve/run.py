@@ -52,7 +52,9 @@ class Bench:
     async def _batch(self, gateway_url: str, arm: str, load: LoadPoint, items: list[WorkItem], model: str,
                      out: list[Result], advance) -> float:
         url = f"{gateway_url}/v1/chat/completions"
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        # idle connections expire before the gateway's uvicorn closes them (5 s), or a request sent on
+        # one just as it closes fails (Poisson gaps of a few seconds hit that window)
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.args.request_timeout), limits=limits) as client:
             async def one(item: WorkItem, start: float) -> None:
                 r = Result(arm=arm, load=load.label, slice=item.slice, item=item.id, start_s=round(start, 3))

@@ -83,6 +83,8 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, PolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # idle client connections are kept 75 s, longer than common clients keep them (httpx and the openai
+    # SDK: 5 s), so the client closes first and never sends on a connection the gateway is closing
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5, timeout_keep_alive=75)
     return 0

@@ -80,5 +80,5 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}")
         return 2
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
+                timeout_graceful_shutdown=5, timeout_keep_alive=75)  # > clients' keep-alive (gateway: 4 s)
     return 0

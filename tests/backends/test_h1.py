@@ -154,3 +154,40 @@ def test_client_fast_path_parses_answers_and_maps_worker_errors():
         sent = json.loads(server.requests[0].split(b"\r\n\r\n", 1)[1])
         assert sent == {"model": "m", "messages": [], "stream": False, "return_spec_tokens_details": True}
     run(main())
+
+
+CHUNK = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+         "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+
+
+def _sse(*payloads: bytes) -> bytes:
+    body = b"".join(b"data: " + p + b"\n\n" for p in payloads)
+    return _answer("200 OK", body).replace(b"application/json", b"text/event-stream")
+
+
+def test_httpx_paths_resend_once_on_a_connection_dropped_before_the_answer():
+    """Streaming and the httpx JSON path: a reused keep-alive connection the worker closes unanswered (as
+    uvicorn does after 5 idle seconds, racing the next request) is retried once on a new connection; a
+    second drop in a row is the worker's fault, typed retry-safe."""
+    async def answer(n, body):
+        if n in (2, 5, 7, 8):
+            return None  # read the request, close without a byte
+        if json.loads(body).get("stream"):
+            return _sse(json.dumps(CHUNK).encode(), b"[DONE]")
+        return _answer("200 OK", json.dumps(CHAT).encode())
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            async with SGLangClient(url, fast_json=False) as client:
+                stream = {"model": "m", "messages": [], "stream": True}
+                first = [c.parsed.choices[0].delta.content async for c in client.chat_completions_stream(stream)]
+                again = [c.parsed.choices[0].delta.content async for c in client.chat_completions_stream(stream)]
+                plain = await client.chat_completions({"model": "m", "messages": []})  # #4 answered
+                retried = await client.chat_completions({"model": "m", "messages": []})  # #5 dropped, #6 answered
+                with pytest.raises(WorkerConnectError) as err:  # #7 and #8 dropped
+                    _ = [c async for c in client.chat_completions_stream(stream)]
+        assert first == again == ["hi"] and len(server.requests) == 8
+        assert plain.parsed.usage.completion_tokens == retried.parsed.usage.completion_tokens == 1
+        assert err.value.retry_safe and "RemoteProtocolError" in err.value.message
+    run(main())
