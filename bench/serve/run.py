@@ -53,7 +53,7 @@ class Bench:
                      out: list[Result], advance) -> float:
         url = f"{gateway_url}/v1/chat/completions"
         # idle connections expire before the gateway's uvicorn closes them (5 s), or a request sent on
-        # one just as it closes fails (Poisson gaps of a few seconds hit that window)
+        # one just as it closes fails (docs/reliability.md, "Found later")
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.args.request_timeout), limits=limits) as client:
             async def one(item: WorkItem, start: float) -> None:
