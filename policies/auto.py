@@ -29,8 +29,8 @@ every other request still gets the best known option. A candidate with an estima
 *unconfirmed* and explored at ``explore_cold`` too, so that two unlucky prompts cannot lock a winning pool
 out; so is the served pool at its smallest k until its round time was measured at two k with
 ``min_rounds`` rounds each (:func:`slope_probe`). A candidate measured enough once but whose *decayed*
-evidence fell below the minimums is *stale*: still exploited on its estimate (ratios do not decay), and re-measured at the low
-rate ``explore`` (the least-sampled stale option, plain included; one predicted below ``FAR`` x the served
+evidence fell below the minimums is *stale*: still exploited on its estimate (ratios do not decay), and
+re-measured at the low rate ``explore`` (the least-sampled stale option, plain included; one predicted below ``FAR`` x the served
 speed only ``FAR_RATE`` as often); with nothing stale, ``explore`` serves the best pool at its largest k
 (the tail of its curve), or at its smallest when it is served at its largest. So losing pools and plain
 decoding cost a few percent of one request per half-life, not a burst of half the traffic. The best

@@ -44,8 +44,8 @@ LOADS_INCLUDE = "core,memory,spec,queues"
 
 
 # A keep-alive connection the worker closes just as it is reused (uvicorn closes idle ones after 5 s; a pool
-# that leaves connections idle for seconds hits that window) fails with one of these before any answer byte. Nothing was
-# relayed, so the request is sent once more (on another connection: the pool discards the broken one), as
+# that leaves connections idle for seconds hits that window) fails with one of these before any answer
+# byte. Nothing was relayed, so the request is sent once more (on another connection: the pool discards the broken one), as
 # safe as the gateway's retry on another worker; a second failure is the worker's.
 _DROPPED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 KEEPALIVE_EXPIRY_S = 4.0  # below uvicorn's 5 s keep-alive timeout, so an idle connection expires here first
