@@ -81,6 +81,7 @@ class Call:
     joined_at: float = 0.0  # monotonic time and state.busy_area() when it was counted
     joined_area: float = 0.0
     mean_concurrency: float = 1.0  # in-flight requests over its life, itself included (set by finish)
+    exploring: str | None = None  # its exploration_key while counted in state.exploring
     overhead_final: float | None = None  # frozen when the answer is handed over (JSON answers)
 
     def overhead_s(self, now: float | None = None) -> float:
@@ -119,6 +120,8 @@ class Call:
                 area = self.state.busy_area(left) - self.joined_area
                 self.mean_concurrency = max(1.0, area / (left - self.joined_at))
             self.state.change_in_flight(-1, left)
+            if self.exploring is not None:
+                self.state.change_exploring(self.exploring, -1)
         now = time.perf_counter()
         e2e = now - self.t0
         overhead = self.overhead_final if self.overhead_final is not None else self.overhead_s(now)

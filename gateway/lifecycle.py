@@ -21,7 +21,7 @@ from gateway.call import Call
 from gateway.errors import ApiError, from_worker
 from gateway.requests import ChatRequest, CompletionRequest, parse_body
 from gateway.state import GatewayState
-from policies.decide import decide
+from policies.decide import decide, exploration_key
 from policies.features import features_from_openai
 
 T = TypeVar("T")
@@ -50,13 +50,17 @@ def admit(state: GatewayState, endpoint: str, raw: bytes, headers: Any) -> tuple
     except ApiError as exc:
         exc.call = call  # type: ignore[attr-defined]
         raise
-    call.decision = decision = decide(call.active.policy, features, state.snapshot(), rng=state.rng)
+    call.decision = decision = decide(call.active.policy, features, state.snapshot(), rng=state.rng,
+                                      exploring=state.exploring.keys())
     call.pool, call.proposer, call.draft_tokens = decision.pool, decision.proposer, decision.draft_tokens
     call.fallback = decision.fallback
     call.joined_at = time.monotonic()
     state.change_in_flight(1, call.joined_at)
     call.joined_area = state.busy_area(call.joined_at)
     call.counted = True
+    call.exploring = exploration_key(decision)
+    if call.exploring is not None:
+        state.change_exploring(call.exploring, +1)
     return call, body
 
 

@@ -57,6 +57,7 @@ class GatewayState:
                                      reject=self.reject_policy, interval_s=settings.reload_interval_s)
         self.rng = random.Random()
         self.in_flight = 0
+        self.exploring: dict[str, int] = {}  # exploration_key -> explorations of it in flight
         self._busy_area = 0.0  # integral of in_flight over time (request-seconds) up to _busy_t
         self._busy_t = time.monotonic()
         self.background: set[asyncio.Task[Any]] = set()
@@ -127,6 +128,14 @@ class GatewayState:
         self._busy_area = self.busy_area(now)
         self._busy_t = now
         self.in_flight += delta
+
+    def change_exploring(self, key: str, delta: int) -> None:
+        """Count an exploration in flight (+1 when decided, -1 when it finishes, whatever happened)."""
+        n = self.exploring.get(key, 0) + delta
+        if n > 0:
+            self.exploring[key] = n
+        else:
+            self.exploring.pop(key, None)
 
     # -- decisions -----------------------------------------------------------------------------------
 

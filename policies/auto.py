@@ -27,14 +27,19 @@ measures every draft position): a cold pool needs only ``min_rounds`` rounds, a 
 every other request still gets the best known option. A candidate with an estimate from fewer than
 ``confirm_requests`` requests, within reach of the served option (not below ``FAR`` x its speed), is
 *unconfirmed* and explored at ``explore_cold`` too, so that two unlucky prompts cannot lock a winning pool
-out; so is the served pool at its smallest k until its round time was measured at two k with
-``min_rounds`` rounds each (:func:`slope_probe`). A candidate measured enough once but whose *decayed*
+out; so is the served pool at a shorter k until its round time was measured at two k with ``min_rounds``
+rounds each in some concurrency bucket (:func:`slope_probe`; a bucket without its own measured slope
+borrows the nearest measured one, scaled to its own round time). Plain decoding is cold only while no
+bucket has ``min_rounds`` tokens of it; a bucket reached for the first time takes the speedup of the
+nearest bucket where plain and the pool were both measured. An option already being explored (the
+gateway passes the explorations in flight) is not explored again before it reports: under open-loop
+arrivals many requests are decided on the same evidence. A candidate measured enough once but whose *decayed*
 evidence fell below the minimums is *stale*: still exploited on its estimate (ratios do not decay), and
-re-measured at the low rate ``explore`` (the least-sampled stale option, plain included; one predicted below ``FAR`` x the served
-speed only ``FAR_RATE`` as often); with nothing stale, ``explore`` serves the best pool at its largest k
-(the tail of its curve), or at its smallest when it is served at its largest. So losing pools and plain
-decoding cost a few percent of one request per half-life, not a burst of half the traffic. The best
-candidate is used only if its speedup >= ``min_gain``.
+re-measured at the low rate ``explore`` (the least-sampled stale option, plain included; one predicted
+below ``FAR`` x the served speed only ``FAR_RATE`` as often); with nothing stale, ``explore`` serves the
+best pool at its largest k (the tail of its curve), or at its smallest when it is served at its largest.
+So losing pools and plain decoding cost a few percent of one request per half-life, not a burst of half
+the traffic. The best candidate is used only if its speedup >= ``min_gain``.
 
 Assumptions: acceptance depends on (route, slice, pool, pair version) but not on concurrency; cost
 depends on (pool, concurrency bucket) and is linear in k; TPOT of plain decoding does not depend on
@@ -43,6 +48,7 @@ which plain pool serves it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -116,11 +122,15 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
             e_p = expected_tokens(curve)
             unconfirmed = summary.ever_requests < learn.confirm_requests
             line = fit.round_time(learn.draft_token_cost, learn.min_rounds)
+            donor = None if line.slope_measured else snap.measured_slope(name, learn.min_rounds)
+            if donor is not None:
+                line = line.shaped_like(donor.round_time(learn.draft_token_cost, learn.min_rounds)) or line
+            note = "acceptance curve x round-time fit" + (" (slope from another load)" if line.borrowed else "")
             for k in range(lo, hi + 1):
                 tpot = line.predict(k) / e_p[k]
                 out.append(Candidate(pool=name, draft_tokens=k, eligible=True, samples=rounds, stale=stale,
                                      unconfirmed=unconfirmed, slope_unknown=not line.slope_measured,
-                                     note="acceptance curve x round-time fit", expected_accept_length=e_p[k],
+                                     note=note, expected_accept_length=e_p[k],
                                      predicted_tpot_ms=tpot * 1e3, speedup=plain_fit.mean / tpot))
         elif measured is not None:
             tpot = measured.mean
@@ -157,33 +167,47 @@ def unconfirmed(options: list[Candidate], best: Candidate | None, min_gain: floa
 
 
 def slope_probe(options: list[Candidate], best: Candidate | None, min_gain: float) -> Candidate | None:
-    """The served pool at its smallest k while its round time lacks ``min_rounds`` rounds at a second k
-    (exploration measures the largest): a few requests there fit the cost slope, so auto can weigh
-    shorter drafts on measured cost instead of the prior's guess or one request's timing."""
+    """The served pool at a shorter k, midway between its smallest and the served one, while its round
+    time lacks ``min_rounds`` rounds at a second k at every load (a slope measured at another load is
+    borrowed, :meth:`policies.cost.RoundTime.shaped_like`): a few requests there fit the cost slope, so
+    auto can weigh shorter drafts on measured cost instead of the prior's guess or one request's timing.
+    Midway, not the smallest: on copy-friendly code k=1 is the costliest k (309-512 ms/token against
+    19-337 for k=8 in one cell), and any second k identifies the line."""
     if best is None or best.speedup < min_gain or not best.slope_unknown:
         return None
-    ks = [c for c in options if c.pool == best.pool]
-    return min(ks, key=lambda c: c.draft_tokens) if len(ks) > 1 else None
+    ks = {c.draft_tokens: c for c in options if c.pool == best.pool}
+    k = (min(ks) + best.draft_tokens) // 2
+    if k == best.draft_tokens:
+        k = max(ks)
+    return ks[k] if k != best.draft_tokens else None
 
 
 def explore_target(options: list[Candidate], best: Candidate | None, cold: bool, far_ok: bool = True,
-                   unsure: list[Candidate] | None = None, probe: Candidate | None = None) -> Candidate | None:
+                   unsure: list[Candidate] | None = None, probe: Candidate | None = None,
+                   busy: Callable[[Candidate], bool] = lambda c: False) -> Candidate | None:
     """What exploration measures (None: nothing among the pools; the caller weighs plain decoding).
     ``cold``: the least-sampled cold candidate, else the least-sampled of ``unsure`` (:func:`unconfirmed`),
     else ``probe`` (:func:`slope_probe`); the caller computes both once per decision. Else the least-sampled
-    stale one (those :func:`far_behind` only if ``far_ok``), else the best pool at its largest k (its smallest when the best is already its largest, so round time
-    is measured at two k). Cold, unconfirmed and stale ones at their pool's largest k, which measures every
-    draft position."""
-    pick = (([c for c in options if c.cold] or unsure or ([probe] if probe else []))
+    stale one (those :func:`far_behind` only if ``far_ok``), else the best pool at its largest k (its
+    smallest when the best is already its largest, so round time is measured at two k). Cold, unconfirmed
+    and stale ones at their pool's largest k, which measures every draft position. Never a candidate
+    ``busy`` says is being explored already: its evidence has not come back, so another request spent on
+    it would be decided on the same evidence (under open-loop arrivals three slope probes were started
+    within 0.8 s on the same rounds)."""
+    pick = (([c for c in options if c.cold and not busy(c)] or [c for c in unsure or () if not busy(c)]
+             or ([probe] if probe and not busy(probe) else []))
             if cold else
-            [c for c in options if c.stale and (far_ok or not far_behind(c, best))])
+            [c for c in options if c.stale and not busy(c) and (far_ok or not far_behind(c, best))])
     if not pick:
         if cold:
             return None
-        pick = [c for c in options if best is not None and c.pool == best.pool]
-        if best is not None and pick and best.draft_tokens == max(c.draft_tokens for c in pick):
-            return min(pick, key=lambda c: c.draft_tokens)  # the other end, so the cost slope gets measured
-        return max(pick, key=lambda c: c.draft_tokens, default=None)
+        same = [c for c in options if best is not None and c.pool == best.pool]
+        if not same:
+            return None
+        end = max(same, key=lambda c: c.draft_tokens)
+        if best is not None and best.draft_tokens == end.draft_tokens:
+            end = min(same, key=lambda c: c.draft_tokens)  # the other end, so the cost slope gets measured
+        return None if busy(end) else end
     target: Candidate | None = None
     for c in pick:
         if target is None or c.samples < target.samples or (c.pool == target.pool

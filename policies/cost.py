@@ -104,7 +104,23 @@ class RoundTime(msgspec.Struct, frozen=True, kw_only=True):
     mean_k: float
     mean_s: float
 
+    borrowed: bool = False  # the slope comes from another concurrency bucket (:meth:`shaped_like`)
+
     def predict(self, k: int) -> float:
         if not self.slope_measured and k < self.mean_k:
             return max(1e-9, self.mean_s)
         return max(1e-9, self.c0 + self.c1 * k)
+
+    def shaped_like(self, other: RoundTime) -> RoundTime | None:
+        """This bucket's measured level with ``other``'s measured shape: ``other``'s line scaled so that it
+        passes through this bucket's mean round (mean_k, mean_s). Load stretches every round of an
+        interleaving engine alike, so the cost of a draft token relative to a round carries over from the
+        nearest bucket whose slope was measured far better than the prior's guess does; probing it again
+        at every new load cost up to 7 of 16 requests of a cell (p0.5, code). None when ``other`` predicts
+        no positive time at this mean k."""
+        base = other.c0 + other.c1 * self.mean_k
+        if base <= 1e-9:
+            return None
+        scale = self.mean_s / base
+        return RoundTime(c0=other.c0 * scale, c1=other.c1 * scale, slope_measured=True, mean_k=self.mean_k,
+                         mean_s=self.mean_s, borrowed=True)

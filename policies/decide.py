@@ -9,6 +9,7 @@ back to a healthy plain pool, else to the same per-request workers with speculat
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -68,20 +69,34 @@ class _Trace:
 
 
 def decide(policy: Policy, features: RequestFeatures, snapshot: Snapshot, *,
-           rng: random.Random | None = None) -> Decision:
-    """Decide for one request; ``rng`` drives exploration (None = never explore)."""
-    return _decide(policy, features, snapshot, rng, None)
+           rng: random.Random | None = None, exploring: Collection[str] = frozenset()) -> Decision:
+    """Decide for one request; ``rng`` drives exploration (None = never explore). ``exploring``: the
+    :func:`exploration_key` of every exploration still in flight; auto starts no second one of the same
+    option before the first reports (its evidence is not in ``snapshot`` yet)."""
+    return _decide(policy, features, snapshot, rng, None, exploring)
 
 
 def explain(policy: Policy, features: RequestFeatures, snapshot: Snapshot, *,
-            rng: random.Random | None = None) -> Explanation:
+            rng: random.Random | None = None, exploring: Collection[str] = frozenset()) -> Explanation:
     """:func:`decide` plus the slice, every rule tried and every auto candidate."""
     trace = _Trace()
-    decision = _decide(policy, features, snapshot, rng, trace)
+    decision = _decide(policy, features, snapshot, rng, trace, exploring)
     name, index = classify(policy, features)
     return Explanation(features=features, slice=name, slice_index=index, rules=trace.rules,
                        candidates=trace.candidates, decision=decision,
                        plain_tpot_ms=trace.t_plain * 1e3 if trace.t_plain is not None else None)
+
+
+def exploration_key(decision: Decision) -> str | None:
+    """What ``decision`` explores, as ``slice|pool|k`` (``slice|none|0`` for plain decoding), or None
+    when it is not an exploration. The gateway counts these in flight and passes them to :func:`decide`."""
+    if not decision.explored:
+        return None
+    return _option_key(decision.slice, "none" if decision.bypass else decision.pool, decision.draft_tokens)
+
+
+def _option_key(slice_: str, pool: str, k: int) -> str:
+    return f"{slice_}|{pool}|{k}"
 
 
 def _safe(snap: Snapshot, pool: str) -> str | None:
@@ -118,7 +133,7 @@ def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason
 
 
 def _decide(policy: Policy, features: RequestFeatures, snap: Snapshot, rng: random.Random | None,
-            trace: _Trace | None) -> Decision:
+            trace: _Trace | None, exploring: Collection[str]) -> Decision:
     comp = compiled(policy)
     slice_, _ = classify(policy, features)
     ctx = Ctx(features, slice_, snap, comp)
@@ -129,19 +144,19 @@ def _decide(policy: Policy, features: RequestFeatures, snap: Snapshot, rng: rand
                 if not fn(ctx):
                     break
             else:
-                return _act(policy, comp, snap, features, slice_, crule, rng, trace)
+                return _act(policy, comp, snap, features, slice_, crule, rng, trace, exploring)
             continue
         failed = next((label for label, pred in crule.preds if not pred(ctx)), None)
         if trace is not None:
             trace.rules.append(RuleTrace(rule=crule.rule.name, matched=failed is None, failed=failed,
                                          conditions=[label for label, _ in crule.preds]))
         if failed is None:
-            return _act(policy, comp, snap, features, slice_, crule, rng, trace)
+            return _act(policy, comp, snap, features, slice_, crule, rng, trace, exploring)
     return _plain(policy, comp, snap, slice_, "(none)", "no rule matched; serving without speculation", ())
 
 
 def _act(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatures, slice_: str, crule: Any,
-         rng: random.Random | None, trace: _Trace | None) -> Decision:
+         rng: random.Random | None, trace: _Trace | None, exploring: Collection[str]) -> Decision:
     rule, action = crule.rule.name, crule.rule.then
     why = " and ".join(label for label, _ in crule.preds) or "catch-all"
     if action == "bypass":
@@ -154,11 +169,12 @@ def _act(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatur
                           f"{unsafe}; safety fallback without speculation", crule.subjects, fallback=True)
         return _speculate(policy, slice_, action.pool, action.draft_tokens, rule,
                           f"rule '{rule}' ({why}) pins pool '{action.pool}' with k={action.draft_tokens}")
-    return _auto(policy, comp, snap, features.route, slice_, rule, crule.subjects, rng, trace)
+    return _auto(policy, comp, snap, features.route, slice_, rule, crule.subjects, rng, trace, exploring)
 
 
 def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: str, rule: str,
-          pools: tuple[str, ...], rng: random.Random | None, trace: _Trace | None) -> Decision:
+          pools: tuple[str, ...], rng: random.Random | None, trace: _Trace | None,
+          exploring: Collection[str]) -> Decision:
     unsafe = [(p, why) for p in pools if (why := _safe(snap, p))]
     safe = tuple(p for p in pools if not any(p == u for u, _ in unsafe))
     if not safe:
@@ -171,7 +187,8 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     learn = policy.learning
     plain = snap.tpot("none", slice_)
     plain_samples = plain[0].weight * plain[1] if plain else 0.0  # decayed tokens = rounds of width 1
-    plain_cold = (plain[0].ever_weight if plain else 0.0) < learn.min_rounds
+    plain_cold = snap.plain_evidence(slice_) < learn.min_rounds  # in every bucket: a new one borrows
+    plain_busy = _option_key(slice_, "none", 0) in exploring
     best = best_option(options)
     unsure = unconfirmed(options, best, learn.min_gain)
     probe = slope_probe(options, best, learn.min_gain)
@@ -181,15 +198,17 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     if draw < rate:
         # the lowest FAR_RATE of the exploring draws may also re-measure options far behind
         target = explore_target(options, best, cold, far_ok=cold or draw < rate * FAR_RATE, unsure=unsure,
-                                probe=probe)
+                                probe=probe,
+                                busy=lambda c: _option_key(slice_, c.pool, c.draft_tokens) in exploring)
         plain_due = plain_cold if cold else plain_samples < learn.min_rounds  # cold, or stale
-        if plain_due and (target is None or plain_samples < target.samples or not (target.cold or target.stale)):
+        if plain_due and not plain_busy and (target is None or plain_samples < target.samples
+                                             or not (target.cold or target.stale)):
             return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring "
                           f"{'cold' if plain_cold else 'stale'} plain decoding ({plain_samples:.0f} tokens of "
                           f"evidence)", pools, explored=True)
         if target is not None:
-            state = ("cold " if target.cold else "unconfirmed " if cold and target.unconfirmed
-                     else "the cost slope of " if cold else "stale " if target.stale else "")
+            state = ("cold " if target.cold else "the cost slope of " if target is probe
+                     else "unconfirmed " if cold else "stale " if target.stale else "")
             return _speculate(policy, slice_, target.pool, target.draft_tokens, rule,
                               f"rule '{rule}' auto: exploring {state}pool '{target.pool}' k={target.draft_tokens} "
                               f"({target.samples:.0f} rounds of evidence)", explored=True)

@@ -153,6 +153,24 @@ class Snapshot:
             self._memo[key] = hit
         return hit
 
+    def measured_slope(self, pool: str, min_rounds: float) -> FitSummary | None:
+        """The pool's round-time fit from the bucket nearest the current concurrency whose slope was
+        measured (:meth:`FitSummary.slope_measured`), or None."""
+        key = ("measured_slope", pool, min_rounds)
+        if key not in self._memo:
+            self._memo[key] = next((fit for cand in self._buckets_nearest()
+                                    if (fit := self.data.rounds.get(f"{pool}|{cand}")) is not None
+                                    and fit.slope_measured(min_rounds)), None)
+        return self._memo[key]
+
+    def plain_evidence(self, slice_: str) -> float:
+        """Tokens of plain TPOT ever measured in ``slice_`` in its best-measured bucket (undecayed): plain
+        decoding is cold only when no bucket has ``min_rounds`` of them. A bucket reached for the first
+        time borrows the speedup of the nearest measured one (:meth:`plain_and`) instead of exploring plain
+        at the cold rate (13 of 240 requests at new loads did, p0.25/p0.5/c16)."""
+        prefix = f"none|{slice_}|"
+        return max((v.ever_weight for k, v in self.data.tpot.items() if k.startswith(prefix)), default=0.0)
+
     def tpot(self, pool: str, slice_: str) -> tuple[MeanSummary, float] | None:
         key = ("tpot", pool, slice_)
         if key not in self._memo:

@@ -103,3 +103,33 @@ def test_mean_concurrency_is_the_in_flight_integral_over_a_requests_life(client)
     for _ in range(4):
         state.change_in_flight(-1, t0 + 3.0)
     assert state.in_flight == 0 and state.busy_area(t0 + 10.0) == state.busy_area(t0 + 3.0)
+
+
+def test_an_exploration_is_counted_in_flight_until_its_request_finishes_even_on_failure(client, monkeypatch):
+    """decide sees the explorations in flight; each is counted when decided and released in Call.finish,
+    here after a 503 (the pool's worker is a closed port). The policy only bypasses, so an exploring
+    decision is made from the real one with ``explored`` set."""
+    import msgspec
+
+    import gateway.lifecycle as lifecycle
+
+    state = client.app.state.gateway
+    seen, changes = [], []
+    real_decide, real_change = lifecycle.decide, state.change_exploring
+
+    def exploring_decide(*args, exploring, **kwargs):
+        seen.append(set(exploring))
+        return msgspec.structs.replace(real_decide(*args, exploring=exploring, **kwargs), explored=True)
+
+    def change(key, delta):
+        changes.append((key, delta, dict(state.exploring)))
+        real_change(key, delta)
+
+    monkeypatch.setattr(lifecycle, "decide", exploring_decide)
+    monkeypatch.setattr(state, "change_exploring", change)
+    for _ in range(2):
+        r = client.post("/v1/chat/completions", json=MSG, headers={"authorization": "Bearer key-a"})
+        assert r.status_code == 503
+    assert seen == [set(), set()]
+    assert changes == [("prose|none|0", 1, {}), ("prose|none|0", -1, {"prose|none|0": 1})] * 2
+    assert state.exploring == {} and state.in_flight == 0
