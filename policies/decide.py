@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from policies.auto import (FAR_RATE, Candidate, best_option, candidates, explore_target, slope_probe,
+from policies.auto import (FAR, FAR_RATE, Candidate, best_option, candidates, explore_target, slope_probe,
                            unconfirmed)
 from policies.compiled import Compiled, Ctx, compiled
 from policies.features import RequestFeatures
@@ -190,9 +190,15 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     plain_cold = snap.plain_evidence(slice_) < learn.min_rounds  # in every bucket: a new one borrows
     plain_busy = _option_key(slice_, "none", 0) in exploring
     best = best_option(options)
+    # plain measured only at other loads: the served pool's speedup is borrowed from there, and the gain of
+    # speculation changes with load (prose: 1.09-1.22x predicted from c1, 1.19x slower than plain at p0.5),
+    # so plain is re-measured near this load at the cold rate, unless the pool is far ahead (plain below FAR
+    # x its speed) and the decision could not flip
+    plain_new = (not plain_cold and snap.plain_nearby(slice_) < learn.min_rounds and best is not None
+                 and learn.min_gain <= best.speedup <= 1.0 / FAR)
     unsure = unconfirmed(options, best, learn.min_gain)
     probe = slope_probe(options, best, learn.min_gain)
-    cold = plain_cold or any(c.cold for c in options) or bool(unsure) or probe is not None
+    cold = plain_cold or plain_new or any(c.cold for c in options) or bool(unsure) or probe is not None
     rate = learn.explore_cold if cold else learn.explore
     draw = rng.random() if rng is not None else 1.0
     if draw < rate:
@@ -200,12 +206,12 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
         target = explore_target(options, best, cold, far_ok=cold or draw < rate * FAR_RATE, unsure=unsure,
                                 probe=probe,
                                 busy=lambda c: _option_key(slice_, c.pool, c.draft_tokens) in exploring)
-        plain_due = plain_cold if cold else plain_samples < learn.min_rounds  # cold, or stale
+        plain_due = plain_cold or plain_new if cold else plain_samples < learn.min_rounds  # cold/new, or stale
         if plain_due and not plain_busy and (target is None or plain_samples < target.samples
                                              or not (target.cold or target.stale)):
-            return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring "
-                          f"{'cold' if plain_cold else 'stale'} plain decoding ({plain_samples:.0f} tokens of "
-                          f"evidence)", pools, explored=True)
+            state = "cold" if plain_cold else "unconfirmed" if cold and plain_new else "stale"
+            return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring {state} plain "
+                          f"decoding ({plain_samples:.0f} tokens of evidence)", pools, explored=True)
         if target is not None:
             state = ("cold " if target.cold else "the cost slope of " if target is probe
                      else "unconfirmed " if cold else "stale " if target.stale else "")

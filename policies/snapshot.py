@@ -168,8 +168,21 @@ class Snapshot:
         decoding is cold only when no bucket has ``min_rounds`` of them. A bucket reached for the first
         time borrows the speedup of the nearest measured one (:meth:`plain_and`) instead of exploring plain
         at the cold rate (13 of 240 requests at new loads did, p0.25/p0.5/c16)."""
-        prefix = f"none|{slice_}|"
-        return max((v.ever_weight for k, v in self.data.tpot.items() if k.startswith(prefix)), default=0.0)
+        key = ("plain_evidence", slice_)
+        if key not in self._memo:
+            prefix = f"none|{slice_}|"
+            self._memo[key] = max((v.ever_weight for k, v in self.data.tpot.items() if k.startswith(prefix)),
+                                  default=0.0)
+        return self._memo[key]
+
+    def plain_nearby(self, slice_: str) -> float:
+        """Tokens of plain TPOT ever measured in ``slice_`` in the current concurrency bucket or the two
+        next to it (within a factor of two of this concurrency): a request is recorded at its mean
+        concurrency over its life, which under open-loop arrivals often falls in a neighbouring bucket of
+        the one its decision saw."""
+        b = self.bucket()
+        return max((e.ever_weight for cand in (b - 1, b, b + 1)
+                    if (e := self.data.tpot.get(f"none|{slice_}|{cand}")) is not None), default=0.0)
 
     def tpot(self, pool: str, slice_: str) -> tuple[MeanSummary, float] | None:
         key = ("tpot", pool, slice_)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -59,35 +60,38 @@ def _pairs(result: dict) -> list[tuple[str, str]]:
             if b != a and not (b.startswith("adaptive") and b < a)]
 
 
-def same_config_requests(result: dict) -> list[tuple[str, str, tuple[str, str], float]]:
-    """(load, slice, arms, log TPOT ratio) for every prompt two arms served with the same pool:k and the
-    same text."""
-    by_arm, out = _by_arm(result), []
+def _arm_pairs(result: dict) -> Iterator[tuple[str, str, tuple[str, str], dict[str, dict], dict[str, dict]]]:
+    """(load, slice, arms, requests of arms[0], requests of arms[1]) for every cell and arm pair (see
+    :func:`_pairs`), requests keyed by item: the walk both kinds of same-configuration comparison share."""
+    by_arm = _by_arm(result)
     for load in result["settings"]["loads"]:
         for slice_ in result["settings"]["slices"]:
             for a, b in _pairs(result):
-                mine, theirs = by_arm.get((load, slice_, a), {}), by_arm.get((load, slice_, b), {})
-                for item, r in mine.items():
-                    o = theirs.get(item)
-                    if o and _config(r) == _config(o) and r["text"] == o["text"]:
-                        out.append((load, slice_, (a, b), math.log(r["tpot_s"] / o["tpot_s"])))
-    return out
+                yield load, slice_, (a, b), by_arm.get((load, slice_, a), {}), by_arm.get((load, slice_, b), {})
+
+
+def _same(r: dict, o: dict | None) -> bool:
+    return o is not None and _config(r) == _config(o) and r["text"] == o["text"]
+
+
+def same_config_requests(result: dict) -> list[tuple[str, str, tuple[str, str], float]]:
+    """(load, slice, arms, log TPOT ratio) for every prompt two arms served with the same pool:k and the
+    same text."""
+    return [(load, slice_, arms, math.log(r["tpot_s"] / theirs[item]["tpot_s"]))
+            for load, slice_, arms, mine, theirs in _arm_pairs(result)
+            for item, r in mine.items() if _same(r, theirs.get(item))]
 
 
 def same_config_cells(result: dict) -> list[SameConfigCell]:
     """Cells where two arms served one configuration on every prompt (at least two), identically."""
-    by_arm, out = _by_arm(result), []
-    for load in result["settings"]["loads"]:
-        for slice_ in result["settings"]["slices"]:
-            for a, b in _pairs(result):
-                mine, theirs = by_arm.get((load, slice_, a), {}), by_arm.get((load, slice_, b), {})
-                configs = {_config(r) for r in (*mine.values(), *theirs.values())}
-                if len(mine) < 2 or mine.keys() != theirs.keys() or len(configs) != 1:
-                    continue
-                if any(mine[i]["text"] != theirs[i]["text"] for i in mine):
-                    continue
-                logs = tuple(math.log(mine[i]["tpot_s"] / theirs[i]["tpot_s"]) for i in sorted(mine))
-                out.append(SameConfigCell(load, slice_, (a, b), configs.pop(), logs))
+    out = []
+    for load, slice_, arms, mine, theirs in _arm_pairs(result):
+        configs = {_config(r) for r in (*mine.values(), *theirs.values())}
+        if len(mine) < 2 or mine.keys() != theirs.keys() or len(configs) != 1:
+            continue
+        if all(_same(mine[i], theirs[i]) for i in mine):
+            logs = tuple(math.log(mine[i]["tpot_s"] / theirs[i]["tpot_s"]) for i in sorted(mine))
+            out.append(SameConfigCell(load, slice_, arms, configs.pop(), logs))
     return out
 
 
@@ -144,13 +148,15 @@ def duration_estimate(result: dict, per_slice: int, max_tokens: int, loads: int)
             "warmup_s": round(warm_s), "total_s": round(mean_load * loads + warm_s)}
 
 
-def section(result: dict) -> list[str]:
-    """The markdown section: same-configuration comparisons, and the full preset's duration."""
+def section(result: dict, cells: list[SameConfigCell] | None = None) -> list[str]:
+    """The markdown section: same-configuration comparisons, and the full preset's duration. ``cells``:
+    :func:`same_config_cells` of ``result`` if the caller has them already."""
     lines = ["\n**Same-configuration comparisons** (two arms that served one pool:k on a prompt with the same "
              "text; their TPOT ratio is noise)\n",
              "| load | prompts | median ratio | p10-p90 | cells (all prompts one config) | cell ratios |",
              "|---|---|---|---|---|---|"]
-    reqs, cells = same_config_requests(result), same_config_cells(result)
+    reqs = same_config_requests(result)
+    cells = same_config_cells(result) if cells is None else cells
     for load in result["settings"]["loads"]:
         ratios = sorted(math.exp(x) for ld, _, _, x in reqs if ld == load)
         mine = sorted(c.ratio for c in cells if c.load == load)

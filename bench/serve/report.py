@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from bench.serve.analyse import between_cells_variance, same_config_cells, section, sequential
+from bench.serve.analyse import SameConfigCell, between_cells_variance, same_config_cells, section, sequential
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
@@ -61,8 +61,9 @@ def _verdict(ci: tuple[float, float, float, int] | None, bound: float) -> str:
     return f"{ratio:.2f} [{low:.2f}, {high:.2f}] {state}"
 
 
-def _targets(result: dict) -> list[str]:
-    """Adaptive (warm if measured, else cold) against the best fixed arm of each cell: the issue's targets."""
+def _targets(result: dict, same: list[SameConfigCell] | None = None) -> list[str]:
+    """Adaptive (warm if measured, else cold) against the best fixed arm of each cell: the issue's targets.
+    ``same``: the run's :func:`same_config_cells`, if the caller has them already."""
     arms = result["arms"]
     adaptive = "adaptive-warm" if "adaptive-warm" in arms else "adaptive" if "adaptive" in arms else None
     fixed = [a for a in arms if not a.startswith("adaptive")]
@@ -78,7 +79,7 @@ def _targets(result: dict) -> list[str]:
              "adaptive p50 TPOT | x best | paired TPOT x best | paired TPOT x plain | x plain goodput |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     requests = result.get("requests", [])
-    noise = between_cells_variance(same_config_cells(result)) or (math.nan, 0)
+    noise = between_cells_variance(same_config_cells(result) if same is None else same) or (math.nan, 0)
     for load in result["settings"]["loads"]:
         between = None if sequential(load) else noise
         for slice_ in result["settings"]["slices"]:
@@ -121,8 +122,9 @@ def markdown(result: dict, plots: list[Path] | None = None) -> str:
                     f"{_fmt(tpot['p50'])}/{_fmt(tpot['p90'])}/{_fmt(tpot['p99'])} | {_fmt(c['output_tok_s'])} | "
                     f"{_fmt(c['goodput_rps'], '.3f')} | {_fmt(c['slo_attainment'], '.2f')} | "
                     f"{_fmt(c['accept_length'], '.2f')} | {_decisions(c)} | {same} | {_fmt(c['peak_rss_mb'], '.0f')} |")
-    lines += _targets(result)
-    lines += section(result)
+    same = same_config_cells(result)
+    lines += _targets(result, same)
+    lines += section(result, same)
     if result.get("learning_cost"):
         lines += ["\n**Cost of learning** (warm-up pass from a cold learner; requests counted over all slices, "
                   "in brackets the slice's own: until the slice's rolling TPOT over 3 requests came within 5% of "

@@ -350,22 +350,36 @@ def test_the_slope_probe_is_midway_between_the_smallest_and_the_served_k() -> No
     assert slope_probe(options[:1], options[0], 1.05) is None  # one k: no slope to measure
 
 
-def test_plain_decoding_first_seen_at_a_new_load_is_stale_there_not_cold() -> None:
-    """Plain was measured at c=1; at c=4 one 21-token plain request is all there is. The speedup comes from
-    c=1 (both measured there) and plain is re-measured at c=4 at the low rate, not at the cold rate."""
+def test_plain_decoding_at_a_new_load_is_unconfirmed_there_unless_the_pool_is_far_ahead() -> None:
+    """Plain was measured at c=1 (100 tokens); at c=4 one 21-token plain request is all there is. Plain is not
+    cold (some bucket has min_rounds of it) and the speedup comes from c=1, where both were measured; but a
+    gain measured at one load need not hold at another, so while the served pool is within 1/FAR of plain
+    (1.25x here) plain is re-measured near c=4 at the cold rate, one request at a time. Not when the pool
+    is far ahead (2.5x), nor once the bucket next to c=4 (c=2) has min_rounds plain tokens."""
     pv = policy().pool_pair_version("ngram")
-    state = LearningState(policy().learning)
-    state.record(plain_outcome(0.05))
-    state.record(spec_outcome(pv, rounds=150))
-    state.record(Outcome(route="default", slice="prose", pool="plain", completion_tokens=21, tpot_s=0.2,
-                         concurrency=4))
-    snap = state.snapshot(0.0, HEALTHY, 4)
-    assert snap.plain_evidence("prose") == 100
-    d = decide(policy(cold=1.0), FEATURES, snap, rng=random.Random(0))
-    assert not d.explored and (d.pool, d.draft_tokens) == ("ngram", 2)
-    d = decide(policy(explore=1.0), FEATURES, snap, rng=random.Random(0))
-    assert d.explored and d.bypass and d.reason == ("rule 'learned' auto: exploring stale plain decoding "
+
+    def snap(plain_c1_tpot: float, at_c2: bool = False):
+        state = LearningState(policy().learning)
+        state.record(plain_outcome(plain_c1_tpot))
+        state.record(spec_outcome(pv, rounds=150))
+        state.record(Outcome(route="default", slice="prose", pool="plain", completion_tokens=21, tpot_s=0.2,
+                             concurrency=4))
+        if at_c2:
+            state.record(plain_outcome(0.1, concurrency=2))
+        return state.snapshot(0.0, HEALTHY, 4)
+
+    near = snap(0.05)
+    assert near.plain_evidence("prose") == 100 and near.plain_nearby("prose") == 20
+    d = decide(policy(cold=1.0), FEATURES, near, rng=random.Random(0))
+    assert d.explored and d.bypass and d.reason == ("rule 'learned' auto: exploring unconfirmed plain decoding "
                                                     "(20 tokens of evidence)")
+    assert exploration_key(d) == "prose|none|0"
+    d = decide(policy(cold=1.0), FEATURES, near, rng=random.Random(0), exploring={"prose|none|0"})
+    assert not d.explored and (d.pool, d.draft_tokens) == ("ngram", 2)
+    far = snap(0.1)  # 0.1 / (0.088 / 2.2) = 2.5x > 1 / FAR
+    assert not decide(policy(cold=1.0), FEATURES, far, rng=random.Random(0)).explored
+    measured_next_door = snap(0.05, at_c2=True)
+    assert not decide(policy(cold=1.0), FEATURES, measured_next_door, rng=random.Random(0)).explored
 
 
 def test_an_option_being_explored_is_not_explored_again_until_it_reports() -> None:
