@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -92,6 +92,21 @@ def same_config_cells(result: dict) -> list[SameConfigCell]:
         if all(_same(mine[i], theirs[i]) for i in mine):
             logs = tuple(math.log(mine[i]["tpot_s"] / theirs[i]["tpot_s"]) for i in sorted(mine))
             out.append(SameConfigCell(load, slice_, arms, configs.pop(), logs))
+    return out
+
+
+def explorations(result: dict) -> dict[tuple[str, str], tuple[int, Counter[str]]]:
+    """(adaptive arm, load) -> (requests, what their explorations measured): from each decision's reason
+    (``... auto: exploring cold pool 'ngram' k=8 (0 rounds of evidence)`` counts as ``cold pool 'ngram' k=8``)."""
+    out: dict[tuple[str, str], tuple[int, Counter[str]]] = {}
+    for r in result.get("requests", []):
+        if not r["arm"].startswith("adaptive"):
+            continue
+        n, kinds = out.get((r["arm"], r["load"]), (0, Counter()))
+        _, sep, what = (r.get("reason") or "").partition("auto: exploring ")
+        if sep:
+            kinds[what.split(" (")[0]] += 1
+        out[(r["arm"], r["load"])] = (n + 1, kinds)
     return out
 
 
@@ -173,6 +188,14 @@ def section(result: dict, cells: list[SameConfigCell] | None = None) -> list[str
                     f"(from {between[1]} same-configuration cells), added to the paired intervals at those loads."
                     if between else "fewer than two same-configuration cells at concurrent loads, so the paired "
                     "intervals there cannot be sized and their verdicts stay open."))
+    explored = explorations(result)
+    if explored:
+        lines += ["\n**Explorations** (measured requests of the adaptive arms whose decision explored instead of "
+                  "serving the best known option)\n", "| arm | load | explored / requests | what was measured |",
+                  "|---|---|---|---|"]
+        for (arm, load), (n, kinds) in explored.items():
+            what = ", ".join(f"{k} {v}" for k, v in kinds.most_common()) or "-"
+            lines.append(f"| {arm} | {load} | {sum(kinds.values())} / {n} | {what} |")
     from bench.serve.run import PRESETS
 
     full = PRESETS["full"]

@@ -8,7 +8,7 @@ import statistics
 
 from scipy import stats
 
-from bench.serve.analyse import (between_cells_variance, duration_estimate, same_config_cells,
+from bench.serve.analyse import (between_cells_variance, duration_estimate, explorations, same_config_cells,
                                  same_config_requests, section)
 from bench.serve.report import _targets, _verdict, paired_tpot_ratio
 
@@ -116,3 +116,23 @@ def test_duration_estimate_scales_requests_and_decode_tokens():
     assert est["per_load_s"] == {"c1": 21} and est["mean_load_s"] == 21
     # warm-up: 4 s * (0.25 + 1.5) = 7; total 3 * 21 + 7
     assert est["warmup_s"] == 7 and est["total_s"] == 70
+
+
+def test_explorations_are_counted_per_adaptive_arm_and_load_from_the_decision_reasons():
+    why = "rule 'learned' auto: exploring "
+    reqs = [_req("adaptive-warm", "p1", "a", "ngram:4", 50.0,
+                 reason=why + "the cost slope of pool 'ngram' k=4 (80 rounds of evidence)"),
+            _req("adaptive-warm", "p1", "b", "plain:0", 90.0, reason=why + "unconfirmed plain decoding (20 tokens of "
+                 "evidence)"),
+            _req("adaptive-warm", "p1", "c", "ngram:8", 40.0, reason="rule 'learned' auto: pool 'ngram' k=8 predicted "
+                 "speedup 1.40x (E[accept length] 2.10)"),
+            _req("adaptive-warm", "c4", "a", "plain:0", 90.0, reason=why + "unconfirmed plain decoding (3 tokens of "
+                 "evidence)"),
+            _req("ngram-k8", "p1", "a", "ngram:8", 40.0, reason=why + "never counted: a fixed arm")]
+    got = explorations(_result(reqs, ["c4", "p1"]))
+    assert {key: (n, dict(kinds)) for key, (n, kinds) in got.items()} == {
+        ("adaptive-warm", "p1"): (3, {"the cost slope of pool 'ngram' k=4": 1, "unconfirmed plain decoding": 1}),
+        ("adaptive-warm", "c4"): (1, {"unconfirmed plain decoding": 1})}
+    text = "\n".join(section(_result(reqs, ["c4", "p1"])))
+    assert ("| adaptive-warm | p1 | 2 / 3 | the cost slope of pool 'ngram' k=4 1, unconfirmed plain decoding 1 |"
+            in text)
