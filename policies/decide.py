@@ -188,7 +188,6 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     plain = snap.tpot("none", slice_)
     plain_samples = plain[0].weight * plain[1] if plain else 0.0  # decayed tokens = rounds of width 1
     plain_cold = snap.plain_evidence(slice_) < learn.min_rounds  # in every bucket: a new one borrows
-    plain_busy = _option_key(slice_, "none", 0) in exploring
     best = best_option(options)
     # plain measured only at other loads: the served pool's speedup is borrowed from there, and the gain of
     # speculation changes with load (prose: 1.09-1.22x predicted from c1, 1.19x slower than plain at p0.5),
@@ -206,9 +205,9 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
         target = explore_target(options, best, cold, far_ok=cold or draw < rate * FAR_RATE, unsure=unsure,
                                 probe=probe,
                                 busy=lambda c: _option_key(slice_, c.pool, c.draft_tokens) in exploring)
-        plain_due = plain_cold or plain_new if cold else plain_samples < learn.min_rounds  # cold/new, or stale
-        if plain_due and not plain_busy and (target is None or plain_samples < target.samples
-                                             or not (target.cold or target.stale)):
+        plain_due = ((plain_cold or plain_new if cold else plain_samples < learn.min_rounds)  # cold/new, or stale
+                     and _option_key(slice_, "none", 0) not in exploring)
+        if plain_due and (target is None or plain_samples < target.samples or not (target.cold or target.stale)):
             state = "cold" if plain_cold else "unconfirmed" if cold and plain_new else "stale"
             return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring {state} plain "
                           f"decoding ({plain_samples:.0f} tokens of evidence)", pools, explored=True)

@@ -165,15 +165,9 @@ class Snapshot:
 
     def plain_evidence(self, slice_: str) -> float:
         """Tokens of plain TPOT ever measured in ``slice_`` in its best-measured bucket (undecayed): plain
-        decoding is cold only when no bucket has ``min_rounds`` of them. A bucket reached for the first
-        time borrows the speedup of the nearest measured one (:meth:`plain_and`) instead of exploring plain
-        at the cold rate (13 of 240 requests at new loads did, p0.25/p0.5/c16)."""
-        key = ("plain_evidence", slice_)
-        if key not in self._memo:
-            prefix = f"none|{slice_}|"
-            self._memo[key] = max((v.ever_weight for k, v in self.data.tpot.items() if k.startswith(prefix)),
-                                  default=0.0)
-        return self._memo[key]
+        decoding is cold only when no bucket has ``min_rounds`` of them (a new bucket borrows the nearest
+        measured speedup, :meth:`plain_and`, and re-measures plain while the call is close, :meth:`plain_nearby`)."""
+        return self._plain_tokens(slice_, range(len(self.data.buckets)))
 
     def plain_nearby(self, slice_: str) -> float:
         """Tokens of plain TPOT ever measured in ``slice_`` in the current concurrency bucket or the two
@@ -181,8 +175,15 @@ class Snapshot:
         concurrency over its life, which under open-loop arrivals often falls in a neighbouring bucket of
         the one its decision saw."""
         b = self.bucket()
-        return max((e.ever_weight for cand in (b - 1, b, b + 1)
-                    if (e := self.data.tpot.get(f"none|{slice_}|{cand}")) is not None), default=0.0)
+        return self._plain_tokens(slice_, (b - 1, b, b + 1))
+
+    def _plain_tokens(self, slice_: str, buckets: Any) -> float:
+        """Most plain tokens ever measured in ``slice_`` in one of ``buckets`` (indices), memoized."""
+        key = ("plain_tokens", slice_, tuple(buckets))
+        if key not in self._memo:
+            self._memo[key] = max((e.ever_weight for cand in key[2]
+                                   if (e := self.data.tpot.get(f"none|{slice_}|{cand}")) is not None), default=0.0)
+        return self._memo[key]
 
     def tpot(self, pool: str, slice_: str) -> tuple[MeanSummary, float] | None:
         key = ("tpot", pool, slice_)
