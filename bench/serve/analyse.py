@@ -2,7 +2,8 @@
 ``serve.json`` alone, so every figure quoted from a run can be recomputed with ``--report DIR``.
 
 - **Same-configuration comparisons** (A/A): two arms of one cell that served the same pool:k on a prompt
-  (an adaptive arm and the fixed arm of its choice, or both adaptive arms) and answered it identically.
+  (an adaptive arm and the fixed arm of its choice, or both adaptive arms), or with ``--repeats`` one arm's
+  two replicates of the cell, and answered it identically.
   Their TPOT ratio should be 1; how far it strays is the run's noise. Per request (the median and spread
   per load point) and per cell (cells where both arms served that one configuration on every request).
 - **Run-to-run noise under concurrency**: at a concurrent load point each arm serves a whole cell in turn,
@@ -40,12 +41,17 @@ class SameConfigCell:
         return math.exp(statistics.fmean(self.logs))
 
 
-def _by_arm(result: dict) -> dict[tuple[str, str, str], dict[str, dict]]:
-    """(load, slice, arm) -> item -> request, ok requests with a TPOT only."""
-    out: dict[tuple[str, str, str], dict[str, dict]] = defaultdict(dict)
+def repeats(result: dict) -> int:
+    """How many times every arm served every cell (``--repeats``; runs before it: 1)."""
+    return result["settings"].get("repeats", 1)
+
+
+def _by_arm(result: dict) -> dict[tuple[str, str, str, int], dict[str, dict]]:
+    """(load, slice, arm, replicate) -> item -> request, ok requests with a TPOT only."""
+    out: dict[tuple[str, str, str, int], dict[str, dict]] = defaultdict(dict)
     for r in result.get("requests", []):
         if r["ok"] and r["tpot_s"]:
-            out[(r["load"], r["slice"], r["arm"])][r["item"]] = r
+            out[(r["load"], r["slice"], r["arm"], r.get("rep", 0))][r["item"]] = r
     return out
 
 
@@ -61,13 +67,22 @@ def _pairs(result: dict) -> list[tuple[str, str]]:
 
 
 def _arm_pairs(result: dict) -> Iterator[tuple[str, str, tuple[str, str], dict[str, dict], dict[str, dict]]]:
-    """(load, slice, arms, requests of arms[0], requests of arms[1]) for every cell and arm pair (see
-    :func:`_pairs`), requests keyed by item: the walk both kinds of same-configuration comparison share."""
+    """(load, slice, arms, requests of arms[0], requests of arms[1]) for every cell: every arm pair of
+    :func:`_pairs` within each replicate, and with ``--repeats`` every arm against its own previous
+    replicate (``arms = (arm, arm)``, the later over the earlier); requests keyed by item. The walk both
+    kinds of same-configuration comparison share."""
     by_arm = _by_arm(result)
+    reps = repeats(result)
     for load in result["settings"]["loads"]:
         for slice_ in result["settings"]["slices"]:
-            for a, b in _pairs(result):
-                yield load, slice_, (a, b), by_arm.get((load, slice_, a), {}), by_arm.get((load, slice_, b), {})
+            for rep in range(reps):
+                for a, b in _pairs(result):
+                    yield (load, slice_, (a, b), by_arm.get((load, slice_, a, rep), {}),
+                           by_arm.get((load, slice_, b, rep), {}))
+            for rep in range(1, reps):
+                for a in result["arms"]:
+                    yield (load, slice_, (a, a), by_arm.get((load, slice_, a, rep), {}),
+                           by_arm.get((load, slice_, a, rep - 1), {}))
 
 
 def _same(r: dict, o: dict | None) -> bool:
@@ -149,7 +164,7 @@ def duration_estimate(result: dict, per_slice: int, max_tokens: int, loads: int)
         decode = (max_tokens - 1) / (tokens - 1) if tokens > 1 else 1.0
         return wall * n_factor * (ttft + (1 - ttft) * decode)
 
-    n_factor = per_slice / settings["per_slice"]
+    n_factor = per_slice / (settings["per_slice"] * repeats(result))
     per_load: dict[str, float] = defaultdict(float)
     for arm, data in result["arms"].items():
         for load, cells in data["cells"].items():
@@ -183,9 +198,14 @@ def section(result: dict, cells: list[SameConfigCell] | None = None) -> list[str
         lines.append(f"| {load} | {len(ratios)} | {statistics.median(ratios):.3f} | {q[0]:.2f}-{q[-1]:.2f} "
                      f"| {len(mine)} | {spread} |")
     between = between_cells_variance(cells)
+    replicas = sum(1 for c in cells if c.arms[0] == c.arms[1] and not sequential(c.load))
     lines.append("\nUnder concurrent load a cell's requests share one stretch of the machine's speed: "
                  + (f"between-run standard deviation of a cell's log TPOT ratio {math.sqrt(between[0]):.3f} "
-                    f"(from {between[1]} same-configuration cells), added to the paired intervals at those loads."
+                    f"(from {between[1]} same-configuration cells"
+                    + (f", {replicas} of them an arm against its own replicate" if replicas else "")
+                    + "), added to the paired intervals at those loads"
+                    + (f" (divided by the {repeats(result)} replicates each side averages)." if repeats(result) > 1
+                       else ".")
                     if between else "fewer than two same-configuration cells at concurrent loads, so the paired "
                     "intervals there cannot be sized and their verdicts stay open."))
     explored = explorations(result)

@@ -18,6 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"of {', '.join(ARMS)}")
     p.add_argument("--slices", nargs="+", default=list(SLICES), choices=SLICES, metavar="SLICE")
     p.add_argument("--per-slice", type=int, default=None, help="requests per slice (same for every arm)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="every arm serves every cell this many times (same requests, same arrivals): replicates "
+                        "measure the noise between two runs of one configuration, and the paired intervals "
+                        "average them; time scales with it")
     p.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request")
     p.add_argument("--loads", nargs="+", default=None, metavar="LOAD",
                    help="cN = closed loop with N clients, pR = Poisson arrivals at R requests/s")
@@ -46,7 +50,7 @@ def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key in ("per_slice", "max_tokens", "warmup_per_slice", "warmup_concurrency", "max_running_requests"):
+    for key in ("per_slice", "repeats", "max_tokens", "warmup_per_slice", "warmup_concurrency", "max_running_requests"):
         if getattr(args, key) < (0 if key == "warmup_per_slice" else 1):
             raise ValueError(f"--{key.replace('_', '-')} must be >= 1 (got {getattr(args, key)})")
     return args

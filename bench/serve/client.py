@@ -42,6 +42,7 @@ class Result:
     verify_rounds: int | None = None
     accept_length: float | None = None
     slo_met: bool | None = None
+    rep: int = 0  # which replicate of its cell (``--repeats``): the same requests served again
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -4,9 +4,12 @@ one line per arm)."""
 from __future__ import annotations
 
 import math
+import statistics
+from collections import defaultdict
 from pathlib import Path
 
-from bench.serve.analyse import SameConfigCell, between_cells_variance, same_config_cells, section, sequential
+from bench.serve.analyse import (SameConfigCell, between_cells_variance, repeats, same_config_cells, section,
+                                 sequential)
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
@@ -21,21 +24,25 @@ TPOT_TARGET = 1.03  # adaptive p50 TPOT <= 1.03x the best fixed arm's
 
 
 def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, slice_: str,
-                      between: tuple[float, int] | None = None) -> tuple[float, float, float, int] | None:
+                      between: tuple[float, int] | None = None, repeats: int = 1
+                      ) -> tuple[float, float, float, int] | None:
     """Geometric mean of ``arm``'s TPOT over ``other``'s on the same prompts of one cell, with a 95%
     confidence interval (Student t on the log ratios): (ratio, low, high, pairs), None under 2 pairs.
-    Pairing by prompt removes the variation between prompts, which dwarfs the one between arms.
+    Pairing by prompt removes the variation between prompts, which dwarfs the one between arms; with
+    ``--repeats`` each side of a pair is the geometric mean of the prompt's replicates.
     ``between`` = (variance, cells): the variance of a cell's mean log ratio between runs
     (:func:`bench.serve.analyse.between_cells_variance`), added for loads where the cell's requests are not
-    independent; the degrees of freedom by Welch-Satterthwaite. Bounds are NaN when ``between`` is needed
-    but unknown (``(nan, 0)``)."""
+    independent, divided by ``repeats`` (each side averages that many independent runs of the cell); the
+    degrees of freedom by Welch-Satterthwaite. Bounds are NaN when ``between`` is needed but unknown
+    (``(nan, 0)``)."""
     from scipy import stats
 
-    tpot: dict[tuple[str, str], float] = {}
+    logs_of: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in requests:
         if r["load"] == load and r["slice"] == slice_ and r["arm"] in (arm, other) and r["ok"] and r["tpot_s"]:
-            tpot[(r["arm"], r["item"])] = r["tpot_s"]
-    logs = [math.log(tpot[(arm, item)] / t) for (a, item), t in tpot.items() if a == other and (arm, item) in tpot]
+            logs_of[(r["arm"], r["item"])].append(math.log(r["tpot_s"]))
+    mean_log = {key: statistics.fmean(xs) for key, xs in logs_of.items()}
+    logs = [mean_log[(arm, item)] - x for (a, item), x in mean_log.items() if a == other and (arm, item) in mean_log]
     n = len(logs)
     if n < 2:
         return None
@@ -44,6 +51,7 @@ def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, sli
     var_b, cells = between or (0.0, 0)
     if math.isnan(var_b):
         return math.exp(mean), math.nan, math.nan, n
+    var_b /= repeats
     df = n - 1 if var_b <= 0 else (within + var_b) ** 2 / (within ** 2 / (n - 1) + var_b ** 2 / cells)
     half = stats.t.ppf(0.975, df) * math.sqrt(within + var_b)
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half), n
@@ -80,6 +88,7 @@ def _targets(result: dict, same: list[SameConfigCell] | None = None) -> list[str
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     requests = result.get("requests", [])
     noise = between_cells_variance(same_config_cells(result) if same is None else same) or (math.nan, 0)
+    reps = repeats(result)
     for load in result["settings"]["loads"]:
         between = None if sequential(load) else noise
         for slice_ in result["settings"]["slices"]:
@@ -90,8 +99,8 @@ def _targets(result: dict, same: list[SameConfigCell] | None = None) -> list[str
             g_best, t_best = cells[g_arm]["goodput_rps"] or 0, cells[t_arm]["tpot_ms"]["p50"]
             g, t = ours["goodput_rps"] or 0, ours["tpot_ms"]["p50"]
             plain_g = cells["plain"]["goodput_rps"] if "plain" in cells else None
-            vs_best = _verdict(paired_tpot_ratio(requests, adaptive, t_arm, load, slice_, between), TPOT_TARGET)
-            vs_plain = (_verdict(paired_tpot_ratio(requests, adaptive, "plain", load, slice_, between), 1.0)
+            vs_best = _verdict(paired_tpot_ratio(requests, adaptive, t_arm, load, slice_, between, reps), TPOT_TARGET)
+            vs_plain = (_verdict(paired_tpot_ratio(requests, adaptive, "plain", load, slice_, between, reps), 1.0)
                         if "plain" in cells else "-")
             lines.append(
                 f"| {slice_} | {load} | {g_best:.3f} ({g_arm}) | {g:.3f} | {_fmt(g / g_best if g_best else None, '.2f')} "

@@ -50,14 +50,14 @@ class Bench:
         self.plain: dict[str, dict[str, str]] = {}  # load -> item -> text
 
     async def _batch(self, gateway_url: str, arm: str, load: LoadPoint, items: list[WorkItem], model: str,
-                     out: list[Result], advance) -> float:
+                     out: list[Result], advance, rep: int = 0) -> float:
         url = f"{gateway_url}/v1/chat/completions"
         # idle connections expire before the gateway's uvicorn closes them (5 s), or a request sent on
         # one just as it closes fails (docs/reliability.md, "Found later")
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.args.request_timeout), limits=limits) as client:
             async def one(item: WorkItem, start: float) -> None:
-                r = Result(arm=arm, load=load.label, slice=item.slice, item=item.id, start_s=round(start, 3))
+                r = Result(arm=arm, load=load.label, slice=item.slice, item=item.id, start_s=round(start, 3), rep=rep)
                 await send(client, url, request_body(item, model, self.args.max_tokens), r)
                 r.slo_met = slo_met(r, self.slo["ttft_ms"], self.slo["tpot_ms"])
                 out.append(r)
@@ -75,7 +75,9 @@ class Bench:
         ``--restart gateway``) or its own fresh worker, all up at once. Arms are interleaved: for every load
         point and slice, each arm serves that cell in turn (:func:`turns`: rotating order), at c1 each
         request in turn, so a drift of machine speed during the run hits every arm alike instead of whichever
-        arm ran at the time."""
+        arm ran at the time. With ``--repeats R`` every arm serves every cell R times (the turns again, the
+        order rotated on), so each cell has R replicates per arm: the A/A comparisons that size the noise
+        between two runs of one configuration (:mod:`bench.serve.analyse`)."""
         with contextlib.ExitStack() as stack:
             stacks: dict[str, tuple[str, RssSampler, str]] = {}
             for arm in arms:
@@ -98,21 +100,22 @@ class Bench:
                     batches: dict[str, list[Result]] = {arm.name: [] for arm in arms}
                     walls = dict.fromkeys(batches, 0.0)
                     peaks = dict.fromkeys(batches, 0.0)
-                    order = turns(load, items, arms, turn)
-                    turn += len(order) // len(arms)
-                    for arm, group in order:
-                        url, rss, model = stacks[arm.name]
-                        label(f"{load.label} {slice_} {arm.name}")
-                        rss.take_peak()
-                        done, offset = len(batches[arm.name]), walls[arm.name]
-                        walls[arm.name] += asyncio.run(self._batch(url, arm.name, load, group, model,
-                                                                   batches[arm.name], advance))
-                        for r in batches[arm.name][done:]:  # start_s counts the arm's own serving time
-                            r.start_s = round(r.start_s + offset, 3)
-                        peaks[arm.name] = max(peaks[arm.name], rss.take_peak())
-                    if "plain" in batches:
-                        self.plain.setdefault(load.label, {}).update(
-                            {r.item: r.text for r in batches["plain"] if r.ok})
+                    for rep in range(self.args.repeats):
+                        order = turns(load, items, arms, turn)
+                        turn += len(order) // len(arms)
+                        for arm, group in order:
+                            url, rss, model = stacks[arm.name]
+                            label(f"{load.label} {slice_} {arm.name}" + (f" rep {rep + 1}" if rep else ""))
+                            rss.take_peak()
+                            done, offset = len(batches[arm.name]), walls[arm.name]
+                            walls[arm.name] += asyncio.run(self._batch(url, arm.name, load, group, model,
+                                                                       batches[arm.name], advance, rep))
+                            for r in batches[arm.name][done:]:  # start_s counts the arm's own serving time
+                                r.start_s = round(r.start_s + offset, 3)
+                            peaks[arm.name] = max(peaks[arm.name], rss.take_peak())
+                    if "plain" in batches:  # the first replicate's answer is the reference (later ones are checked)
+                        answers = sorted((r for r in batches["plain"] if r.ok), key=lambda r: -r.rep)
+                        self.plain.setdefault(load.label, {}).update({r.item: r.text for r in answers})
                     for arm in arms:
                         batch = sorted(batches[arm.name], key=lambda r: r.start_s)
                         self.results += batch
@@ -195,7 +198,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     log_dir.mkdir(exist_ok=True)
     meta = _meta(args, argv, slo)
     t0 = time.perf_counter()
-    total = len(arms) * len(loads) * len(items) + len(warm) * sum(a.warm for a in arms)
+    total = len(arms) * len(loads) * len(items) * args.repeats + len(warm) * sum(a.warm for a in arms)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=not args.keep_progress) as bar, contextlib.ExitStack() as stack:
         task = bar.add_task("serve bench", total=total)
@@ -207,7 +210,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     result = {
         "meta": meta,
         "settings": {"arms": [a.name for a in arms], "loads": [p.label for p in loads], "slices": bench.slices,
-                     "per_slice": args.per_slice, "max_tokens": args.max_tokens, "seed": args.seed,
+                     "per_slice": args.per_slice, "repeats": args.repeats, "max_tokens": args.max_tokens,
+                     "seed": args.seed,
                      "max_prompt_chars": args.max_prompt_chars, "warmup_per_slice": args.warmup_per_slice,
                      "warmup_concurrency": args.warmup_concurrency,
                      "max_running_requests": args.max_running_requests, "restart": args.restart},

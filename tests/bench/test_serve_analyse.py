@@ -136,3 +136,66 @@ def test_explorations_are_counted_per_adaptive_arm_and_load_from_the_decision_re
     text = "\n".join(section(_result(reqs, ["c4", "p1"])))
     assert ("| adaptive-warm | p1 | 2 / 3 | the cost slope of pool 'ngram' k=4 1, unconfirmed plain decoding 1 |"
             in text)
+
+
+def _replicated() -> dict:
+    """c4 served twice by every arm (``--repeats 2``): adaptive-warm served ngram:8 throughout."""
+    reqs = []
+    for rep, slow in ((0, 1.0), (1, 1.25)):  # the machine ran the second replicate 25% slower
+        for item, t in zip("abc", (40.0, 60.0, 80.0)):
+            reqs += [_req("plain", "c4", item, "plain:0", 2.5 * t * slow, rep=rep),
+                     _req("ngram-k8", "c4", item, "ngram:8", t * slow, rep=rep),
+                     _req("adaptive-warm", "c4", item, "ngram:8", t * slow * (1.1 if item == "a" else 1.0), rep=rep)]
+    result = _result(reqs, ["c4"])
+    result["settings"]["repeats"] = 2
+    return result
+
+
+def test_replicates_pair_each_arm_with_itself_and_arms_within_a_replicate():
+    result = _replicated()
+    cells = same_config_cells(result)
+    assert [c.arms for c in cells] == [("adaptive-warm", "ngram-k8"), ("adaptive-warm", "ngram-k8"),
+                                       ("plain", "plain"), ("ngram-k8", "ngram-k8"), ("adaptive-warm", "adaptive-warm")]
+    # within a replicate adaptive is 1.1x on prompt a only; an arm's later replicate is 1.25x its earlier one
+    for c in cells[:2]:
+        assert [round(math.exp(x), 6) for x in c.logs] == [1.1, 1.0, 1.0]
+    assert all(math.isclose(c.ratio, 1.25) for c in cells[2:])
+    var, n = between_cells_variance(cells)
+    d = statistics.fmean([math.log(1.1), 0, 0])
+    assert n == 5 and math.isclose(var, (2 * (d * d - statistics.variance([math.log(1.1), 0, 0]) / 3)
+                                         + 3 * math.log(1.25) ** 2) / 5)
+    text = "\n".join(section(result, cells))
+    assert "(from 5 same-configuration cells, 3 of them an arm against its own replicate)" in text
+    assert "(divided by the 2 replicates each side averages)" in text
+
+
+def test_paired_interval_averages_replicates_and_divides_the_between_variance_by_them():
+    result = _replicated()
+    reqs = result["requests"]
+    # the per-prompt ratio is of geometric means over both replicates: the 25% slow spell cancels
+    one = paired_tpot_ratio(reqs, "adaptive-warm", "ngram-k8", "c4", "code", (0.02, 5), repeats=2)
+    logs = [math.log(1.1), 0.0, 0.0]
+    mean, within = statistics.fmean(logs), statistics.variance(logs) / 3
+    df = (within + 0.01) ** 2 / (within ** 2 / 2 + 0.01 ** 2 / 5)
+    half = stats.t.ppf(0.975, df) * math.sqrt(within + 0.01)
+    assert one[3] == 3 and math.isclose(one[0], math.exp(mean))
+    assert math.isclose(one[1], math.exp(mean - half)) and math.isclose(one[2], math.exp(mean + half))
+    single = paired_tpot_ratio(reqs, "adaptive-warm", "ngram-k8", "c4", "code", (0.02, 5))
+    assert single[1] < one[1] and single[2] > one[2]  # the same variance counted once is wider
+    est = duration_estimate(dict(result, warmup=[]), per_slice=6, max_tokens=8, loads=1)
+    assert est["per_load_s"] == {"c4": 3}  # each arm's 1 s cell held 2 x 3 requests: per_slice 6 is 1x
+
+
+def test_repeats_below_one_are_refused_naming_the_flag():
+    import argparse
+
+    import pytest
+
+    from bench.serve.cli import add_arguments, apply_preset
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert apply_preset(parser.parse_args(["--repeats", "3"])).repeats == 3
+    assert apply_preset(parser.parse_args([])).repeats == 1
+    with pytest.raises(ValueError, match=r"--repeats must be >= 1 \(got 0\)"):
+        apply_preset(parser.parse_args(["--repeats", "0"]))

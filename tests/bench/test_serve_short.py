@@ -1,5 +1,6 @@
 """The serving benchmark end to end, small: real worker and gateways, real workload prompts, two arms
-(plain and fixed n-gram k = 4), two slices, one request each, 8 tokens, one load point. Runs in
+(plain and fixed n-gram k = 4), two slices, one request each served twice (``--repeats 2``), 8 tokens, one
+load point. Runs in
 `make test` so the harness cannot rot; the full run is `specgate bench serve --preset full`."""
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def run(tmp_path_factory, prepared_model):
         pytest.skip(f"shared workloads not found at {DEFAULT_ROOT}")
     out = tmp_path_factory.mktemp("serve")
     argv = ["bench", "serve", "--arms", "plain", "ngram-k4", "--slices", *SLICES, "--per-slice", "1",
-            "--max-tokens", "8", "--loads", "c1", "--restart", "gateway", "--num-threads", "1", "--out", str(out)]
+            "--max-tokens", "8", "--repeats", "2", "--loads", "c1", "--restart", "gateway", "--num-threads", "1",
+            "--out", str(out)]
     proc = subprocess.run([sys.executable, "-c", CLI, *argv], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     return out, json.loads((out / "serve.json").read_text())
@@ -49,19 +51,22 @@ def test_result_file_structure(run):
     assert result["meta"]["slo"] == {"ttft_ms": 2000.0, "tpot_ms": 150.0}  # deploy/policies/default.yaml
     assert result["settings"]["arms"] == ["plain", "ngram-k4"]
     assert result["settings"]["loads"] == ["c1"] and result["settings"]["slices"] == SLICES
+    assert result["settings"]["repeats"] == 2
     assert [len(result["workloads"][s]) for s in SLICES] == [1, 1]
     assert list(result["arms"]) == ["plain", "ngram-k4"]
     for arm in result["arms"].values():
         assert list(arm["cells"]) == ["c1"] and list(arm["cells"]["c1"]) == SLICES
         for c in arm["cells"]["c1"].values():
             assert set(c) == CELL_KEYS
-            assert (c["requests"], c["ok"], c["errors"]) == (1, 1, [])
-            assert 1 <= c["output_tokens"] <= 8
+            assert (c["requests"], c["ok"], c["errors"]) == (2, 2, [])
+            assert 2 <= c["output_tokens"] <= 16
             assert c["ttft_ms"]["p50"] > 0 and set(c["tpot_ms"]) == {"p50", "p90", "p99"}
             assert c["peak_rss_mb"] > 100  # the real model is loaded in the worker
-            assert c["slo_met"] in (0, 1) and c["goodput_rps"] == pytest.approx(c["slo_met"] / c["wall_s"], rel=1e-3)
+            assert c["slo_met"] in (0, 1, 2) and c["goodput_rps"] == pytest.approx(c["slo_met"] / c["wall_s"], rel=1e-3)
     assert result["warmup"] == [] and result["learning_cost"] is None
-    assert len(result["requests"]) == 4 and all(r["ok"] and r["text"] for r in result["requests"])
+    assert len(result["requests"]) == 8 and all(r["ok"] and r["text"] for r in result["requests"])
+    served = sorted((r["arm"], r["slice"], r["rep"]) for r in result["requests"])
+    assert served == sorted((a, s, rep) for a in ("plain", "ngram-k4") for s in SLICES for rep in (0, 1))
     reasons = {r["arm"]: r["reason"] for r in result["requests"]}
     assert reasons["plain"] == "rule 'bench-plain' (catch-all) bypasses speculation"
     assert reasons["ngram-k4"] == "rule 'bench-ngram-k4' (catch-all) pins pool 'ngram' with k=4"
@@ -71,8 +76,9 @@ def test_every_arm_is_identical_to_plain_and_decisions_are_counted(run):
     _, result = run
     for name, rule, choice in (("plain", "bench-plain", "plain:0"), ("ngram-k4", "bench-ngram-k4", "ngram:4")):
         for c in result["arms"][name]["cells"]["c1"].values():
-            assert (c["identical_to_plain"], c["compared_to_plain"], c["not_identical"]) == (1, 1, [])
-            assert c["decisions_by_rule"] == {rule: 1} and c["choices"] == {choice: 1}
+            # both replicates, plain's second one included, answer as plain's first did
+            assert (c["identical_to_plain"], c["compared_to_plain"], c["not_identical"]) == (2, 2, [])
+            assert c["decisions_by_rule"] == {rule: 2} and c["choices"] == {choice: 2}
     plain = result["arms"]["plain"]["cells"]["c1"]["code_edit"]
     ngram = result["arms"]["ngram-k4"]["cells"]["c1"]["code_edit"]
     assert plain["accept_length"] is None  # nothing was speculated
