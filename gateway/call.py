@@ -39,6 +39,7 @@ class SpecgateInfo(msgspec.Struct, frozen=True, kw_only=True):
     draft_tokens: int
     fallback: bool
     retries: int
+    explored: bool = False  # the decision measured an option instead of serving the best known one (auto)
     verify_rounds: int | None = None
     accept_length: float | None = None
     accept_rate: float | None = None
@@ -104,7 +105,7 @@ class Call:
         return _INFO.encode(SpecgateInfo(
             request_id=self.request_id, route=self.route, slice=d.slice, pool=self.pool, rule=d.rule,
             reason=d.reason + self.fallback_note, proposer=self.proposer,
-            draft_tokens=self.draft_tokens, fallback=self.fallback, retries=self.retries,
+            draft_tokens=self.draft_tokens, fallback=self.fallback, retries=self.retries, explored=d.explored,
             verify_rounds=s.verify_ct if s else None, accept_length=s.accept_length if s else None,
             accept_rate=s.accept_rate if s else None, completion_tokens=self.completion_tokens))
 

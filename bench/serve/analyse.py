@@ -110,17 +110,25 @@ def same_config_cells(result: dict) -> list[SameConfigCell]:
     return out
 
 
+def explored(r: dict) -> bool:
+    """Whether the request's decision explored: the gateway's ``specgate.explored`` (results before it was
+    recorded: the decision reason says ``auto: exploring``)."""
+    flag = r.get("explored")
+    return "auto: exploring " in (r.get("reason") or "") if flag is None else flag
+
+
 def explorations(result: dict) -> dict[tuple[str, str], tuple[int, Counter[str]]]:
-    """(adaptive arm, load) -> (requests, what their explorations measured): from each decision's reason
-    (``... auto: exploring cold pool 'ngram' k=8 (0 rounds of evidence)`` counts as ``cold pool 'ngram' k=8``)."""
+    """(adaptive arm, load) -> (requests, what their explorations measured), named by the decision reason
+    (``... auto: exploring cold pool 'ngram' k=8 (0 rounds of evidence)`` counts as ``cold pool 'ngram' k=8``)
+    or, where it does not say, by the pool and k served."""
     out: dict[tuple[str, str], tuple[int, Counter[str]]] = {}
     for r in result.get("requests", []):
         if not r["arm"].startswith("adaptive"):
             continue
         n, kinds = out.get((r["arm"], r["load"]), (0, Counter()))
-        _, sep, what = (r.get("reason") or "").partition("auto: exploring ")
-        if sep:
-            kinds[what.split(" (")[0]] += 1
+        if explored(r):
+            _, sep, what = (r.get("reason") or "").partition("auto: exploring ")
+            kinds[what.split(" (")[0] if sep else f"pool '{r['pool']}' k={r['draft_tokens']}"] += 1
         out[(r["arm"], r["load"])] = (n + 1, kinds)
     return out
 

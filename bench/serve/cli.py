@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-progress", action="store_true", help="leave the progress bar on screen at the end")
     p.add_argument("--report", type=Path, default=None, metavar="DIR",
                    help="run nothing: re-render DIR/serve.md and the plots from DIR/serve.json")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="DIR",
+                   help="run nothing: join the results of one command run per load point (e.g. --preset full "
+                        "--loads c1, then --loads c4) into --out's serve.json, report and plots")
 
 
 def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
@@ -67,6 +70,8 @@ def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     if args.report is not None:
         return _rerender(args.report)
+    if args.merge is not None:
+        return _merge(args.merge, args.out)
     try:
         args = apply_preset(args)
         result = run(args, argv)
@@ -94,6 +99,23 @@ def _rerender(out: Path) -> int:
         return 2
     json_path, md_path, pngs = write(result, out, rewrite_json=False)
     print(f"wrote {md_path}, " + ", ".join(str(p) for p in pngs))
+    return 0
+
+
+def _merge(dirs: list[Path], out: Path) -> int:
+    from bench.serve.merge import load_parts, merge
+    from bench.serve.run import write
+
+    try:
+        if out.resolve() in {d.resolve() for d in dirs}:
+            raise ValueError(f"--out {out} is one of the merged directories; give a new one")
+        result = merge(load_parts(dirs), [str(d) for d in dirs])
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path, pngs = write(result, out)
+    print(f"wrote {json_path}, {md_path}, " + ", ".join(str(p) for p in pngs))
     return 0
 
 

@@ -34,6 +34,7 @@ class Result:
     text: str = ""
     rule: str | None = None
     reason: str | None = None  # the gateway's decision reason (why this pool and k, or why plain)
+    explored: bool | None = None  # the decision explored (the gateway's ``specgate.explored``)
     pool: str | None = None
     proposer: str | None = None
     draft_tokens: int | None = None
@@ -74,7 +75,7 @@ def _take_info(result: Result, info: dict) -> None:
     result.reason = info.get("reason")
     result.draft_tokens, result.gateway_slice = info.get("draft_tokens"), info.get("slice")
     result.fallback, result.verify_rounds = info.get("fallback"), info.get("verify_rounds")
-    result.accept_length = info.get("accept_length")
+    result.accept_length, result.explored = info.get("accept_length"), info.get("explored")
 
 
 async def send(client: httpx.AsyncClient, url: str, body: dict, result: Result) -> Result:

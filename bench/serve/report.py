@@ -117,6 +117,9 @@ def markdown(result: dict, plots: list[Path] | None = None) -> str:
              f"SLO (default policy): TTFT <= {meta['slo']['ttft_ms']} ms, TPOT <= {meta['slo']['tpot_ms']} ms; "
              f"{settings['per_slice']} requests per slice, max_tokens {settings['max_tokens']}, greedy; "
              f"wall time {meta['wall_s']:.0f} s", ""]
+    if meta.get("parts"):  # bench/serve/merge.py
+        lines[-1:] = ["Merged from one run per load point (each with its own gateways and warm-up): "
+                      + "; ".join(f"`{p['dir']}` ({p['date']}, {p['wall_s']:.0f} s)" for p in meta["parts"]), ""]
     for slice_ in settings["slices"]:
         lines += [f"\n**{slice_}**\n", "| arm | load | TTFT p50/p99 ms | TPOT p50/p90/p99 ms | tok/s | goodput r/s "
                   "| SLO att. | acc. len | decisions (pool:k) | = plain | peak RSS MiB |",

@@ -101,7 +101,7 @@ def _settled(trace: list[Result], slice_: str, choice: str | None) -> dict:
         if r.slice != slice_ or not r.ok:
             continue
         k += 1
-        if "exploring" in (r.reason or ""):
+        if r.explored or (r.explored is None and "exploring" in (r.reason or "")):
             continue
         if f"{r.pool}:{r.draft_tokens}" != choice:
             settled = None

@@ -133,6 +133,13 @@ def test_explorations_are_counted_per_adaptive_arm_and_load_from_the_decision_re
     assert {key: (n, dict(kinds)) for key, (n, kinds) in got.items()} == {
         ("adaptive-warm", "p1"): (3, {"the cost slope of pool 'ngram' k=4": 1, "unconfirmed plain decoding": 1}),
         ("adaptive-warm", "c4"): (1, {"unconfirmed plain decoding": 1})}
+    # the gateway's explored flag, where recorded, decides; the pool and k name what a terse reason does not
+    flagged = [_req("adaptive-warm", "c4", "b", "ngram:2", 60.0, reason="rule 'learned' auto: measuring",
+                    explored=True),
+               _req("adaptive-warm", "c4", "c", "plain:0", 90.0, reason=why + "but not flagged", explored=False)]
+    got = explorations(_result(reqs + flagged, ["c4", "p1"]))
+    assert (got["adaptive-warm", "c4"][0], dict(got["adaptive-warm", "c4"][1])) == (
+        3, {"unconfirmed plain decoding": 1, "pool 'ngram' k=2": 1})
     text = "\n".join(section(_result(reqs, ["c4", "p1"])))
     assert ("| adaptive-warm | p1 | 2 / 3 | the cost slope of pool 'ngram' k=4 1, unconfirmed plain decoding 1 |"
             in text)

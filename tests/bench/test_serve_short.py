@@ -187,3 +187,52 @@ def test_percentile_and_learning_cost():
     cost = learning_cost(trace, {"code": 50.0, "prose": 50.0}, {"code": "ngram:8", "prose": "ngram:8"})
     assert (cost["code"]["settled"], cost["code"]["settled_slice_requests"], cost["code"]["warm_choice"]) == (4, 3, "ngram:8")
     assert (cost["prose"]["settled"], cost["prose"]["settled_slice_requests"]) == (None, None)
+
+
+def _as_load(result: dict, load: str) -> dict:
+    """The run's result as if it had measured load point ``load`` instead of c1."""
+    out = json.loads(json.dumps(result))
+    out["settings"]["loads"] = [load]
+    for arm in out["arms"].values():
+        arm["cells"] = {load: arm["cells"]["c1"]}
+    for r in out["requests"]:
+        r["load"] = load
+    out["meta"].update(command=out["meta"]["command"].replace("--loads c1", f"--loads {load}"), wall_s=10.0)
+    return out
+
+
+def test_merge_joins_one_run_per_load_point_and_refuses_runs_of_other_commands(run, tmp_path):
+    out, result = run
+    other = tmp_path / "c2"
+    other.mkdir()
+    (other / "serve.json").write_text(json.dumps(_as_load(result, "c2")))
+    merged_dir = tmp_path / "merged"
+    proc = subprocess.run([sys.executable, "-c", CLI, "bench", "serve", "--merge", str(out), str(other),
+                           "--out", str(merged_dir)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    merged = json.loads((merged_dir / "serve.json").read_text())
+    assert merged["settings"] == dict(result["settings"], loads=["c1", "c2"])
+    assert [list(a["cells"]) for a in merged["arms"].values()] == [["c1", "c2"], ["c1", "c2"]]
+    assert merged["arms"]["plain"]["cells"]["c2"] == result["arms"]["plain"]["cells"]["c1"]
+    assert len(merged["requests"]) == 2 * len(result["requests"])
+    assert [p["dir"] for p in merged["meta"]["parts"]] == [str(out), str(other)]
+    assert merged["meta"]["wall_s"] == round(result["meta"]["wall_s"] + 10.0, 1)
+    assert merged["meta"]["command"].endswith("--loads c2 --restart gateway --num-threads 1 --out " + str(out))
+    text = (merged_dir / "serve.md").read_text()
+    assert "| ngram-k4 | c1 |" in text and "| ngram-k4 | c2 |" in text
+    assert f"Merged from one run per load point (each with its own gateways and warm-up): `{out}`" in text
+
+    from bench.serve.merge import merge
+
+    with pytest.raises(ValueError, match=r"--merge: b has settings.max_tokens = 16, a has 8; merge only runs"):
+        merge([result, dict(_as_load(result, "c2"), settings=dict(result["settings"], loads=["c2"], max_tokens=16))],
+              ["a", "b"])
+    with pytest.raises(ValueError, match=r"--merge: b has meta.commit = 'other', a has"):
+        merge([result, dict(result, meta=dict(result["meta"], commit="other"))], ["a", "b"])
+    with pytest.raises(ValueError, match=r"--merge: load point c1 is in both a and b; keep one"):
+        merge([result, result], ["a", "b"])
+    with pytest.raises(ValueError, match=r"needs at least two"):
+        merge([result])
+    clobber = subprocess.run([sys.executable, "-c", CLI, "bench", "serve", "--merge", str(out), str(other), "--out",
+                              str(other)], capture_output=True, text=True, timeout=120)
+    assert clobber.returncode == 2 and "is one of the merged directories" in clobber.stderr

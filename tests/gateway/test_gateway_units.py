@@ -176,3 +176,20 @@ def test_watcher_follows_a_configmap_symlink_swap(tmp_path):
     assert rejected[0].errors[0].startswith("policy.yaml:4:1: bogus")
     watcher.poll(force=True)  # same bad content again: not re-reported
     assert len(rejected) == 1
+
+
+def test_the_specgate_object_says_whether_the_decision_explored():
+    import json
+
+    import msgspec
+
+    from gateway.call import Call
+    from policies.decide import Decision
+
+    call = Call(state=None, active=None, endpoint="chat", route="r", pool="ngram", proposer="ngram", draft_tokens=8)
+    d = Decision(slice="code", pool="ngram", proposer="ngram", draft_tokens=8, bypass=False, rule="learned",
+                 reason="rule 'learned' auto: exploring cold pool 'ngram' k=8 (0 rounds of evidence)", explored=True)
+    for decision, flag in ((d, True), (msgspec.structs.replace(d, explored=False), False)):
+        call.decision = decision
+        info = json.loads(call.info_json())
+        assert (info["explored"], info["pool"], info["draft_tokens"], info["rule"]) == (flag, "ngram", 8, "learned")

@@ -66,6 +66,7 @@ def test_non_streaming_chat_carries_the_decision(client):
     assert (info["slice"], info["pool"], info["rule"]) == (d["slice"], d["pool"], d["rule"])
     assert info["draft_tokens"] == int(d["draft-tokens"])
     assert info["verify_rounds"] >= 1 and info["accept_length"] >= 1.0
+    assert info["explored"] is ("auto: exploring " in info["reason"])
 
 
 def test_streaming_chat_ends_with_the_specgate_object(client):
@@ -76,6 +77,7 @@ def test_streaming_chat_ends_with_the_specgate_object(client):
     assert text and chunks[-1].choices[0].finish_reason in ("stop", "length")
     info = chunks[-1].model_extra["specgate"]
     assert info["slice"] == "prose" and info["completion_tokens"] >= 1
+    assert info["explored"] is ("auto: exploring " in info["reason"])
     assert all("specgate" not in c.model_extra for c in chunks[:-1])
 
 
