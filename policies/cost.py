@@ -88,11 +88,6 @@ class FitSummary(msgspec.Struct, frozen=True, kw_only=True):
         return RoundTime(c0=coef[0], c1=coef[1], slope_measured=fitted, mean_k=self.sk / self.w,
                          mean_s=self.sy / self.w)
 
-    def predict(self, k: int, draft_token_cost: float, min_rounds: float = 0.0) -> float | None:
-        """Seconds per round at ``k`` (:meth:`round_time` for one k)."""
-        line = self.round_time(draft_token_cost, min_rounds)
-        return None if line is None else line.predict(k)
-
 
 class RoundTime(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds per round against k: ``c0 + c1 * k``; below the mean measured k, until the slope is

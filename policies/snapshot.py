@@ -10,7 +10,7 @@ explain --stats``, the admin endpoint); :class:`Snapshot` adds read helpers with
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -113,11 +113,13 @@ class Snapshot:
             yield b - d
             yield b + d
 
-    def _nearest(self, table: dict[str, Any], prefix: str) -> tuple[Any, float] | None:
-        """Entry for the current concurrency bucket, else the nearest bucket that has one."""
+    def _nearest(self, table: dict[str, Any], prefix: str,
+                 accept: Callable[[Any], bool] | None = None) -> tuple[Any, float] | None:
+        """Entry for the current concurrency bucket, else the nearest bucket that has one (that ``accept``
+        takes, if given)."""
         for cand in self._buckets_nearest():
             entry = table.get(f"{prefix}|{cand}")
-            if entry is not None:
+            if entry is not None and (accept is None or accept(entry)):
                 return entry, self.factor(entry.t_ref)
         return None
 
@@ -158,9 +160,8 @@ class Snapshot:
         measured (:meth:`FitSummary.slope_measured`), or None."""
         key = ("measured_slope", pool, min_rounds)
         if key not in self._memo:
-            self._memo[key] = next((fit for cand in self._buckets_nearest()
-                                    if (fit := self.data.rounds.get(f"{pool}|{cand}")) is not None
-                                    and fit.slope_measured(min_rounds)), None)
+            hit = self._nearest(self.data.rounds, pool, lambda fit: fit.slope_measured(min_rounds))
+            self._memo[key] = hit[0] if hit else None
         return self._memo[key]
 
     def plain_evidence(self, slice_: str) -> float:

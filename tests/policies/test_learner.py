@@ -244,7 +244,8 @@ def test_a_pool_near_plain_on_few_requests_is_explored_until_confirmed() -> None
 def test_one_measured_k_predicts_no_cheaper_shorter_drafts_and_is_probed_at_the_smallest_k() -> None:
     fit = FitSummary(t_ref=0.0, w=100.0, sk=800.0, skk=6400.0, sy=8.0, sky=64.0)  # k=8 only, 0.08 s/round
     assert not fit.identified
-    assert fit.predict(1, 0.1) == fit.predict(8, 0.1) == 0.08 and fit.predict(9, 0.1) > 0.08
+    line = fit.round_time(0.1)
+    assert line.predict(1) == line.predict(8) == 0.08 and line.predict(9) > 0.08
     p = load_policy(POLICY.replace("{min: 2, max: 2}", "{min: 1, max: 2}").replace("REV", "r1")
                     .replace("EXPLORE", "0.0").replace("GAIN", "1.05").replace("COLD", "1.0"), "t.yaml")
     pv = p.pool_pair_version("ngram")
