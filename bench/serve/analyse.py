@@ -151,6 +151,25 @@ def between_cells_variance(cells: list[SameConfigCell]) -> tuple[float, int] | N
     return max(0.0, statistics.fmean(terms)), len(terms)
 
 
+OWN_CELLS = 10  # a load point with this many A/A cells has its own between-run variance (~10 df)
+
+
+def noise_by_load(result: dict, cells: list[SameConfigCell]) -> dict[str, tuple[float, int, bool]]:
+    """Concurrent load point -> (between-run variance, cells, its own): the load's own estimate where it has
+    ``OWN_CELLS`` same-configuration cells (with ``--repeats`` every load has one per arm and slice; the noise
+    differs by load: open-loop arrivals scatter more than a closed loop), else the estimate pooled over all
+    concurrent loads, else ``(nan, 0, False)`` (intervals there unsized)."""
+    pooled = between_cells_variance(cells)
+    out = {}
+    for load in result["settings"]["loads"]:
+        if sequential(load):
+            continue
+        mine = [c for c in cells if c.load == load]
+        own = between_cells_variance(mine) if len(mine) >= OWN_CELLS else None
+        out[load] = (*own, True) if own else (*pooled, False) if pooled else (math.nan, 0, False)
+    return out
+
+
 def duration_estimate(result: dict, per_slice: int, max_tokens: int, loads: int) -> dict:
     """Seconds a run of ``per_slice`` requests per slice, ``max_tokens`` tokens and ``loads`` load points
     would take on this machine, scaled from this run: per load point, each cell's wall time split into its
@@ -207,10 +226,14 @@ def section(result: dict, cells: list[SameConfigCell] | None = None) -> list[str
                      f"| {len(mine)} | {spread} |")
     between = between_cells_variance(cells)
     replicas = sum(1 for c in cells if c.arms[0] == c.arms[1] and not sequential(c.load))
+    own = {load: v for load, v in noise_by_load(result, cells).items() if v[2]}
     lines.append("\nUnder concurrent load a cell's requests share one stretch of the machine's speed: "
                  + (f"between-run standard deviation of a cell's log TPOT ratio {math.sqrt(between[0]):.3f} "
                     f"(from {between[1]} same-configuration cells"
                     + (f", {replicas} of them an arm against its own replicate" if replicas else "")
+                    + (f"; per load point where it has {OWN_CELLS} or more, its own: "
+                       + ", ".join(f"{load} {math.sqrt(v):.3f} ({n})" for load, (v, n, _) in own.items())
+                       if own else "")
                     + "), added to the paired intervals at those loads"
                     + (f" (divided by the {repeats(result)} replicates each side averages)." if repeats(result) > 1
                        else ".")

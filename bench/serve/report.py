@@ -8,8 +8,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from bench.serve.analyse import (SameConfigCell, between_cells_variance, repeats, same_config_cells, section,
-                                 sequential)
+from bench.serve.analyse import SameConfigCell, noise_by_load, repeats, same_config_cells, section
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
@@ -31,7 +30,7 @@ def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, sli
     Pairing by prompt removes the variation between prompts, which dwarfs the one between arms; with
     ``--repeats`` each side of a pair is the geometric mean of the prompt's replicates.
     ``between`` = (variance, cells): the variance of a cell's mean log ratio between runs
-    (:func:`bench.serve.analyse.between_cells_variance`), added for loads where the cell's requests are not
+    (:func:`bench.serve.analyse.noise_by_load`), added for loads where the cell's requests are not
     independent, divided by ``repeats`` (each side averages that many independent runs of the cell); the
     degrees of freedom by Welch-Satterthwaite. Bounds are NaN when ``between`` is needed but unknown
     (``(nan, 0)``)."""
@@ -87,10 +86,10 @@ def _targets(result: dict, same: list[SameConfigCell] | None = None) -> list[str
              "adaptive p50 TPOT | x best | paired TPOT x best | paired TPOT x plain | x plain goodput |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     requests = result.get("requests", [])
-    noise = between_cells_variance(same_config_cells(result) if same is None else same) or (math.nan, 0)
+    noise = noise_by_load(result, same_config_cells(result) if same is None else same)
     reps = repeats(result)
     for load in result["settings"]["loads"]:
-        between = None if sequential(load) else noise
+        between = noise[load][:2] if load in noise else None
         for slice_ in result["settings"]["slices"]:
             cells = {a: arms[a]["cells"][load][slice_] for a in fixed}
             ours = arms[adaptive]["cells"][load][slice_]

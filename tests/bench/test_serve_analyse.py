@@ -206,3 +206,24 @@ def test_repeats_below_one_are_refused_naming_the_flag():
     assert apply_preset(parser.parse_args([])).repeats == 1
     with pytest.raises(ValueError, match=r"--repeats must be >= 1 \(got 0\)"):
         apply_preset(parser.parse_args(["--repeats", "0"]))
+
+
+def test_a_load_point_with_enough_aa_cells_has_its_own_noise_the_others_the_pooled_one():
+    from bench.serve.analyse import OWN_CELLS, SameConfigCell, noise_by_load
+
+    def cells(load: str, n: int, shift: float) -> list[SameConfigCell]:
+        return [SameConfigCell(load, f"s{i}", ("plain", "plain"), "plain:0",
+                               (shift * (-1) ** i + 0.01, shift * (-1) ** i - 0.01)) for i in range(n)]
+
+    quiet, loud = cells("c4", OWN_CELLS, 0.02), cells("p1", 3, 0.2)
+    result = {"settings": {"loads": ["c1", "c4", "p1"]}}
+    noise = noise_by_load(result, quiet + loud)
+    assert noise["c4"] == (*between_cells_variance(quiet), True)
+    assert noise["p1"] == (*between_cells_variance(quiet + loud), False) and "c1" not in noise
+    assert math.isclose(noise["c4"][0], 0.02 ** 2 - 0.0002 / 2)  # d = +-0.02, s^2 = 2 x 0.01^2, n = 2
+    assert noise_by_load(result, quiet[:OWN_CELLS - 1])["c4"][2] is False  # one cell short: pooled
+    assert math.isnan(noise_by_load(result, [])["c4"][0])
+    text = "\n".join(section(dict(_result([], ["c4", "p1"]), settings={"loads": ["c4", "p1"], "slices": ["code"],
+                                                                         "per_slice": 3}), quiet + loud))
+    own = f"; per load point where it has {OWN_CELLS} or more, its own: c4 {math.sqrt(noise['c4'][0]):.3f} (10))"
+    assert own in text
