@@ -226,14 +226,15 @@ def section(result: dict, cells: list[SameConfigCell] | None = None) -> list[str
                      f"| {len(mine)} | {spread} |")
     between = between_cells_variance(cells)
     replicas = sum(1 for c in cells if c.arms[0] == c.arms[1] and not sequential(c.load))
-    own = {load: v for load, v in noise_by_load(result, cells).items() if v[2]}
+    per_load = {load: v for load in result["settings"]["loads"]
+                if (v := between_cells_variance([c for c in cells if c.load == load]))}
     lines.append("\nUnder concurrent load a cell's requests share one stretch of the machine's speed: "
                  + (f"between-run standard deviation of a cell's log TPOT ratio {math.sqrt(between[0]):.3f} "
                     f"(from {between[1]} same-configuration cells"
                     + (f", {replicas} of them an arm against its own replicate" if replicas else "")
-                    + (f"; per load point where it has {OWN_CELLS} or more, its own: "
-                       + ", ".join(f"{load} {math.sqrt(v):.3f} ({n})" for load, (v, n, _) in own.items())
-                       if own else "")
+                    + ("; per load point: " + ", ".join(f"{load} {math.sqrt(v):.3f} ({n})"
+                                                        for load, (v, n) in per_load.items())
+                       + f", its own used where it has {OWN_CELLS} or more cells" if per_load else "")
                     + "), added to the paired intervals at those loads"
                     + (f" (divided by the {repeats(result)} replicates each side averages)." if repeats(result) > 1
                        else ".")

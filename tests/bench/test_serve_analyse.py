@@ -172,7 +172,7 @@ def test_replicates_pair_each_arm_with_itself_and_arms_within_a_replicate():
     assert n == 5 and math.isclose(var, (2 * (d * d - statistics.variance([math.log(1.1), 0, 0]) / 3)
                                          + 3 * math.log(1.25) ** 2) / 5)
     text = "\n".join(section(result, cells))
-    assert "(from 5 same-configuration cells, 3 of them an arm against its own replicate)" in text
+    assert "(from 5 same-configuration cells, 3 of them an arm against its own replicate; per load point: c4 " in text
     assert "(divided by the 2 replicates each side averages)" in text
 
 
@@ -225,5 +225,6 @@ def test_a_load_point_with_enough_aa_cells_has_its_own_noise_the_others_the_pool
     assert math.isnan(noise_by_load(result, [])["c4"][0])
     text = "\n".join(section(dict(_result([], ["c4", "p1"]), settings={"loads": ["c4", "p1"], "slices": ["code"],
                                                                          "per_slice": 3}), quiet + loud))
-    own = f"; per load point where it has {OWN_CELLS} or more, its own: c4 {math.sqrt(noise['c4'][0]):.3f} (10))"
-    assert own in text
+    p1 = between_cells_variance(loud)[0]
+    assert (f"; per load point: c4 {math.sqrt(noise['c4'][0]):.3f} (10), p1 {math.sqrt(p1):.3f} (3), its own used "
+            f"where it has {OWN_CELLS} or more cells)") in text
