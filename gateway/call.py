@@ -151,7 +151,8 @@ class Call:
         self.state.telemetry.observe(RequestRecord(
             request_id=self.request_id, route=self.route, slice=d.slice if d else "", pool=self.pool,
             proposer=self.proposer, rule=d.rule if d else "", reason=(d.reason + self.fallback_note) if d else "",
-            draft_tokens=self.draft_tokens, endpoint=self.endpoint, stream=self.stream, status=status,
+            draft_tokens=self.draft_tokens, explored=bool(d and d.explored), endpoint=self.endpoint,
+            stream=self.stream, status=status,
             http_status=http_status, error_type=error_type, error_message=error_message,
             prompt_tokens=self.prompt_tokens, completion_tokens=n, ttft_s=ttft if ok else None,
             tpot_s=tpot, e2e_s=e2e, overhead_s=overhead, verify_ct=s.verify_ct if s else None,

@@ -30,6 +30,10 @@ in one process never collide). Labels ``route, slice, pool, proposer`` (``L`` be
 
 - Throughput (output tokens/s) next to goodput: ``sum by (route) (rate(specgate_output_tokens_total[5m]))``
 - Decisions by rule: ``sum by (rule) (rate(specgate_requests_total[5m]))``
+- Share of a slice's traffic that ``auto`` spends exploring (the running cost of learning)::
+
+    sum by (route, slice) (rate(specgate_explorations_total[5m]))
+      / sum by (route, slice) (rate(specgate_requests_total[5m]))
 - Error ratio: ``sum(rate(specgate_requests_total{status!="ok"}[5m])) / sum(rate(specgate_requests_total[5m]))``
 - Latency quantiles, e.g. p95 TPOT per pool::
 
@@ -59,6 +63,9 @@ class Metrics:
             "specgate_requests", "Finished requests by decision rule and status class "
             "(status: ok|client_error|rate_limited|upstream_error|aborted|unavailable).",
             L + ("rule", "status"), registry=r)
+        self.explorations = Counter(
+            "specgate_explorations", "Finished requests whose auto decision explored: measured an option (its pool "
+            "and k, or plain decoding) instead of serving the best known one.", L, registry=r)
         self.rounds = Counter("specgate_spec_rounds", "Speculative verification rounds.", L, registry=r)
         self.draft_tokens = Counter("specgate_spec_draft_tokens", "Draft tokens proposed.", L, registry=r)
         self.accepted_tokens = Counter("specgate_spec_accepted_tokens", "Draft tokens accepted by the target.",

@@ -21,6 +21,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     rule: str  # policy rule that decided ("" when rejected before deciding)
     reason: str = ""  # the decision's human-readable reason (logs only)
     draft_tokens: int = 0  # k chosen (0 = bypass)
+    explored: bool = False  # the decision explored (auto measured an option instead of serving the best known)
     endpoint: str = "chat"  # chat | completions
     stream: bool = False
     status: str = "ok"  # ok | client_error | rate_limited | upstream_error | aborted | unavailable
