@@ -62,7 +62,7 @@ def test_dashboard_parses_and_every_metric_it_names_exists():
     # what the issue asks the dashboard to show, by the metric it must query
     for needed in ("specgate_spec_accepted_tokens_total", "specgate_spec_draft_tokens_total", "specgate_slo_met_total",
                    "specgate_requests_total", "specgate_time_per_output_token_seconds_bucket",
-                   "specgate_spec_position_reached_total", "sglang:token_usage"):
+                   "specgate_spec_position_reached_total", "specgate_explorations_total", "sglang:token_usage"):
         assert needed in named, needed
     assert any("by (rule)" in e for e in exprs), "decisions by rule"
     # panel boxes do not overlap on the 24-column grid
