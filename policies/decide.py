@@ -88,15 +88,19 @@ def explain(policy: Policy, features: RequestFeatures, snapshot: Snapshot, *,
 
 
 def exploration_key(decision: Decision) -> str | None:
-    """What ``decision`` explores, as ``slice|pool|k`` (``slice|none|0`` for plain decoding), or None
-    when it is not an exploration. The gateway counts these in flight and passes them to :func:`decide`."""
+    """What ``decision`` explores, as ``slice|pool`` (``slice|none`` for plain decoding), or None when it
+    is not an exploration. The gateway counts these in flight and passes them to :func:`decide`. Per pool,
+    not per k: a pool's evidence (its acceptance curve, its round-time fit, its request count) is one, so
+    a second request exploring it at another k before the first reports is decided on the same evidence;
+    with per-k keys, open-loop arrivals at p0.5 explored the self-draft pool at k=4, 3, 2 and 1 at once
+    (serve-rep2), each ~800 ms per token and stretching every request in flight."""
     if not decision.explored:
         return None
-    return _option_key(decision.slice, "none" if decision.bypass else decision.pool, decision.draft_tokens)
+    return _option_key(decision.slice, "none" if decision.bypass else decision.pool)
 
 
-def _option_key(slice_: str, pool: str, k: int) -> str:
-    return f"{slice_}|{pool}|{k}"
+def _option_key(slice_: str, pool: str) -> str:
+    return f"{slice_}|{pool}"
 
 
 def _safe(snap: Snapshot, pool: str) -> str | None:
@@ -204,9 +208,9 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
         # the lowest FAR_RATE of the exploring draws may also re-measure options far behind
         target = explore_target(options, best, cold, far_ok=cold or draw < rate * FAR_RATE, unsure=unsure,
                                 probe=probe,
-                                busy=lambda c: _option_key(slice_, c.pool, c.draft_tokens) in exploring)
+                                busy=lambda c: _option_key(slice_, c.pool) in exploring)
         plain_due = ((plain_cold or plain_new if cold else plain_samples < learn.min_rounds)  # cold/new, or stale
-                     and _option_key(slice_, "none", 0) not in exploring)
+                     and _option_key(slice_, "none") not in exploring)
         if plain_due and (target is None or plain_samples < target.samples or not (target.cold or target.stale)):
             state = "cold" if plain_cold else "unconfirmed" if cold and plain_new else "stale"
             return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring {state} plain "

@@ -131,7 +131,7 @@ def test_an_exploration_is_counted_in_flight_until_its_request_finishes_even_on_
         r = client.post("/v1/chat/completions", json=MSG, headers={"authorization": "Bearer key-a"})
         assert r.status_code == 503
     assert seen == [set(), set()]
-    assert changes == [("prose|none|0", 1, {}), ("prose|none|0", -1, {"prose|none|0": 1})] * 2
+    assert changes == [("prose|none", 1, {}), ("prose|none", -1, {"prose|none": 1})] * 2
     assert state.exploring == {} and state.in_flight == 0
     counted = [line for line in client.get("/metrics").text.splitlines() if line.startswith("specgate_explorations_total")]
     assert counted == ['specgate_explorations_total{pool="plain",proposer="none",route="a",slice="prose"} 2.0']

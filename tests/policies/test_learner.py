@@ -374,8 +374,8 @@ def test_plain_decoding_at_a_new_load_is_unconfirmed_there_unless_the_pool_is_fa
     d = decide(policy(cold=1.0), FEATURES, near, rng=random.Random(0))
     assert d.explored and d.bypass and d.reason == ("rule 'learned' auto: exploring unconfirmed plain decoding "
                                                     "(20 tokens of evidence)")
-    assert exploration_key(d) == "prose|none|0"
-    d = decide(policy(cold=1.0), FEATURES, near, rng=random.Random(0), exploring={"prose|none|0"})
+    assert exploration_key(d) == "prose|none"
+    d = decide(policy(cold=1.0), FEATURES, near, rng=random.Random(0), exploring={"prose|none"})
     assert not d.explored and (d.pool, d.draft_tokens) == ("ngram", 2)
     far = snap(0.1)  # 0.1 / (0.088 / 2.2) = 2.5x > 1 / FAR
     assert not decide(policy(cold=1.0), FEATURES, far, rng=random.Random(0)).explored
@@ -389,8 +389,23 @@ def test_an_option_being_explored_is_not_explored_again_until_it_reports() -> No
     p = policy(cold=1.0)
     snap = LearningState(p.learning).snapshot(0.0, HEALTHY, 3)
     got = []
-    for exploring in (set(), {"prose|ngram|2"}, {"prose|ngram|2", "prose|none|0"}):
+    for exploring in (set(), {"prose|ngram"}, {"prose|ngram", "prose|none"}):
         d = decide(p, FEATURES, snap, rng=random.Random(0), exploring=exploring)
         got.append((exploration_key(d), d.pool, d.bypass))
-    assert got == [("prose|ngram|2", "ngram", False), ("prose|none|0", "plain", True), (None, "plain", True)]
+    assert got == [("prose|ngram", "ngram", False), ("prose|none", "plain", True), (None, "plain", True)]
     assert "cautious start" in decide(p, FEATURES, snap, rng=random.Random(0), exploring=got[0][:1] + got[1][:1]).reason
+
+
+def test_a_pool_being_explored_is_not_explored_at_another_k_meanwhile() -> None:
+    """ngram at k 1..2, nothing measured, explore_cold 1: the cold pool at its largest k first; while that
+    request is in flight the pool's other k is not explored on the same evidence (cold plain is instead),
+    and with both in flight nothing is."""
+    p = load_policy(POLICY.replace("{min: 2, max: 2}", "{min: 1, max: 2}").replace("REV", "r1")
+                    .replace("EXPLORE", "0.0").replace("GAIN", "1.05").replace("COLD", "1.0"), "t.yaml")
+    snap = LearningState(p.learning).snapshot(0.0, HEALTHY, 3)
+    first = decide(p, FEATURES, snap, rng=random.Random(0))
+    assert (first.pool, first.draft_tokens, exploration_key(first)) == ("ngram", 2, "prose|ngram")
+    second = decide(p, FEATURES, snap, rng=random.Random(0), exploring={exploration_key(first)})
+    assert (second.bypass, exploration_key(second)) == (True, "prose|none")  # not ngram at k=1
+    third = decide(p, FEATURES, snap, rng=random.Random(0), exploring={exploration_key(first), "prose|none"})
+    assert not third.explored and "cautious start" in third.reason
