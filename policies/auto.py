@@ -33,8 +33,8 @@ borrows the nearest measured one, scaled to its own round time). Plain decoding 
 bucket has ``min_rounds`` tokens of it; a bucket reached for the first time takes the speedup of the
 nearest bucket where plain and the pool were both measured, and plain is unconfirmed there (explored at
 ``explore_cold``) until it has ``min_rounds`` tokens within a factor of two of the current concurrency,
-unless the served pool is predicted more than 1/``FAR`` x plain. An option already being explored (the
-gateway passes the explorations in flight) is not explored again before it reports: under open-loop
+unless the served pool is predicted more than 1/``FAR`` x plain. A pool (or plain) already being explored
+(the gateway passes the explorations in flight) is not explored again, at any k, before it reports: under open-loop
 arrivals many requests are decided on the same evidence. A candidate measured enough once but whose *decayed*
 evidence fell below the minimums is *stale*: still exploited on its estimate (ratios do not decay), and
 re-measured at the low rate ``explore`` (the least-sampled stale option, plain included; one predicted
