@@ -25,6 +25,7 @@ Temperature = Annotated[float, Meta(ge=0, le=2)]
 TopP = Annotated[float, Meta(ge=0, le=1)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 MaxTokens = Annotated[int, Meta(ge=1)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]  # alternatives per token (OpenAI's bound)
 Stop = str | Annotated[list[str], Meta(max_length=16)]
 
 
@@ -100,7 +101,7 @@ class ChatRequest(_Common, kw_only=True):
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: TopLogprobs | None = None
 
     @property
     def budget(self) -> int | None:
@@ -111,7 +112,7 @@ class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[str | int]  # text, token ids, or a one-element list of text
     echo: bool = False
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: TopLogprobs | None = None
     best_of: int | None = None
 
     @property
@@ -157,12 +158,15 @@ def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]
 
 
 def _check(request: ChatRequest | CompletionRequest) -> None:
-    """Checks a Struct bound cannot say well: non-empty input, n == 1."""
+    """Checks a Struct bound cannot say well: non-empty input, n == 1, top_logprobs only with logprobs."""
     if request.n != 1:
         raise ApiError(400, f"n must be 1 (one choice per request), got {request.n}", param="n")
     if isinstance(request, ChatRequest):
         if not request.messages:
             raise ApiError(400, "messages is empty; send at least one message", param="messages")
+        if request.top_logprobs is not None and not request.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true; set it or remove top_logprobs",
+                           param="top_logprobs")
         if request.max_tokens is not None and request.max_completion_tokens is not None \
                 and request.max_tokens != request.max_completion_tokens:
             raise ApiError(400, "max_tokens and max_completion_tokens disagree; send one of them",

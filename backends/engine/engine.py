@@ -28,11 +28,13 @@ from backends.engine.proposers.base import EMPTY, SequenceProposer
 from backends.engine.proposers.draft_model import DraftModelProposer, layer_truncated_draft
 from backends.engine.proposers.ngram import NgramProposer
 from backends.engine.runner import ModelRunner, load_model
-from backends.engine.sampling import PenaltyState, needs_history, probs_from_logits, process_logits
+from backends.engine.sampling import (
+    PenaltyState, needs_history, probs_from_logits, process_logits, token_logprobs,
+)
 from backends.engine.scheduler import AdmissionError, Scheduler
 from backends.engine.sequence import Sequence, Status
 from backends.engine.types import (
-    MAX_DRAFT_TOKENS, EngineLoad, FinishReason, GenerateRequest, RequestOutput, RoundStats,
+    MAX_DRAFT_TOKENS, MAX_TOP_LOGPROBS, EngineLoad, FinishReason, GenerateRequest, RequestOutput, RoundStats,
 )
 from backends.engine.verify import verify_greedy, verify_sampled
 
@@ -203,6 +205,8 @@ class Engine:
             probs = probs_from_logits(scaled, params)
             verdict = verify_sampled(probs, proposal.draft_probs, drafts, slot.generator)
         committed = seq.commit(verdict.tokens)
+        if seq.request.logprobs is not None:
+            seq.logprobs.extend(token_logprobs(scaled, committed, seq.request.logprobs))
         if slot.penalty is not None:
             slot.penalty.commit(committed)
         seq.cache_len = len(seq.prompt_ids) + len(seq.output_ids) - 1
@@ -252,6 +256,8 @@ class Engine:
         vocab = self.runner.vocab_size
         if any(not 0 <= t < vocab for t in request.input_ids):
             raise ValueError(f"input_ids must be token ids in [0, {vocab})")
+        if request.logprobs is not None and not 0 <= request.logprobs <= min(MAX_TOP_LOGPROBS, vocab):
+            raise ValueError(f"logprobs must be in [0, {min(MAX_TOP_LOGPROBS, vocab)}], got {request.logprobs}")
         params = request.sampling
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
         k_max = request.speculation.draft_tokens if request.speculation.proposer != "none" else 0

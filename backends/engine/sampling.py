@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.engine.types import SamplingParams
+from backends.engine.types import SamplingParams, TokenLogprob
 
 
 @dataclass(slots=True)
@@ -109,3 +109,16 @@ def probs_from_logits(scaled: torch.Tensor, params: SamplingParams) -> torch.Ten
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """Draw one token from probs [vocab] with the request's own generator (never the global RNG)."""
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def token_logprobs(scaled: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """Log-probabilities of ``tokens`` at consecutive positions of ``scaled`` ([>= len(tokens), vocab],
+    the output of :func:`process_logits`), each with the ``top`` most likely tokens of its position."""
+    n = len(tokens)
+    logp = torch.log_softmax(scaled[:n], dim=-1)
+    chosen = logp[torch.arange(n), torch.tensor(tokens, dtype=torch.long)].tolist()
+    if not top:
+        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen)]
+    values, ids = torch.topk(logp, top, dim=-1)
+    return [TokenLogprob(t, lp, tuple(zip(i, v)))
+            for t, lp, i, v in zip(tokens, chosen, ids.tolist(), values.tolist())]

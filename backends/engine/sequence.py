@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backends.engine.types import FinishReason, GenerateRequest, RequestOutput, RequestStats
+from backends.engine.types import FinishReason, GenerateRequest, RequestOutput, RequestStats, TokenLogprob
 
 Decode = Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text
 
@@ -42,6 +42,7 @@ class Sequence:
     stats: RequestStats = field(default_factory=RequestStats)
     submitted_at: float = field(default_factory=time.perf_counter)
     abort_requested: bool = False
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output id, when requested
 
     @property
     def rid(self) -> str:
@@ -114,4 +115,5 @@ class Sequence:
             finished=self.finish is not None,
             finish_reason=self.finish,
             stats=self.stats,
+            logprobs=tuple(self.logprobs),
         )

@@ -62,12 +62,30 @@ class SpeculationParams:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
 
 
+MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's bound for chat top_logprobs)
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     rid: str
     input_ids: tuple[int, ...]
     sampling: SamplingParams = SamplingParams()
     speculation: SpeculationParams = SpeculationParams()
+    # None: no logprobs; N >= 0: every committed token's logprob and its N most likely alternatives
+    # (SGLang's return_logprob + top_logprobs_num)
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One committed token's log-probability under the distribution the target samples from (after
+    penalties and temperature, before top-k/top-p/min-p truncation; greedy: the penalised logits), as
+    SGLang reports it, and the ``top`` most likely tokens of that distribution: (token id, logprob),
+    most likely first. The same numbers whether the token came from a draft or from plain decoding."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +186,7 @@ class RequestOutput:
     finished: bool
     finish_reason: FinishReason | None
     stats: RequestStats
+    logprobs: tuple[TokenLogprob, ...] = ()  # cumulative, one per output id (only when requested)
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,15 +71,21 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
         bridge = runtime.ready_bridge()
         req = generate_request(body, bridge.engine.tokenizer, runtime.limits)
         prompt_tokens, version = len(req.input_ids), settings.weight_version
+        texts = runtime.token_texts if body.return_text_in_logprobs else None
         events = bridge.events(req)
+
+        def shape(out: Any) -> dict:
+            return generate_body(out, prompt_tokens, version, req.logprobs, texts)
+
         if not body.stream:
-            return await _answer(request, events, lambda out: generate_body(out, prompt_tokens, version))
+            return await _answer(request, events, shape)
+
         async def chunks() -> AsyncIterator[bytes]:
             async for out in events:
                 if out.finished and _is_error(out):
                     yield _stream_error(out.finish_reason.message or "internal error", 500)
                     break
-                yield _sse(generate_body(out, prompt_tokens, version))
+                yield _sse(shape(out))
             yield _DONE
         return _stream(chunks())
 
@@ -87,7 +93,8 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
         bridge = runtime.ready_bridge()
         shaper = OpenAIShaper(chat=chat, rid=req.rid, model=body.model or runtime.served_model_name,
                               prompt_tokens=len(req.input_ids), weight_version=settings.weight_version,
-                              spec_details=body.return_spec_tokens_details)
+                              spec_details=body.return_spec_tokens_details, logprobs=req.logprobs,
+                              texts=runtime.token_texts)
         events = bridge.events(req)
         if not body.stream:
             return await _answer(request, events, shaper.response)

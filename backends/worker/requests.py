@@ -60,6 +60,9 @@ class GenerateBody(msgspec.Struct, frozen=True, kw_only=True):
     rid: str | None = None
     stream: bool = False
     return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1  # -1: output tokens only (prompt logprobs are not computed)
+    return_text_in_logprobs: bool = False
 
 
 class SpeculationOverride(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -113,12 +116,15 @@ class ChatCompletionBody(_OpenAIFields, frozen=True, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
 
 class CompletionBody(_OpenAIFields, frozen=True, kw_only=True):
     prompt: str | list[int | str]  # one prompt: text, token ids, or a one-element list of text
     echo: bool = False
     suffix: str | None = None
+    logprobs: int | None = None
 
 
 class AbortBody(msgspec.Struct, frozen=True, kw_only=True):

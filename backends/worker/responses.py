@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from backends.engine.types import RequestOutput, RequestStats
+from backends.worker.logprobs import TokenTexts, chat_logprobs, completion_logprobs, sglang_meta
 
 
 def spec_fields(stats: RequestStats) -> dict[str, Any]:
@@ -58,7 +59,10 @@ _SGLANG_DETAIL_KEYS = frozenset({"spec_accept_rate", "spec_accept_length", "spec
                                  "spec_num_proposed_drafts", "spec_verify_ct", "spec_correct_drafts_histogram"})
 
 
-def meta_info(out: RequestOutput, prompt_tokens: int, weight_version: str) -> dict[str, Any]:
+def meta_info(out: RequestOutput, prompt_tokens: int, weight_version: str, logprobs: int | None = None,
+              texts: TokenTexts | None = None) -> dict[str, Any]:
+    """``logprobs``: the request's alternatives per token (None: not asked); ``texts``: name each token
+    in them (``return_text_in_logprobs``)."""
     meta: dict[str, Any] = {
         "id": out.rid,
         "finish_reason": out.finish_reason.to_dict() if out.finish_reason else None,
@@ -67,16 +71,19 @@ def meta_info(out: RequestOutput, prompt_tokens: int, weight_version: str) -> di
         "cached_tokens": 0,
         "weight_version": weight_version,
     }
+    if logprobs is not None:
+        meta.update(sglang_meta(out.logprobs, logprobs, texts))
     if out.finished:
         meta["e2e_latency"] = out.stats.e2e_s
         meta.update(spec_fields(out.stats))
     return meta
 
 
-def generate_body(out: RequestOutput, prompt_tokens: int, weight_version: str) -> dict[str, Any]:
+def generate_body(out: RequestOutput, prompt_tokens: int, weight_version: str, logprobs: int | None = None,
+                  texts: TokenTexts | None = None) -> dict[str, Any]:
     """One /generate object (the whole response, or one cumulative stream chunk)."""
     return {"text": out.text, "output_ids": list(out.output_ids),
-            "meta_info": meta_info(out, prompt_tokens, weight_version)}
+            "meta_info": meta_info(out, prompt_tokens, weight_version, logprobs, texts)}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -94,7 +101,7 @@ class OpenAIShaper:
     """Builds chat.completion / text_completion objects and stream chunks for one request."""
 
     def __init__(self, *, chat: bool, rid: str, model: str, prompt_tokens: int, weight_version: str,
-                 spec_details: bool) -> None:
+                 spec_details: bool, logprobs: int | None = None, texts: TokenTexts | None = None) -> None:
         self.chat = chat
         self.rid = rid
         self.model = model
@@ -103,6 +110,23 @@ class OpenAIShaper:
         self.spec_details = spec_details
         self.created = int(time.time())
         self.sent_text = ""
+        self.logprobs = logprobs  # alternatives per token; None: logprobs not asked for
+        self.texts = texts
+        self.sent_logprobs = 0  # tokens whose logprobs a stream chunk carried
+        self.sent_chars = 0  # completions' text_offset of the next token
+
+    def _logprobs(self, out: RequestOutput, start: int) -> dict[str, Any] | None:
+        """The choice's ``logprobs`` for output tokens ``start:`` (None when not asked for)."""
+        if self.logprobs is None or self.texts is None:
+            return None
+        new = out.logprobs[start:]
+        self.sent_logprobs = len(out.logprobs)
+        if self.chat:
+            return chat_logprobs(new, self.texts)
+        body = completion_logprobs(new, self.texts, self.logprobs, self.sent_chars)
+        if new:
+            self.sent_chars = body["text_offset"][-1] + len(body["tokens"][-1])
+        return body
 
     def _envelope(self, chunk: bool, choices: list[dict[str, Any]]) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
@@ -116,7 +140,7 @@ class OpenAIShaper:
                                  "tool_calls": None}
         else:
             choice["text"] = out.text
-        choice.update({"logprobs": None, "finish_reason": reason, "matched_stop": matched})
+        choice.update({"logprobs": self._logprobs(out, 0), "finish_reason": reason, "matched_stop": matched})
         body = self._envelope(False, [choice])
         body["usage"] = usage(self.prompt_tokens, len(out.output_ids))
         body["metadata"] = {"weight_version": self.weight_version}
@@ -144,7 +168,8 @@ class OpenAIShaper:
             choice["delta"] = {"content": delta} if delta else {}
         else:
             choice["text"] = delta
-        choice.update({"logprobs": None, "finish_reason": reason, "matched_stop": matched})
+        choice.update({"logprobs": self._logprobs(out, self.sent_logprobs), "finish_reason": reason,
+                       "matched_stop": matched})
         return self._envelope(True, [choice])
 
     def tail_chunks(self, out: RequestOutput, include_usage: bool) -> list[dict[str, Any]]:

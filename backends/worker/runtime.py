@@ -23,6 +23,7 @@ from backends.engine.model_store import load_prepared
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 from backends.worker.bridge import EngineBridge
 from backends.worker.errors import NotReady
+from backends.worker.logprobs import TokenTexts
 from backends.worker.metrics import WorkerMetrics
 from backends.worker.settings import PROPOSER_ALGORITHM, WorkerSettings
 from backends.worker.translate import Limits
@@ -64,6 +65,7 @@ class WorkerRuntime:
         self.metrics = WorkerMetrics(self.served_model_name)
         self.engine: Engine | None = None
         self.bridge: EngineBridge | None = None
+        self.token_texts: TokenTexts | None = None  # logprobs' token strings, set with the engine
         self.startup_error: str | None = None
         self._loader: asyncio.Task | None = None
 
@@ -81,6 +83,7 @@ class WorkerRuntime:
             return
         engine.start()
         self.engine = engine
+        self.token_texts = TokenTexts(engine.tokenizer)
         self.bridge = EngineBridge(engine, self.metrics, self.settings.max_queued_requests)
         log.info("engine ready in %.1f s (model %s)", time.perf_counter() - started, self.model_path)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
+from backends.engine.types import MAX_TOP_LOGPROBS, GenerateRequest, SamplingParams, SpeculationParams
 from backends.worker.errors import BadRequest
 from backends.worker.requests import (
     ChatCompletionBody, CompletionBody, GenerateBody, SamplingParamsBody, SpeculationOverride,
@@ -94,6 +94,13 @@ def speculation(custom_params: dict[str, Any] | None, default: SpeculationParams
     )
 
 
+def _logprobs(count: int | None, field: str) -> int | None:
+    """The number of alternatives per token (None: no logprobs), checked against the engine's bound."""
+    _check(count is None or 0 <= count <= MAX_TOP_LOGPROBS, field,
+           f"must be in [0, {MAX_TOP_LOGPROBS}], got {count}")
+    return count
+
+
 def _rid(rid: str | None) -> str:
     if rid is not None and not rid:
         raise BadRequest("rid must be a non-empty string when given", "rid")
@@ -116,11 +123,16 @@ def generate_request(body: GenerateBody, tokenizer: Any, limits: Limits) -> Gene
         input_ids = body.input_ids
         if not input_ids:
             raise BadRequest("input_ids is empty; send at least one token id", "input_ids")
-    return _request(input_ids, body.sampling_params, body.rid, limits, "sampling_params.")
+    logprobs = None
+    if body.return_logprob:
+        _check(body.logprob_start_len == -1, "logprob_start_len", "must be -1 (output tokens only): the "
+               "specgate embedded engine does not compute prompt logprobs")
+        logprobs = _logprobs(body.top_logprobs_num, "top_logprobs_num")
+    return _request(input_ids, body.sampling_params, body.rid, limits, "sampling_params.", logprobs)
 
 
 def _request(input_ids: list[int], params: SamplingParamsBody, rid: str | None, limits: Limits,
-             where: str) -> GenerateRequest:
+             where: str, logprobs: int | None = None) -> GenerateRequest:
     if len(input_ids) >= limits.context_length:
         raise BadRequest(f"the prompt has {len(input_ids)} tokens but the model's context window is "
                          f"{limits.context_length}; shorten the prompt", "text")
@@ -128,6 +140,7 @@ def _request(input_ids: list[int], params: SamplingParamsBody, rid: str | None, 
         rid=_rid(rid), input_ids=tuple(input_ids),
         sampling=sampling_params(params, len(input_ids), limits, where),
         speculation=speculation(params.custom_params, limits.default_speculation, where),
+        logprobs=logprobs,
     )
 
 
@@ -164,7 +177,8 @@ def completion_request(body: CompletionBody, tokenizer: Any, limits: Limits) -> 
         if not prompt:
             raise BadRequest("prompt is empty; send a non-empty prompt", "prompt")
         input_ids = list(prompt)
-    return _request(input_ids, _openai_sampling(body, body.max_tokens), body.rid, limits, "")
+    return _request(input_ids, _openai_sampling(body, body.max_tokens), body.rid, limits, "",
+                    _logprobs(body.logprobs, "logprobs"))
 
 
 def _message_text(index: int, message: dict[str, Any]) -> dict[str, str]:
@@ -216,4 +230,8 @@ def chat_prompt(body: ChatCompletionBody, tokenizer: Any) -> list[int]:
 
 def chat_request(body: ChatCompletionBody, tokenizer: Any, limits: Limits) -> GenerateRequest:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return _request(chat_prompt(body, tokenizer), _openai_sampling(body, max_tokens), body.rid, limits, "")
+    _check(body.top_logprobs is None or body.logprobs, "top_logprobs", "needs logprobs: true; set it or "
+           "remove top_logprobs")
+    logprobs = _logprobs(body.top_logprobs or 0, "top_logprobs") if body.logprobs else None
+    return _request(chat_prompt(body, tokenizer), _openai_sampling(body, max_tokens), body.rid, limits, "",
+                    logprobs)

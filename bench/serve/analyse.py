@@ -110,11 +110,10 @@ def same_config_cells(result: dict) -> list[SameConfigCell]:
     return out
 
 
-def explored(r: dict) -> bool:
-    """Whether the request's decision explored: the gateway's ``specgate.explored`` (results before it was
+def explored(flag: bool | None, reason: str | None) -> bool:
+    """Whether a request's decision explored: the gateway's ``specgate.explored`` (results before it was
     recorded: the decision reason says ``auto: exploring``)."""
-    flag = r.get("explored")
-    return "auto: exploring " in (r.get("reason") or "") if flag is None else flag
+    return "auto: exploring " in (reason or "") if flag is None else flag
 
 
 def explorations(result: dict) -> dict[tuple[str, str], tuple[int, Counter[str]]]:
@@ -126,7 +125,7 @@ def explorations(result: dict) -> dict[tuple[str, str], tuple[int, Counter[str]]
         if not r["arm"].startswith("adaptive"):
             continue
         n, kinds = out.get((r["arm"], r["load"]), (0, Counter()))
-        if explored(r):
+        if explored(r.get("explored"), r.get("reason")):
             _, sep, what = (r.get("reason") or "").partition("auto: exploring ")
             kinds[what.split(" (")[0] if sep else f"pool '{r['pool']}' k={r['draft_tokens']}"] += 1
         out[(r["arm"], r["load"])] = (n + 1, kinds)

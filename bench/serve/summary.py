@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+from bench.serve.analyse import explored
 from bench.serve.client import Result
 
 QUANTILES = (50, 90, 99)
@@ -101,7 +102,7 @@ def _settled(trace: list[Result], slice_: str, choice: str | None) -> dict:
         if r.slice != slice_ or not r.ok:
             continue
         k += 1
-        if r.explored or (r.explored is None and "exploring" in (r.reason or "")):
+        if explored(r.explored, r.reason):
             continue
         if f"{r.pool}:{r.draft_tokens}" != choice:
             settled = None

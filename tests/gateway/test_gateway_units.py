@@ -122,6 +122,10 @@ def test_limiters_keep_state_across_reload_when_unchanged():
     (b'{"messages": [{"role": "user", "content": "x"}]}', None,
      "invalid request: Object missing required field `model`"),
     (b'{"model": "m", "messages": []}', "messages", "messages is empty; send at least one message"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}', "top_logprobs",
+     "top_logprobs needs logprobs: true; set it or remove top_logprobs"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}',
+     "top_logprobs", "invalid field `top_logprobs`: Expected `int` <= 20"),
 ])
 def test_chat_validation_messages(raw, param, message):
     with pytest.raises(ApiError) as exc:
@@ -137,6 +141,10 @@ def test_completion_prompts():
         parse_body(b'{"model": "m", "prompt": ["a", "b"]}', CompletionRequest)
     with pytest.raises(ApiError, match="prompt is empty"):
         parse_body(b'{"model": "m", "prompt": ""}', CompletionRequest)
+    with pytest.raises(ApiError, match=r"invalid field `logprobs`: Expected `int` >= 0") as exc:
+        parse_body(b'{"model": "m", "prompt": "a", "logprobs": -1}', CompletionRequest)
+    assert exc.value.param == "logprobs"
+    assert parse_body(b'{"model": "m", "prompt": "a", "logprobs": 3}', CompletionRequest)[1].logprobs == 3
 
 
 def test_worker_errors_map_to_client_statuses():

@@ -98,6 +98,23 @@ def test_completions_stream_and_not(client):
     assert chunks[-1].model_extra["specgate"]["pool"] in ("plain", "ngram")
 
 
+def test_logprobs_pass_through_streamed_and_not(client):
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8,
+               temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**ask)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens == 8
+    assert b"".join(bytes(t.bytes) for t in content).decode(errors="replace") == whole.choices[0].message.content
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in content)  # greedy
+    chunks = list(client.chat.completions.create(**ask, stream=True))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-3)
+    text = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0, logprobs=1,
+                                     extra_body={"ignore_eos": True})
+    assert len(text.choices[0].logprobs.tokens) == 6 and len(text.choices[0].logprobs.top_logprobs) == 6
+
+
 def test_tools_route_to_the_tool_call_slice(client):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -135,6 +152,8 @@ def test_long_prompt_routes_to_long_context(client):
      400, "max_tokens", ">= 1"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9000}),
      400, "max_tokens", "context window is 8192"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}), 400,
+     "top_logprobs", "needs logprobs: true"),
     (json.dumps({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}), 404, "model",
      "does not exist"),
     (json.dumps({"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}), 400,

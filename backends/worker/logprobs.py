@@ -1,0 +1,77 @@
+"""Logprobs in SGLang's and OpenAI's shapes, from the engine's ``TokenLogprob`` (one per output id).
+
+- ``/generate`` (SGLang ``meta_info``): ``output_token_logprobs`` = ``[[logprob, token_id, text], ...]``
+  and, with ``top_logprobs_num`` > 0, ``output_top_logprobs`` = one such list per token; ``text`` is None
+  unless ``return_text_in_logprobs``. Prompt logprobs (``logprob_start_len`` >= 0) are not computed.
+- chat: ``choices[].logprobs.content`` = ``[{token, logprob, bytes, top_logprobs: [{token, logprob,
+  bytes}]}]``; completions: ``{tokens, token_logprobs, top_logprobs: [{token: logprob}] | None,
+  text_offset}``.
+
+A token's bytes come from its byte-level BPE string mapped back through the GPT-2 byte alphabet, so a
+token holding part of a multi-byte character has its true bytes; its text is those bytes decoded, with
+``\\xNN`` escapes where they are not whole UTF-8 characters (as OpenAI shows them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from backends.engine.types import TokenLogprob
+
+
+class TokenTexts:
+    """Token id -> (bytes, text), cached per id (a worker sees a small part of the vocabulary)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        self._tokenizer = tokenizer
+        self._byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+        self._cache: dict[int, tuple[bytes, str]] = {}
+
+    def get(self, token_id: int) -> tuple[bytes, str]:
+        hit = self._cache.get(token_id)
+        if hit is None:
+            piece = self._tokenizer.convert_ids_to_tokens(token_id) or ""
+            raw = (bytes(self._byte_of[c] for c in piece) if all(c in self._byte_of for c in piece)
+                   else piece.encode())  # not byte-level (a special token spelt outside the alphabet)
+            hit = self._cache[token_id] = (raw, raw.decode("utf-8", errors="backslashreplace"))
+        return hit
+
+    def text(self, token_id: int) -> str:
+        return self.get(token_id)[1]
+
+
+def sglang_meta(logprobs: Sequence[TokenLogprob], top: int, texts: TokenTexts | None) -> dict[str, Any]:
+    """``meta_info`` fields; ``texts`` None leaves each entry's text None (``return_text_in_logprobs``)."""
+
+    def entry(logprob: float, token_id: int) -> list[Any]:
+        return [logprob, token_id, texts.text(token_id) if texts is not None else None]
+
+    meta: dict[str, Any] = {"output_token_logprobs": [entry(lp.logprob, lp.token_id) for lp in logprobs]}
+    if top:
+        meta["output_top_logprobs"] = [[entry(v, t) for t, v in lp.top] for lp in logprobs]
+    return meta
+
+
+def chat_logprobs(logprobs: Sequence[TokenLogprob], texts: TokenTexts) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        raw, text = texts.get(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+    return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in logprobs]}
+
+
+def completion_logprobs(logprobs: Sequence[TokenLogprob], texts: TokenTexts, top: int,
+                        offset: int) -> dict[str, Any]:
+    """``offset``: characters of text before the first of these tokens (earlier stream chunks)."""
+    tokens = [texts.text(lp.token_id) for lp in logprobs]
+    starts = []
+    for token in tokens:
+        starts.append(offset)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{texts.text(t): v for t, v in lp.top} for lp in logprobs] if top else None,
+            "text_offset": starts}
