@@ -109,7 +109,7 @@ class Telemetry:
     def _remember(self, key: tuple[str, ...], rule: str, record: RequestRecord, counts: SpecCounts | None) -> None:
         route, slice_, pool = key[0], key[1], key[2]
         ok = record.status == "ok"
-        sums: dict[str, float] = {"requests": 1, "ok": int(ok), "errors": int(not ok),
+        sums: dict[str, float] = {"requests": 1, "ok": int(ok), "errors": int(not ok), "explored": int(record.explored),
                                   "slo_met": int(record.slo_met is True), "slo_missed": int(record.slo_met is False),
                                   "output_tokens": record.completion_tokens}
         if counts is not None:

@@ -13,8 +13,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-GROUP_FIELDS = ("requests", "ok", "errors", "slo_met", "slo_missed", "output_tokens", "rounds", "accepted",
-                "drafts", "tpot_spec_sum", "tpot_spec_n", "tpot_plain_sum", "tpot_plain_n", "ttft_sum", "ttft_n")
+GROUP_FIELDS = ("requests", "ok", "errors", "explored", "slo_met", "slo_missed", "output_tokens", "rounds",
+                "accepted", "drafts", "tpot_spec_sum", "tpot_spec_n", "tpot_plain_sum", "tpot_plain_n", "ttft_sum",
+                "ttft_n")
 POOL_FIELDS = ("running", "waiting", "kv_usage", "healthy_workers")
 
 

@@ -67,6 +67,22 @@ function renderPositions(positions, route) {
               y: { min: 0, max: 100, title: { display: true, text: "% accepted | previous accepted" } } } });
 }
 
+// Sums over the last `span` buckets at each point (a 5 s bucket holds too few requests for a share).
+function rolling(a, span) {
+  let acc = 0;
+  return a.map((v, i) => { acc += v - (i >= span ? a[i - span] : 0); return acc; });
+}
+
+function renderExplorations(labels, groups, route) {
+  const bySlice = {};
+  for (const g of selected(groups, route)) addCols(bySlice[g.slice] = bySlice[g.slice] || {}, g, ["requests", "explored"]);
+  const datasets = Object.keys(bySlice).sort().filter(s => sum(bySlice[s].requests) > 0).map((s, i) => {
+    const n = rolling(bySlice[s].requests, WINDOW_BUCKETS_1MIN), e = rolling(bySlice[s].explored, WINDOW_BUCKETS_1MIN);
+    return line(s, n.map((v, j) => v > 0 ? 100 * e[j] / v : null), i);
+  });
+  draw("chart-explore", "line", labels, datasets, { scales: { y: { min: 0, max: 100, title: { display: true, text: "% of requests" } } } });
+}
+
 function renderTpot(labels, total) {
   const mean = (s, n) => s.map((v, i) => n[i] > 0 ? 1000 * v / n[i] : null);
   draw("chart-tpot", "line", labels, [
@@ -171,6 +187,7 @@ function render(data) {
   renderPositions(data.positions, route);
   renderTpot(labels, total);
   renderGoodput(labels, total, s.width_s);
+  renderExplorations(labels, s.groups, route);
   renderRules(labels, s.rules, route);
   renderPools(labels, s.pools);
   renderPoolTable(data.pools);

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "artifacts" / "telemetry" / "dashboard.png"
-CHARTS = ("chart-accept-length", "chart-positions", "chart-tpot", "chart-goodput", "chart-rules",
+CHARTS = ("chart-accept-length", "chart-positions", "chart-tpot", "chart-goodput", "chart-explore", "chart-rules",
           "chart-pool-load", "chart-kv")
 
 
@@ -118,6 +118,12 @@ def test_dashboard_renders_every_chart_without_errors(chromium: Path, server: st
         tpot = browser.evaluate("Chart.getChart('chart-tpot').data.datasets.map(d => [d.label, "
                                 "d.data.filter(v => v !== null).length])")
         assert [label for label, n in tpot if n > 0] == ["speculative", "plain"]
+        explore = browser.evaluate("Object.fromEntries(Chart.getChart('chart-explore').data.datasets"
+                                   ".map(d => [d.label, d.data.filter(v => v !== null)]))")
+        assert sorted(explore) == ["code", "prose", "tool_call"]
+        assert all(0 <= v <= 100 for shares in explore.values() for v in shares)
+        # code is pinned by its rule (never explores); a fifth of the learned draft requests explored
+        assert set(explore["code"]) == {0} and max(explore["tool_call"]) > 0
         rules = browser.evaluate("Chart.getChart('chart-rules').data.datasets.map(d => d.label)")
         assert rules == ["code-ngram", "kv-pressure", "learned"]
 

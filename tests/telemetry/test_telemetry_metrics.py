@@ -226,6 +226,7 @@ def test_dashboard_history_sums_and_stays_bounded(policy):
     groups = {(g["route"], g["slice"]): g for g in series["groups"]}
     assert groups[("ide", "code")]["rounds"] == [9, 0] and groups[("ide", "code")]["accepted"] == [14, 0]
     assert groups[("chat", "prose")]["requests"] == [3, 0] and groups[("chat", "prose")]["errors"] == [2, 0]
+    assert groups[("chat", "prose")]["explored"] == [1, 0] and groups[("ide", "code")]["explored"] == [0, 0]
     assert groups[("ide", "code")]["slo_met"] == [1, 0] and groups[("ide", "code")]["slo_missed"] == [1, 0]
     positions = telemetry.dashboard_data(now=1009.0)["positions"]
     assert positions == [{"route": "ide", "slice": "code", "pool": "ngram", "accepted": [7, 4, 3, 0],
