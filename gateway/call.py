@@ -40,6 +40,7 @@ class SpecgateInfo(msgspec.Struct, frozen=True, kw_only=True):
     fallback: bool
     retries: int
     explored: bool = False  # the decision measured an option instead of serving the best known one (auto)
+    exploration: str | None = None  # why: cold | unconfirmed | stale | slope | routine (policies.decide.Decision)
     verify_rounds: int | None = None
     accept_length: float | None = None
     accept_rate: float | None = None
@@ -106,6 +107,7 @@ class Call:
             request_id=self.request_id, route=self.route, slice=d.slice, pool=self.pool, rule=d.rule,
             reason=d.reason + self.fallback_note, proposer=self.proposer,
             draft_tokens=self.draft_tokens, fallback=self.fallback, retries=self.retries, explored=d.explored,
+            exploration=d.exploration,
             verify_rounds=s.verify_ct if s else None, accept_length=s.accept_length if s else None,
             accept_rate=s.accept_rate if s else None, completion_tokens=self.completion_tokens))
 
@@ -151,7 +153,7 @@ class Call:
         self.state.telemetry.observe(RequestRecord(
             request_id=self.request_id, route=self.route, slice=d.slice if d else "", pool=self.pool,
             proposer=self.proposer, rule=d.rule if d else "", reason=(d.reason + self.fallback_note) if d else "",
-            draft_tokens=self.draft_tokens, explored=bool(d and d.explored), endpoint=self.endpoint,
+            draft_tokens=self.draft_tokens, exploration=d.exploration if d else None, endpoint=self.endpoint,
             stream=self.stream, status=status,
             http_status=http_status, error_type=error_type, error_message=error_message,
             prompt_tokens=self.prompt_tokens, completion_tokens=n, ttft_s=ttft if ok else None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -23,9 +23,17 @@ from policies.slicing import classify
 from policies.snapshot import Snapshot
 
 
+Exploration = Literal["cold", "unconfirmed", "stale", "slope", "routine"]
+EXPLORATIONS: tuple[str, ...] = get_args(Exploration)
+
+
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """What to do with one request. ``draft_tokens`` 0 and ``bypass`` True mean no speculation.
-    ``speculation_override``: send as ``custom_params.speculation`` (per_request pools only)."""
+    ``speculation_override``: send as ``custom_params.speculation`` (per_request pools only).
+    ``exploration``: why ``auto`` measured an option instead of serving the best known one (None: it did
+    not): a *cold* option (too little evidence to exploit), an *unconfirmed* one (an estimate from few
+    requests within reach of the best, or plain decoding not measured near this load), a *stale* one
+    (evidence decayed), the cost *slope* of the best pool (a second k), or *routine* (the background rate)."""
 
     slice: str
     pool: str
@@ -36,8 +44,12 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     speculation_override: dict[str, Any] | None = None
     fallback: bool = False
-    explored: bool = False
+    exploration: Exploration | None = None
     predicted_speedup: float | None = None
+
+    @property
+    def explored(self) -> bool:
+        return self.exploration is not None
 
 
 class RuleTrace(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,7 +126,7 @@ def _safe(snap: Snapshot, pool: str) -> str | None:
 
 
 def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: str, reason: str,
-           near: tuple[str, ...], fallback: bool = False, explored: bool = False) -> Decision:
+           near: tuple[str, ...], fallback: bool = False, exploration: Exploration | None = None) -> Decision:
     """Serve without speculation: a healthy plain pool, else the same per-request workers, else any."""
     options = [p for p in comp.plain_pools if snap.pool(p).healthy]
     options += [p for p in near + tuple(comp.speculative)
@@ -123,17 +135,18 @@ def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: st
     pool = options[0]
     per_request = policy.pools[pool].speculation == "per_request"
     return Decision(slice=slice_, pool=pool, proposer="none", draft_tokens=0, bypass=True, rule=rule,
-                    reason=reason, fallback=fallback, explored=explored,
+                    reason=reason, fallback=fallback, exploration=exploration,
                     speculation_override={"proposer": "none"} if per_request else None)
 
 
 def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason: str,
-               explored: bool = False, speedup: float | None = None) -> Decision:
+               exploration: Exploration | None = None, speedup: float | None = None) -> Decision:
     spec = policy.pools[pool]
     override = ({"proposer": spec.proposer, "draft_tokens": k, "adaptive": spec.adaptive}
                 if spec.speculation == "per_request" else None)
     return Decision(slice=slice_, pool=pool, proposer=spec.proposer, draft_tokens=k, bypass=False, rule=rule,
-                    reason=reason, speculation_override=override, explored=explored, predicted_speedup=speedup)
+                    reason=reason, speculation_override=override, exploration=exploration,
+                    predicted_speedup=speedup)
 
 
 def _decide(policy: Policy, features: RequestFeatures, snap: Snapshot, rng: random.Random | None,
@@ -212,15 +225,16 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
         plain_due = ((plain_cold or plain_new if cold else plain_samples < learn.min_rounds)  # cold/new, or stale
                      and _option_key(slice_, "none") not in exploring)
         if plain_due and (target is None or plain_samples < target.samples or not (target.cold or target.stale)):
-            state = "cold" if plain_cold else "unconfirmed" if cold and plain_new else "stale"
+            state: Exploration = "cold" if plain_cold else "unconfirmed" if cold and plain_new else "stale"
             return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring {state} plain "
-                          f"decoding ({plain_samples:.0f} tokens of evidence)", pools, explored=True)
+                          f"decoding ({plain_samples:.0f} tokens of evidence)", pools, exploration=state)
         if target is not None:
-            state = ("cold " if target.cold else "the cost slope of " if target is probe
-                     else "unconfirmed " if cold else "stale " if target.stale else "")
+            kind: Exploration = ("cold" if target.cold else "slope" if target is probe
+                                 else "unconfirmed" if cold else "stale" if target.stale else "routine")
+            words = {"slope": "the cost slope of ", "routine": ""}.get(kind, kind + " ")
             return _speculate(policy, slice_, target.pool, target.draft_tokens, rule,
-                              f"rule '{rule}' auto: exploring {state}pool '{target.pool}' k={target.draft_tokens} "
-                              f"({target.samples:.0f} rounds of evidence)", explored=True)
+                              f"rule '{rule}' auto: exploring {words}pool '{target.pool}' k={target.draft_tokens} "
+                              f"({target.samples:.0f} rounds of evidence)", exploration=kind)
     if best is None:
         return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: no candidate has enough "
                       f"evidence yet (cautious start); serving without speculation", pools)

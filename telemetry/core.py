@@ -69,8 +69,8 @@ class Telemetry:
         m = self.metrics
         child = self._child
         child(m.requests, (*key, rule, lab.status(record.status))).inc()
-        if record.explored:
-            child(m.explorations, key).inc()
+        if record.exploration is not None:
+            child(m.explorations, (*key, lab.exploration(record.exploration))).inc()
         child(m.prompt_tokens, key).inc(record.prompt_tokens)
         child(m.output_tokens, key).inc(record.completion_tokens)
         if record.slo_met is True:

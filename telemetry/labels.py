@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import get_args
 
+from policies.decide import EXPLORATIONS
 from policies.schema import Policy, Proposer
 
 OTHER = "other"
@@ -68,3 +69,7 @@ class LabelSets:
     @staticmethod
     def status(value: str) -> str:
         return value if value in STATUSES else OTHER
+
+    @staticmethod
+    def exploration(value: str) -> str:
+        return value if value in EXPLORATIONS else OTHER

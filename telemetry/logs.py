@@ -75,7 +75,9 @@ def request_fields(record: RequestRecord, *, debug_text: bool) -> dict[str, Any]
     fields: dict[str, Any] = {
         "request_id": record.request_id, "route": record.route, "slice": record.slice, "rule": record.rule,
         "pool": record.pool, "proposer": record.proposer, "k": record.draft_tokens, "reason": record.reason,
-        "explored": record.explored, "fallback": record.fallback, "endpoint": record.endpoint, "stream": record.stream,
+        "explored": record.explored,
+        "exploration": record.exploration, "fallback": record.fallback, "endpoint": record.endpoint,
+        "stream": record.stream,
         "status": record.status, "http_status": record.http_status,
         "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
         "ttft_ms": _ms(record.ttft_s), "tpot_ms": _ms(record.tpot_s), "e2e_ms": _ms(record.e2e_s),

@@ -21,7 +21,9 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     rule: str  # policy rule that decided ("" when rejected before deciding)
     reason: str = ""  # the decision's human-readable reason (logs only)
     draft_tokens: int = 0  # k chosen (0 = bypass)
-    explored: bool = False  # the decision explored (auto measured an option instead of serving the best known)
+    # why the auto decision measured an option instead of serving the best known one (None: it did not):
+    # cold | unconfirmed | stale | slope | routine (policies.decide.Decision.exploration)
+    exploration: str | None = None
     endpoint: str = "chat"  # chat | completions
     stream: bool = False
     status: str = "ok"  # ok | client_error | rate_limited | upstream_error | aborted | unavailable
@@ -52,3 +54,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     # Set ONLY when the gateway runs with its debug-text flag; logged only then, never exported as metrics.
     prompt_text: str | None = None
     completion_text: str | None = None
+
+    @property
+    def explored(self) -> bool:
+        return self.exploration is not None

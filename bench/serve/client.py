@@ -35,6 +35,7 @@ class Result:
     rule: str | None = None
     reason: str | None = None  # the gateway's decision reason (why this pool and k, or why plain)
     explored: bool | None = None  # the decision explored (the gateway's ``specgate.explored``)
+    exploration: str | None = None  # why (``specgate.exploration``: cold|unconfirmed|stale|slope|routine)
     pool: str | None = None
     proposer: str | None = None
     draft_tokens: int | None = None
@@ -76,6 +77,7 @@ def _take_info(result: Result, info: dict) -> None:
     result.draft_tokens, result.gateway_slice = info.get("draft_tokens"), info.get("slice")
     result.fallback, result.verify_rounds = info.get("fallback"), info.get("verify_rounds")
     result.accept_length, result.explored = info.get("accept_length"), info.get("explored")
+    result.exploration = info.get("exploration")
 
 
 async def send(client: httpx.AsyncClient, url: str, body: dict, result: Result) -> Result:

@@ -196,8 +196,10 @@ def test_the_specgate_object_says_whether_the_decision_explored():
 
     call = Call(state=None, active=None, endpoint="chat", route="r", pool="ngram", proposer="ngram", draft_tokens=8)
     d = Decision(slice="code", pool="ngram", proposer="ngram", draft_tokens=8, bypass=False, rule="learned",
-                 reason="rule 'learned' auto: exploring cold pool 'ngram' k=8 (0 rounds of evidence)", explored=True)
-    for decision, flag in ((d, True), (msgspec.structs.replace(d, explored=False), False)):
+                 reason="rule 'learned' auto: exploring cold pool 'ngram' k=8 (0 rounds of evidence)",
+                 exploration="cold")
+    for decision, flag, kind in ((d, True, "cold"), (msgspec.structs.replace(d, exploration=None), False, None)):
         call.decision = decision
         info = json.loads(call.info_json())
-        assert (info["explored"], info["pool"], info["draft_tokens"], info["rule"]) == (flag, "ngram", 8, "learned")
+        assert (info["explored"], info["exploration"], info["pool"], info["draft_tokens"], info["rule"]) == (
+            flag, kind, "ngram", 8, "learned")

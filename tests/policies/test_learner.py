@@ -110,8 +110,8 @@ def test_decay_halves_evidence_after_one_half_life_and_stale_candidates_are_re_m
     assert later.candidates[0].eligible and later.candidates[0].stale and not later.candidates[0].cold
     assert not decide(p, FEATURES, state.snapshot(100.0, HEALTHY, 1)).bypass
     explored = decide(p, FEATURES, state.snapshot(100.0, HEALTHY, 1), rng=random.Random(0))
-    assert explored.explored and explored.reason == ("rule 'learned' auto: exploring stale pool 'ngram' k=2 "
-                                                     "(75 rounds of evidence)")
+    assert explored.exploration == "stale"
+    assert explored.reason == "rule 'learned' auto: exploring stale pool 'ngram' k=2 (75 rounds of evidence)"
     # two half-lives: both stale (plain 50 tokens, the pool 37.5 rounds); the least-sampled goes first
     assert "stale pool 'ngram'" in decide(p, FEATURES, state.snapshot(200.0, HEALTHY, 1), rng=random.Random(0)).reason
 
@@ -144,6 +144,7 @@ def test_exploration_off_and_on_with_fixed_seed() -> None:
     explored = [d for d in got if d.explored]
     assert explored and all((d.pool, d.draft_tokens, d.bypass) == ("ngram", 2, False) for d in explored)
     assert all(d.reason.startswith("rule 'learned' auto: exploring pool 'ngram'") for d in explored)
+    assert {d.exploration for d in explored} == {"routine"}
 
 
 def test_plain_decoding_is_re_measured_when_its_evidence_is_cold() -> None:
@@ -156,6 +157,7 @@ def test_plain_decoding_is_re_measured_when_its_evidence_is_cold() -> None:
     d = decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(1))
     assert d.explored and d.bypass and d.pool == "plain" and d.speculation_override == {"proposer": "none"}
     assert d.reason == "rule 'learned' auto: exploring cold plain decoding (50 tokens of evidence)"
+    assert d.exploration == "cold"
     state.record(plain_outcome(0.05))  # 150 plain tokens: warm, and no pool is cold -> no exploration
     assert not decide(p, FEATURES, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(1)).explored
 

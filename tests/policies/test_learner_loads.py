@@ -44,7 +44,8 @@ def test_a_new_load_borrows_the_cost_slope_measured_at_another_instead_of_probin
     d = decide(p, FEATURES, snap, rng=random.Random(0))  # k=1: 0.14 s / 1.8 beats k=2: 0.176 s / 2.2
     assert not d.explored and (d.pool, d.draft_tokens) == ("ngram", 1)
     d = decide(p, FEATURES, states[1].snapshot(0.0, HEALTHY, 4), rng=random.Random(0))
-    assert d.explored and d.reason.startswith("rule 'learned' auto: exploring the cost slope of pool 'ngram' k=1")
+    assert d.exploration == "slope"
+    assert d.reason.startswith("rule 'learned' auto: exploring the cost slope of pool 'ngram' k=1")
 
 
 def test_the_slope_probe_is_midway_between_the_smallest_and_the_served_k() -> None:
@@ -77,8 +78,8 @@ def test_plain_decoding_at_a_new_load_is_unconfirmed_there_unless_the_pool_is_fa
     near = snap(0.05)
     assert near.plain_evidence("prose") == 100 and near.plain_nearby("prose") == 20
     d = decide(policy(cold=1.0), FEATURES, near, rng=random.Random(0))
-    assert d.explored and d.bypass and d.reason == ("rule 'learned' auto: exploring unconfirmed plain decoding "
-                                                    "(20 tokens of evidence)")
+    assert d.exploration == "unconfirmed" and d.bypass
+    assert d.reason == "rule 'learned' auto: exploring unconfirmed plain decoding (20 tokens of evidence)"
     assert exploration_key(d) == "prose|none"
     d = decide(policy(cold=1.0), FEATURES, near, rng=random.Random(0), exploring={"prose|none"})
     assert not d.explored and (d.pool, d.draft_tokens) == ("ngram", 2)

@@ -41,7 +41,8 @@ def test_one_json_line_per_request_with_its_fields_and_no_text(stream):
     Telemetry(POLICY).observe(_record())
     (line,) = [entry for entry in _lines(stream) if entry["event"] == "request"]
     expected = {"request_id": "req-42", "route": "ide", "slice": "code", "rule": "code-ngram", "pool": "ngram",
-                "proposer": "ngram", "k": 4, "explored": False, "status": "ok", "http_status": 200, "prompt_tokens": 17,
+                "proposer": "ngram", "k": 4, "explored": False, "exploration": None, "status": "ok", "http_status": 200,
+                "prompt_tokens": 17,
                 "completion_tokens": 12, "ttft_ms": 123.4, "tpot_ms": 21.0, "e2e_ms": 354.4, "accept_length": 2.4,
                 "verify_ct": 5, "slo_met": True, "level": "info"}
     assert {k: line[k] for k in expected} == expected

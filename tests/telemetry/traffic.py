@@ -18,7 +18,7 @@ ACCEPT = {"code": (0.85, 0.75, 0.65, 0.55), "prose": (0.55, 0.4, 0.3, 0.2), "too
 
 def speculative_record(rng: random.Random, *, request_id: str, route: str, slice_: str, pool: str,
                        proposer: str, rule: str, k: int, at: float, slo_tpot_s: float,
-                       explored: bool = False) -> RequestRecord:
+                       exploration: str | None = None) -> RequestRecord:
     """One speculative request whose per-position counts come from simulated rounds."""
     rounds = rng.randint(8, 24)
     accepted = [0] * k
@@ -41,7 +41,7 @@ def speculative_record(rng: random.Random, *, request_id: str, route: str, slice
         num_proposed_drafts=rounds * k, accept_length=completion / rounds, accepted_per_position=accepted,
         reached_per_position=reached, slo_ttft_s=0.5, slo_tpot_s=slo_tpot_s,
         slo_met=ttft <= 0.5 and tpot <= slo_tpot_s, timestamp=at, overhead_s=rng.uniform(0.0005, 0.003),
-        explored=explored)
+        exploration=exploration)
 
 
 def plain_record(rng: random.Random, *, request_id: str, route: str, slice_: str, rule: str, at: float,
@@ -76,7 +76,7 @@ def traffic(policy: Policy, rng: random.Random, start: float, end: float, per_s:
         elif slice_ == "tool_call" or rng.random() < 0.3:
             records.append(speculative_record(rng, request_id=rid, route=route, slice_=slice_, pool="draft",
                                               proposer="draft_model", rule="learned", k=3, at=t, slo_tpot_s=slo_tpot,
-                                              explored=rng.random() < 0.2))
+                                              exploration="routine" if rng.random() < 0.2 else None))
         else:
             status = "upstream_error" if rng.random() < 0.03 else "ok"
             rule = "kv-pressure" if rng.random() < 0.2 else "learned"
