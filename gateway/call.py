@@ -60,6 +60,7 @@ class Call:
     route: str = ""
     stream: bool = False
     include_usage: bool = False
+    echo: bool = False  # completions with echo: the stream's first text is the prompt, not a generated token
     features: RequestFeatures | None = None
     decision: Decision | None = None
     limiter: RouteLimiter | None = None

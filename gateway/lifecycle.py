@@ -37,6 +37,7 @@ def admit(state: GatewayState, endpoint: str, raw: bytes, headers: Any) -> tuple
         body, request = parse_body(raw, kind)
         call.stream = request.stream
         call.include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        call.echo = isinstance(request, CompletionRequest) and request.echo
         wanted = call.active.wanted_headers
         picked = {h: headers[h] for h in wanted if h in headers} if wanted else None
         call.features = features = features_from_openai(body, route=call.route, headers=picked,

@@ -100,6 +100,7 @@ async def _relay(call: Call, client: SGLangClient, upstream: AsyncIterator[OpenA
     chat = call.endpoint == "chat"
     held_finish: bytes | None = None
     usage_raw: bytes | None = None
+    echo_pending = call.echo
     completed = False
     try:
         item: OpenAIResult[Any] | None = first
@@ -116,7 +117,10 @@ async def _relay(call: Call, client: SGLangClient, upstream: AsyncIterator[OpenA
                     call.ttft_s = time.perf_counter() - call.t0
             else:
                 if call.ttft_s is None and _has_content(parsed, chat):
-                    call.ttft_s = time.perf_counter() - call.t0
+                    if echo_pending:  # the echoed prompt, sent before any token is generated
+                        echo_pending = False
+                    else:
+                        call.ttft_s = time.perf_counter() - call.t0
                 yield b"data: " + item.raw + b"\n\n"
             started = time.perf_counter()
             try:

@@ -22,7 +22,7 @@ from backends.worker.requests import AbortBody, ChatCompletionBody, CompletionBo
 from backends.worker.responses import OpenAIShaper, generate_body
 from backends.worker.runtime import EngineFactory, WorkerRuntime
 from backends.worker.settings import WorkerSettings
-from backends.worker.translate import chat_request, completion_request, generate_request
+from backends.worker.translate import chat_request, completion_request, echo_text, generate_request
 
 log = logging.getLogger("specgate.worker")
 T = TypeVar("T")
@@ -89,12 +89,13 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
             yield _DONE
         return _stream(chunks())
 
-    async def openai(request: Request, req: GenerateRequest, body: Any, chat: bool) -> Response | Stream:
+    async def openai(request: Request, req: GenerateRequest, body: Any, chat: bool, echo: str = ""
+                     ) -> Response | Stream:
         bridge = runtime.ready_bridge()
         shaper = OpenAIShaper(chat=chat, rid=req.rid, model=body.model or runtime.served_model_name,
                               prompt_tokens=len(req.input_ids), weight_version=settings.weight_version,
                               spec_details=body.return_spec_tokens_details, logprobs=req.logprobs,
-                              texts=runtime.token_texts)
+                              texts=runtime.token_texts, echo=echo)
         events = bridge.events(req)
         if not body.stream:
             return await _answer(request, events, shaper.response)
@@ -125,8 +126,9 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response | Stream:
         body = await _decode(request, CompletionBody)
-        req = completion_request(body, runtime.ready_bridge().engine.tokenizer, runtime.limits)
-        return await openai(request, req, body, chat=False)
+        tokenizer = runtime.ready_bridge().engine.tokenizer
+        req = completion_request(body, tokenizer, runtime.limits)
+        return await openai(request, req, body, chat=False, echo=echo_text(body, req, tokenizer))
 
     @post("/abort_request", status_code=200)
     async def abort_request(request: Request) -> Response:

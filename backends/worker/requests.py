@@ -115,6 +115,7 @@ class ChatCompletionBody(_OpenAIFields, frozen=True, kw_only=True):
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    response_format: Any = None
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -124,6 +125,7 @@ class CompletionBody(_OpenAIFields, frozen=True, kw_only=True):
     prompt: str | list[int | str]  # one prompt: text, token ids, or a one-element list of text
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = None
     logprobs: int | None = None
 
 

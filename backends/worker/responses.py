@@ -101,7 +101,8 @@ class OpenAIShaper:
     """Builds chat.completion / text_completion objects and stream chunks for one request."""
 
     def __init__(self, *, chat: bool, rid: str, model: str, prompt_tokens: int, weight_version: str,
-                 spec_details: bool, logprobs: int | None = None, texts: TokenTexts | None = None) -> None:
+                 spec_details: bool, logprobs: int | None = None, texts: TokenTexts | None = None,
+                 echo: str = "") -> None:
         self.chat = chat
         self.rid = rid
         self.model = model
@@ -110,6 +111,7 @@ class OpenAIShaper:
         self.spec_details = spec_details
         self.created = int(time.time())
         self.sent_text = ""
+        self.echo = echo  # completions' echo: the prompt text ahead of the completion
         self.logprobs = logprobs  # alternatives per token; None: logprobs not asked for
         self.texts = texts
         self.sent_logprobs = 0  # tokens whose logprobs a stream chunk carried
@@ -139,7 +141,7 @@ class OpenAIShaper:
             choice["message"] = {"role": "assistant", "content": out.text, "reasoning_content": None,
                                  "tool_calls": None}
         else:
-            choice["text"] = out.text
+            choice["text"] = self.echo + out.text
         choice.update({"logprobs": self._logprobs(out, 0), "finish_reason": reason, "matched_stop": matched})
         body = self._envelope(False, [choice])
         body["usage"] = usage(self.prompt_tokens, len(out.output_ids))
@@ -149,9 +151,13 @@ class OpenAIShaper:
         return body
 
     def first_chunk(self) -> dict[str, Any] | None:
-        """Chat streams open with the assistant role (OpenAI's first chunk); completions do not."""
+        """Chat streams open with the assistant role (OpenAI's first chunk); completions only with the
+        echoed prompt."""
         if not self.chat:
-            return None
+            if not self.echo:
+                return None
+            return self._envelope(True, [{"index": 0, "text": self.echo, "logprobs": None, "finish_reason": None,
+                                          "matched_stop": None}])
         return self._envelope(True, [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None, "matched_stop": None}])
 

@@ -1,8 +1,9 @@
 """SGLang / OpenAI request bodies -> the engine's ``GenerateRequest``.
 
 Value checks follow SGLang's ``SamplingParams.verify`` (same bounds, messages naming the field). Fields
-SGLang accepts but the embedded engine does not implement (constrained decoding, logit_bias, n > 1)
-are refused with a 400 that says so, rather than silently ignored. Both OpenAI endpoints are turned
+SGLang accepts but the embedded engine does not implement (constrained decoding: regex, json_schema,
+``response_format`` other than text; a forced ``tool_choice``; logit_bias; n > 1; prompt logprobs) are refused
+with a 400 that says so, rather than silently ignored. Both OpenAI endpoints are turned
 into a ``SamplingParamsBody`` first, so every path goes through the same checks.
 """
 
@@ -163,6 +164,11 @@ def _openai_sampling(body: _OpenAIFields, max_tokens: int | None) -> SamplingPar
 
 
 def completion_request(body: CompletionBody, tokenizer: Any, limits: Limits) -> GenerateRequest:
+    _check(not body.suffix, "suffix", "(fill-in-the-middle) is not supported by the specgate embedded engine; "
+           "remove it")
+    _check(body.best_of in (None, 1), "best_of", f"must be 1 on the specgate embedded engine, got {body.best_of}")
+    _check(not (body.echo and body.logprobs is not None), "echo", "with logprobs needs prompt logprobs, which "
+           "the specgate embedded engine does not compute; drop one of them")
     prompt = body.prompt
     if isinstance(prompt, list) and any(isinstance(p, str) for p in prompt):
         if len(prompt) != 1:
@@ -179,6 +185,14 @@ def completion_request(body: CompletionBody, tokenizer: Any, limits: Limits) -> 
         input_ids = list(prompt)
     return _request(input_ids, _openai_sampling(body, body.max_tokens), body.rid, limits, "",
                     _logprobs(body.logprobs, "logprobs"))
+
+
+def echo_text(body: CompletionBody, request: GenerateRequest, tokenizer: Any) -> str:
+    """What ``echo: true`` puts before the completion: the prompt as sent (token ids decoded)."""
+    if not body.echo:
+        return ""
+    prompt = body.prompt[0] if isinstance(body.prompt, list) and isinstance(body.prompt[0], str) else body.prompt
+    return prompt if isinstance(prompt, str) else tokenizer.decode(list(request.input_ids))
 
 
 def _message_text(index: int, message: dict[str, Any]) -> dict[str, str]:
@@ -228,7 +242,19 @@ def chat_prompt(body: ChatCompletionBody, tokenizer: Any) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def _check_unforced(body: ChatCompletionBody) -> None:
+    """Refuse what the engine would have to force (constrained decoding, a required tool call) rather than
+    answer free text the client did not ask for; SGLang servers with a grammar backend do these."""
+    kind = body.response_format.get("type") if isinstance(body.response_format, dict) else body.response_format
+    _check(kind in (None, "text"), "response_format", f"{kind!r} needs constrained decoding, which the specgate "
+           "embedded engine does not implement; remove it or send the request to an SGLang worker")
+    _check(body.tool_choice in (None, "auto", "none"), "tool_choice", f"{body.tool_choice!r} would force a tool "
+           "call, which the specgate embedded engine cannot (it does not parse or constrain tool calls); send "
+           "'auto' or 'none', or remove it")
+
+
 def chat_request(body: ChatCompletionBody, tokenizer: Any, limits: Limits) -> GenerateRequest:
+    _check_unforced(body)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     _check(body.top_logprobs is None or body.logprobs, "top_logprobs", "needs logprobs: true; set it or "
            "remove top_logprobs")

@@ -115,6 +115,29 @@ def test_logprobs_pass_through_streamed_and_not(client):
     assert len(text.choices[0].logprobs.tokens) == 6 and len(text.choices[0].logprobs.top_logprobs) == 6
 
 
+def _ttft_sum(gw: str) -> float:
+    lines = httpx.get(f"{gw}/metrics").text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith("specgate_time_to_first_token_seconds_sum"))
+
+
+def test_echo_streams_the_prompt_first_and_ttft_waits_for_a_generated_token(gw, client):
+    prompt = "The meeting discussed the budget and the schedule. " * 20  # ~200 tokens of prefill after the echo
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                      extra_body={"ignore_eos": True})
+    assert whole.choices[0].text.startswith(prompt) and len(whole.choices[0].text) > len(prompt)
+    before = _ttft_sum(gw)
+    started, arrivals = time.perf_counter(), []
+    for chunk in client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                           stream=True, extra_body={"ignore_eos": True}):
+        if chunk.choices and chunk.choices[0].text:
+            arrivals.append((time.perf_counter() - started, chunk.choices[0].text))
+    assert arrivals[0][1] == prompt and "".join(text for _, text in arrivals) == whole.choices[0].text
+    # the gateway's TTFT is the first generated token's, which the client sees after the echoed prompt
+    ttft = _ttft_sum(gw) - before
+    assert arrivals[0][0] < ttft <= arrivals[1][0]
+
+
 def test_tools_route_to_the_tool_call_slice(client):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]

@@ -141,6 +141,18 @@ def test_completions_plain_and_stream(worker):
     assert all(c["object"] == "text_completion" for c in stream)
 
 
+def test_completions_echo_the_prompt_as_sent(worker, real_tokenizer):
+    body = {"prompt": REPEAT, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    text = worker.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    assert worker.post("/v1/completions", json={**body, "echo": True}).json()["choices"][0]["text"] == REPEAT + text
+    stream = _sse(worker.post("/v1/completions", json={**body, "echo": True, "stream": True}))
+    assert stream[0]["choices"][0]["text"] == REPEAT
+    assert "".join(c["choices"][0]["text"] for c in stream) == REPEAT + text
+    ids = real_tokenizer.encode(REPEAT, add_special_tokens=False)
+    echoed = worker.post("/v1/completions", json={**body, "prompt": ids, "echo": True}).json()["choices"][0]["text"]
+    assert echoed == real_tokenizer.decode(ids) + text
+
+
 def test_info_endpoints(worker, prepared_model):
     models = worker.get("/v1/models").json()["data"]
     assert models == [{"id": "SmolLM2-135M-Instruct", "object": "model", "created": models[0]["created"],

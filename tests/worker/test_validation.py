@@ -45,7 +45,16 @@ CASES = [
     (C, {"messages": [{"role": "user", "content": "x"}], "top_p": 2}, "top_p", "must be in (0, 1]"),
     (C, {"messages": [{"role": "user", "content": "x"}], "custom_params": {"speculation": {"adaptive": 1}}},
      "custom_params.speculation.adaptive", "Expected `bool | null`, got `int`"),
+    (C, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+     "response_format", "'json_object' needs constrained decoding"),
+    (C, {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice",
+     "'required' would force a tool call"),
+    (C, {"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "function", "function": {
+        "name": "f"}}}, "tool_choice", "would force a tool call"),
     (P, {"prompt": ""}, "prompt", "prompt is empty"),
+    (P, {"prompt": "def f(", "suffix": "return 1"}, "suffix", "(fill-in-the-middle) is not supported"),
+    (P, {"prompt": "x", "best_of": 3}, "best_of", "must be 1 on the specgate embedded engine, got 3"),
+    (P, {"prompt": "x", "echo": True, "logprobs": 1}, "echo", "with logprobs needs prompt logprobs"),
     (P, {"prompt": "x", "max_tokens": 0}, "max_new_tokens", "must be at least 1, got 0"),
     (P, {"model": "m"}, None, "Object missing required field `prompt`"),
 ]
@@ -86,3 +95,11 @@ def test_worker_survives_garbage_and_still_generates(worker):
         assert worker.post(G, content=payload).status_code == 400, payload
     assert worker.post("/abort_request", json={"rid": "nope"}).json() == {"aborted": False}
     assert worker.get("/health_generate").status_code == 200
+
+
+def test_free_text_response_format_and_unforced_tool_choice_are_served(worker):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    for extra in ({"response_format": {"type": "text"}}, {"tools": tools, "tool_choice": "auto"},
+                  {"tools": tools, "tool_choice": "none"}):
+        body = {"messages": [{"role": "user", "content": "weather?"}], "max_tokens": 2, **extra}
+        assert worker.post(C, json=body).status_code == 200, extra
