@@ -81,6 +81,12 @@ class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
     continuous_usage_stats: bool = False
 
 
+class ResponseFormat(msgspec.Struct, frozen=True, kw_only=True):
+    """``response_format``: only its type matters here (the schema of json_schema is never read)."""
+
+    type: str
+
+
 class _OpenAIFields(msgspec.Struct, frozen=True, kw_only=True):
     """Fields shared by /v1/completions and /v1/chat/completions, incl. SGLang's extensions."""
 
@@ -115,7 +121,7 @@ class ChatCompletionBody(_OpenAIFields, frozen=True, kw_only=True):
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: Any = None
+    response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     logprobs: bool = False
     top_logprobs: int | None = None

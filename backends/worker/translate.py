@@ -245,7 +245,7 @@ def chat_prompt(body: ChatCompletionBody, tokenizer: Any) -> list[int]:
 def _check_unforced(body: ChatCompletionBody) -> None:
     """Refuse what the engine would have to force (constrained decoding, a required tool call) rather than
     answer free text the client did not ask for; SGLang servers with a grammar backend do these."""
-    kind = body.response_format.get("type") if isinstance(body.response_format, dict) else body.response_format
+    kind = body.response_format.type if body.response_format is not None else None
     _check(kind in (None, "text"), "response_format", f"{kind!r} needs constrained decoding, which the specgate "
            "embedded engine does not implement; remove it or send the request to an SGLang worker")
     _check(body.tool_choice in (None, "auto", "none"), "tool_choice", f"{body.tool_choice!r} would force a tool "

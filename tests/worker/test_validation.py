@@ -47,6 +47,8 @@ CASES = [
      "custom_params.speculation.adaptive", "Expected `bool | null`, got `int`"),
     (C, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
      "response_format", "'json_object' needs constrained decoding"),
+    (C, {"messages": [{"role": "user", "content": "x"}], "response_format": "json"}, "response_format",
+     "Expected `object | null`, got `str`"),
     (C, {"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice",
      "'required' would force a tool call"),
     (C, {"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "function", "function": {
