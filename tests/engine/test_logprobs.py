@@ -98,3 +98,13 @@ def test_logprobs_stream_with_the_tokens_and_are_absent_unless_asked(engine):
 def test_a_logprobs_count_out_of_range_is_refused_at_submit(engine, bad):
     with pytest.raises(ValueError, match=r"logprobs must be in \[0, 20\]"):
         engine.submit(dataclasses.replace(request("bad", SPECS["plain"]), logprobs=bad), lambda out: None)
+
+
+def test_a_stop_that_cuts_a_round_cuts_its_logprobs(engine):
+    free = final(engine, request("free", SPECS["ngram-k4"]))
+    stop_at = free.output_ids[9]
+    cut = final(engine, dataclasses.replace(request("cut", SPECS["ngram-k4"]), sampling=SamplingParams(
+        max_new_tokens=24, ignore_eos=True, temperature=0.0, stop_token_ids=(stop_at,))))
+    n = free.output_ids.index(stop_at) + 1
+    assert cut.output_ids == free.output_ids[:n] and cut.finish_reason.type == "stop"
+    assert cut.logprobs == free.logprobs[:n]
