@@ -35,6 +35,7 @@ from backends.engine.scheduler import AdmissionError, Scheduler
 from backends.engine.sequence import Sequence, Status
 from backends.engine.types import (
     MAX_DRAFT_TOKENS, MAX_TOP_LOGPROBS, EngineLoad, FinishReason, GenerateRequest, RequestOutput, RoundStats,
+    TokenLogprob,
 )
 from backends.engine.verify import verify_greedy, verify_sampled
 
@@ -180,8 +181,17 @@ class Engine:
     def _prefill(self, seq: Sequence, slot: _Slot) -> None:
         target = len(seq.prompt_ids) - 1  # the last prompt token is fed by the first round
         end = min(target, seq.prefilled + self.config.prefill_chunk)
+        request = seq.request
+        scored = request.prompt_logprobs
+        if scored and seq.prefilled == 0:
+            seq.prompt_logprobs.append(TokenLogprob(seq.prompt_ids[0], None))
         if end > seq.prefilled:
-            self.runner.forward(slot.cache, list(seq.prompt_ids[seq.prefilled:end]), keep=1)
+            fed = list(seq.prompt_ids[seq.prefilled:end])
+            forward = self.runner.forward(slot.cache, fed, keep=len(fed) if scored else 1)
+            if scored:  # position i predicts prompt token i + 1; no penalties: nothing is generated yet
+                scaled = process_logits(forward.logits, request.sampling, None, [], seq.stop_token_ids)
+                nxt = list(seq.prompt_ids[seq.prefilled + 1:end + 1])
+                seq.prompt_logprobs.extend(token_logprobs(scaled, nxt, request.logprobs or 0))
         seq.prefilled = seq.cache_len = end
         if end == target:
             seq.status = Status.DECODE
@@ -258,6 +268,8 @@ class Engine:
             raise ValueError(f"input_ids must be token ids in [0, {vocab})")
         if request.logprobs is not None and not 0 <= request.logprobs <= min(MAX_TOP_LOGPROBS, vocab):
             raise ValueError(f"logprobs must be in [0, {min(MAX_TOP_LOGPROBS, vocab)}], got {request.logprobs}")
+        if request.prompt_logprobs and request.logprobs is None:
+            raise ValueError("prompt_logprobs needs logprobs (the number of alternatives per token)")
         params = request.sampling
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
         k_max = request.speculation.draft_tokens if request.speculation.proposer != "none" else 0

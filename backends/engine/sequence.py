@@ -43,6 +43,7 @@ class Sequence:
     submitted_at: float = field(default_factory=time.perf_counter)
     abort_requested: bool = False
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output id, when requested
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # one per prompt id, when requested
 
     @property
     def rid(self) -> str:
@@ -116,4 +117,5 @@ class Sequence:
             finish_reason=self.finish,
             stats=self.stats,
             logprobs=tuple(self.logprobs),
+            prompt_logprobs=tuple(self.prompt_logprobs),
         )

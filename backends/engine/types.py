@@ -74,6 +74,8 @@ class GenerateRequest:
     # None: no logprobs; N >= 0: every committed token's logprob and its N most likely alternatives
     # (SGLang's return_logprob + top_logprobs_num)
     logprobs: int | None = None
+    # with logprobs: also the prompt's tokens' (SGLang's logprob_start_len >= 0, OpenAI's echo + logprobs)
+    prompt_logprobs: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,7 @@ class TokenLogprob:
     most likely first. The same numbers whether the token came from a draft or from plain decoding."""
 
     token_id: int
-    logprob: float
+    logprob: float | None  # None only for the first prompt token: nothing precedes it
     top: tuple[tuple[int, float], ...] = ()
 
 
@@ -187,6 +189,7 @@ class RequestOutput:
     finish_reason: FinishReason | None
     stats: RequestStats
     logprobs: tuple[TokenLogprob, ...] = ()  # cumulative, one per output id (only when requested)
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # one per prompt id, once prefilled (only when requested)
 
 
 @dataclass(frozen=True, slots=True)

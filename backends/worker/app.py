@@ -74,8 +74,10 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
         texts = runtime.token_texts if body.return_text_in_logprobs else None
         events = bridge.events(req)
 
+        prompt_from = body.logprob_start_len if req.prompt_logprobs else None
+
         def shape(out: Any) -> dict:
-            return generate_body(out, prompt_tokens, version, req.logprobs, texts)
+            return generate_body(out, prompt_tokens, version, req.logprobs, texts, prompt_from)
 
         if not body.stream:
             return await _answer(request, events, shape)
@@ -102,13 +104,17 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def chunks() -> AsyncIterator[bytes]:
-            first = shaper.first_chunk()
+            waiting = shaper.echo_waits  # the echoed prompt goes with its logprobs, after the prefill
+            first = None if waiting else shaper.first_chunk()
             if first is not None:
                 yield _sse(first)
             async for out in events:
                 if out.finished and _is_error(out):
                     yield _stream_error(out.finish_reason.message or "internal error", 500)
                     break
+                if waiting:
+                    waiting = False
+                    yield _sse(shaper.first_chunk(out))
                 if (chunk := shaper.chunk(out)) is not None:
                     yield _sse(chunk)
                 if out.finished:

@@ -2,10 +2,11 @@
 
 - ``/generate`` (SGLang ``meta_info``): ``output_token_logprobs`` = ``[[logprob, token_id, text], ...]``
   and, with ``top_logprobs_num`` > 0, ``output_top_logprobs`` = one such list per token; ``text`` is None
-  unless ``return_text_in_logprobs``. Prompt logprobs (``logprob_start_len`` >= 0) are not computed.
+  unless ``return_text_in_logprobs``. With ``logprob_start_len`` >= 0 the same for the prompt from that
+  position on (``input_token_logprobs``, ``input_top_logprobs``; the first prompt token's logprob is None).
 - chat: ``choices[].logprobs.content`` = ``[{token, logprob, bytes, top_logprobs: [{token, logprob,
   bytes}]}]``; completions: ``{tokens, token_logprobs, top_logprobs: [{token: logprob}] | None,
-  text_offset}``.
+  text_offset}``, with ``echo`` the prompt's tokens first (the first one's logprob and alternatives None).
 
 A token's bytes come from its byte-level BPE string mapped back through the GPT-2 byte alphabet, so a
 token holding part of a multi-byte character has its true bytes; its text is those bytes decoded, with
@@ -43,15 +44,18 @@ class TokenTexts:
         return self.get(token_id)[1]
 
 
-def sglang_meta(logprobs: Sequence[TokenLogprob], top: int, texts: TokenTexts | None) -> dict[str, Any]:
-    """``meta_info`` fields; ``texts`` None leaves each entry's text None (``return_text_in_logprobs``)."""
+def sglang_meta(logprobs: Sequence[TokenLogprob], top: int, texts: TokenTexts | None,
+                side: str = "output") -> dict[str, Any]:
+    """``meta_info`` fields of one ``side`` (output, or input: the prompt's); ``texts`` None leaves each
+    entry's text None (``return_text_in_logprobs``)."""
 
-    def entry(logprob: float, token_id: int) -> list[Any]:
+    def entry(logprob: float | None, token_id: int) -> list[Any]:
         return [logprob, token_id, texts.text(token_id) if texts is not None else None]
 
-    meta: dict[str, Any] = {"output_token_logprobs": [entry(lp.logprob, lp.token_id) for lp in logprobs]}
+    meta: dict[str, Any] = {f"{side}_token_logprobs": [entry(lp.logprob, lp.token_id) for lp in logprobs]}
     if top:
-        meta["output_top_logprobs"] = [[entry(v, t) for t, v in lp.top] for lp in logprobs]
+        meta[f"{side}_top_logprobs"] = [None if lp.logprob is None else [entry(v, t) for t, v in lp.top]
+                                        for lp in logprobs]
     return meta
 
 
@@ -73,5 +77,6 @@ def completion_logprobs(logprobs: Sequence[TokenLogprob], texts: TokenTexts, top
         starts.append(offset)
         offset += len(token)
     return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{texts.text(t): v for t, v in lp.top} for lp in logprobs] if top else None,
+            "top_logprobs": [None if lp.logprob is None else {texts.text(t): v for t, v in lp.top}
+                             for lp in logprobs] if top else None,
             "text_offset": starts}

@@ -11,9 +11,10 @@ gateway can compare proposers on the same fields.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from backends.engine.types import RequestOutput, RequestStats
+from backends.engine.types import RequestOutput, RequestStats, TokenLogprob
 from backends.worker.logprobs import TokenTexts, chat_logprobs, completion_logprobs, sglang_meta
 
 
@@ -60,9 +61,9 @@ _SGLANG_DETAIL_KEYS = frozenset({"spec_accept_rate", "spec_accept_length", "spec
 
 
 def meta_info(out: RequestOutput, prompt_tokens: int, weight_version: str, logprobs: int | None = None,
-              texts: TokenTexts | None = None) -> dict[str, Any]:
+              texts: TokenTexts | None = None, prompt_from: int | None = None) -> dict[str, Any]:
     """``logprobs``: the request's alternatives per token (None: not asked); ``texts``: name each token
-    in them (``return_text_in_logprobs``)."""
+    in them (``return_text_in_logprobs``); ``prompt_from``: the prompt's too, from this position."""
     meta: dict[str, Any] = {
         "id": out.rid,
         "finish_reason": out.finish_reason.to_dict() if out.finish_reason else None,
@@ -73,6 +74,8 @@ def meta_info(out: RequestOutput, prompt_tokens: int, weight_version: str, logpr
     }
     if logprobs is not None:
         meta.update(sglang_meta(out.logprobs, logprobs, texts))
+        if prompt_from is not None and out.prompt_logprobs:
+            meta.update(sglang_meta(out.prompt_logprobs[prompt_from:], logprobs, texts, side="input"))
     if out.finished:
         meta["e2e_latency"] = out.stats.e2e_s
         meta.update(spec_fields(out.stats))
@@ -80,10 +83,10 @@ def meta_info(out: RequestOutput, prompt_tokens: int, weight_version: str, logpr
 
 
 def generate_body(out: RequestOutput, prompt_tokens: int, weight_version: str, logprobs: int | None = None,
-                  texts: TokenTexts | None = None) -> dict[str, Any]:
+                  texts: TokenTexts | None = None, prompt_from: int | None = None) -> dict[str, Any]:
     """One /generate object (the whole response, or one cumulative stream chunk)."""
     return {"text": out.text, "output_ids": list(out.output_ids),
-            "meta_info": meta_info(out, prompt_tokens, weight_version, logprobs, texts)}
+            "meta_info": meta_info(out, prompt_tokens, weight_version, logprobs, texts, prompt_from)}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -117,16 +120,19 @@ class OpenAIShaper:
         self.sent_logprobs = 0  # tokens whose logprobs a stream chunk carried
         self.sent_chars = 0  # completions' text_offset of the next token
 
-    def _logprobs(self, out: RequestOutput, start: int) -> dict[str, Any] | None:
-        """The choice's ``logprobs`` for output tokens ``start:`` (None when not asked for)."""
+    @property
+    def echo_waits(self) -> bool:
+        """A completions stream echoing with logprobs sends its first chunk once the prompt is scored."""
+        return not self.chat and bool(self.echo) and self.logprobs is not None
+
+    def _logprobs(self, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        """The choice's ``logprobs`` for these tokens (None when not asked for)."""
         if self.logprobs is None or self.texts is None:
             return None
-        new = out.logprobs[start:]
-        self.sent_logprobs = len(out.logprobs)
         if self.chat:
-            return chat_logprobs(new, self.texts)
-        body = completion_logprobs(new, self.texts, self.logprobs, self.sent_chars)
-        if new:
+            return chat_logprobs(entries, self.texts)
+        body = completion_logprobs(entries, self.texts, self.logprobs, self.sent_chars)
+        if entries:
             self.sent_chars = body["text_offset"][-1] + len(body["tokens"][-1])
         return body
 
@@ -142,7 +148,8 @@ class OpenAIShaper:
                                  "tool_calls": None}
         else:
             choice["text"] = self.echo + out.text
-        choice.update({"logprobs": self._logprobs(out, 0), "finish_reason": reason, "matched_stop": matched})
+        entries = (*(out.prompt_logprobs if self.echo else ()), *out.logprobs)
+        choice.update({"logprobs": self._logprobs(entries), "finish_reason": reason, "matched_stop": matched})
         body = self._envelope(False, [choice])
         body["usage"] = usage(self.prompt_tokens, len(out.output_ids))
         body["metadata"] = {"weight_version": self.weight_version}
@@ -150,13 +157,14 @@ class OpenAIShaper:
             body["sglext"] = {"spec_tokens_details": spec_tokens_details(out.stats)}
         return body
 
-    def first_chunk(self) -> dict[str, Any] | None:
+    def first_chunk(self, out: RequestOutput | None = None) -> dict[str, Any] | None:
         """Chat streams open with the assistant role (OpenAI's first chunk); completions only with the
-        echoed prompt."""
+        echoed prompt (with its logprobs: ``out`` is the first event, see :attr:`echo_waits`)."""
         if not self.chat:
             if not self.echo:
                 return None
-            return self._envelope(True, [{"index": 0, "text": self.echo, "logprobs": None, "finish_reason": None,
+            scored = self._logprobs(out.prompt_logprobs) if out is not None else None
+            return self._envelope(True, [{"index": 0, "text": self.echo, "logprobs": scored, "finish_reason": None,
                                           "matched_stop": None}])
         return self._envelope(True, [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None, "matched_stop": None}])
@@ -174,8 +182,9 @@ class OpenAIShaper:
             choice["delta"] = {"content": delta} if delta else {}
         else:
             choice["text"] = delta
-        choice.update({"logprobs": self._logprobs(out, self.sent_logprobs), "finish_reason": reason,
-                       "matched_stop": matched})
+        new = out.logprobs[self.sent_logprobs:]
+        self.sent_logprobs = len(out.logprobs)
+        choice.update({"logprobs": self._logprobs(new), "finish_reason": reason, "matched_stop": matched})
         return self._envelope(True, [choice])
 
     def tail_chunks(self, out: RequestOutput, include_usage: bool) -> list[dict[str, Any]]:

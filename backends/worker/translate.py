@@ -2,7 +2,7 @@
 
 Value checks follow SGLang's ``SamplingParams.verify`` (same bounds, messages naming the field). Fields
 SGLang accepts but the embedded engine does not implement (constrained decoding: regex, json_schema,
-``response_format`` other than text; a forced ``tool_choice``; logit_bias; n > 1; prompt logprobs) are refused
+``response_format`` other than text; a forced ``tool_choice``; logit_bias; n > 1; suffix) are refused
 with a 400 that says so, rather than silently ignored. Both OpenAI endpoints are turned
 into a ``SamplingParamsBody`` first, so every path goes through the same checks.
 """
@@ -126,14 +126,15 @@ def generate_request(body: GenerateBody, tokenizer: Any, limits: Limits) -> Gene
             raise BadRequest("input_ids is empty; send at least one token id", "input_ids")
     logprobs = None
     if body.return_logprob:
-        _check(body.logprob_start_len == -1, "logprob_start_len", "must be -1 (output tokens only): the "
-               "specgate embedded engine does not compute prompt logprobs")
+        _check(-1 <= body.logprob_start_len < len(input_ids), "logprob_start_len", f"must be -1 (output tokens "
+               f"only) or a prompt position in [0, {len(input_ids)}), got {body.logprob_start_len}")
         logprobs = _logprobs(body.top_logprobs_num, "top_logprobs_num")
-    return _request(input_ids, body.sampling_params, body.rid, limits, "sampling_params.", logprobs)
+    return _request(input_ids, body.sampling_params, body.rid, limits, "sampling_params.", logprobs,
+                    prompt_logprobs=logprobs is not None and body.logprob_start_len >= 0)
 
 
 def _request(input_ids: list[int], params: SamplingParamsBody, rid: str | None, limits: Limits,
-             where: str, logprobs: int | None = None) -> GenerateRequest:
+             where: str, logprobs: int | None = None, prompt_logprobs: bool = False) -> GenerateRequest:
     if len(input_ids) >= limits.context_length:
         raise BadRequest(f"the prompt has {len(input_ids)} tokens but the model's context window is "
                          f"{limits.context_length}; shorten the prompt", "text")
@@ -141,7 +142,7 @@ def _request(input_ids: list[int], params: SamplingParamsBody, rid: str | None, 
         rid=_rid(rid), input_ids=tuple(input_ids),
         sampling=sampling_params(params, len(input_ids), limits, where),
         speculation=speculation(params.custom_params, limits.default_speculation, where),
-        logprobs=logprobs,
+        logprobs=logprobs, prompt_logprobs=prompt_logprobs,
     )
 
 
@@ -167,8 +168,6 @@ def completion_request(body: CompletionBody, tokenizer: Any, limits: Limits) -> 
     _check(not body.suffix, "suffix", "(fill-in-the-middle) is not supported by the specgate embedded engine; "
            "remove it")
     _check(body.best_of in (None, 1), "best_of", f"must be 1 on the specgate embedded engine, got {body.best_of}")
-    _check(not (body.echo and body.logprobs is not None), "echo", "with logprobs needs prompt logprobs, which "
-           "the specgate embedded engine does not compute; drop one of them")
     prompt = body.prompt
     if isinstance(prompt, list) and any(isinstance(p, str) for p in prompt):
         if len(prompt) != 1:
@@ -183,8 +182,9 @@ def completion_request(body: CompletionBody, tokenizer: Any, limits: Limits) -> 
         if not prompt:
             raise BadRequest("prompt is empty; send a non-empty prompt", "prompt")
         input_ids = list(prompt)
-    return _request(input_ids, _openai_sampling(body, body.max_tokens), body.rid, limits, "",
-                    _logprobs(body.logprobs, "logprobs"))
+    logprobs = _logprobs(body.logprobs, "logprobs")
+    return _request(input_ids, _openai_sampling(body, body.max_tokens), body.rid, limits, "", logprobs,
+                    prompt_logprobs=body.echo and logprobs is not None)
 
 
 def echo_text(body: CompletionBody, request: GenerateRequest, tokenizer: Any) -> str:

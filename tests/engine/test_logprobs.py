@@ -108,3 +108,23 @@ def test_a_stop_that_cuts_a_round_cuts_its_logprobs(engine):
     n = free.output_ids.index(stop_at) + 1
     assert cut.output_ids == free.output_ids[:n] and cut.finish_reason.type == "stop"
     assert cut.logprobs == free.logprobs[:n]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_prompt_logprobs_match_a_teacher_forced_forward_across_prefill_chunks(real_tokenizer, temperature):
+    chunked = make_tiny_engine(real_tokenizer, seed=3, prefill_chunk=7)  # 29 prompt positions: 5 chunks
+    ask = dataclasses.replace(request("prompt", SPECS["ngram-k4"], logprobs=2, temperature=temperature,
+                                      sampling_seed=5), prompt_logprobs=True)
+    out = final(chunked, ask)
+    with torch.inference_mode():
+        logits = chunked.runner.model(input_ids=torch.tensor([list(PROMPT)])).logits[0].float()
+    ref = torch.log_softmax(logits if temperature == 0 else logits / temperature, dim=-1)
+    assert [lp.token_id for lp in out.prompt_logprobs] == list(PROMPT)
+    assert out.prompt_logprobs[0].logprob is None and out.prompt_logprobs[0].top == ()
+    for i, lp in enumerate(out.prompt_logprobs[1:], 1):  # row i - 1 predicts prompt token i
+        assert lp.logprob == pytest.approx(ref[i - 1, PROMPT[i]].item(), abs=1e-4)
+        assert [t for t, _ in lp.top] == torch.topk(ref[i - 1], 2).indices.tolist()
+    check_against_reference(chunked, out, temperature, top=2)  # the output's are unchanged by it
+    assert final(chunked, request("no-prompt", SPECS["ngram-k4"])).prompt_logprobs == ()
+    with pytest.raises(ValueError, match="prompt_logprobs needs logprobs"):
+        chunked.submit(dataclasses.replace(ask, logprobs=None), lambda out: None)

@@ -113,6 +113,12 @@ def test_logprobs_pass_through_streamed_and_not(client):
     text = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=6, temperature=0, logprobs=1,
                                      extra_body={"ignore_eos": True})
     assert len(text.choices[0].logprobs.tokens) == 6 and len(text.choices[0].logprobs.top_logprobs) == 6
+    # how lm-evaluation-harness scores a continuation: echo the prompt with its logprobs, one token more
+    scored = client.completions.create(model=MODEL, prompt="The sky is blue", max_tokens=1, temperature=0,
+                                       echo=True, logprobs=1)
+    lp = scored.choices[0].logprobs
+    assert len(lp.tokens) == scored.usage.prompt_tokens + 1 and "".join(lp.tokens) == scored.choices[0].text
+    assert lp.token_logprobs[0] is None and all(v <= 0 for v in lp.token_logprobs[1:])
 
 
 def _ttft_sum(gw: str) -> float:

@@ -56,7 +56,6 @@ CASES = [
     (P, {"prompt": ""}, "prompt", "prompt is empty"),
     (P, {"prompt": "def f(", "suffix": "return 1"}, "suffix", "(fill-in-the-middle) is not supported"),
     (P, {"prompt": "x", "best_of": 3}, "best_of", "must be 1 on the specgate embedded engine, got 3"),
-    (P, {"prompt": "x", "echo": True, "logprobs": 1}, "echo", "with logprobs needs prompt logprobs"),
     (P, {"prompt": "x", "max_tokens": 0}, "max_new_tokens", "must be at least 1, got 0"),
     (P, {"model": "m"}, None, "Object missing required field `prompt`"),
 ]

@@ -89,11 +89,43 @@ def test_completion_logprobs_in_openai_shape_and_streamed(worker):
     assert [o for p in parts for o in p["text_offset"]] == lp["text_offset"]
 
 
+def test_generate_reports_prompt_logprobs_from_logprob_start_len(worker, real_tokenizer):
+    prompt_ids = real_tokenizer.encode(REPEAT, add_special_tokens=False)
+    body = {"input_ids": prompt_ids, "return_logprob": True, "top_logprobs_num": 1,
+            "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}}
+    whole = worker.post("/generate", json={**body, "logprob_start_len": 0}).json()["meta_info"]
+    assert [t for _, t, _ in whole["input_token_logprobs"]] == prompt_ids
+    assert whole["input_token_logprobs"][0][0] is None and whole["input_top_logprobs"][0] is None
+    assert all(lp <= 0 for lp, _, _ in whole["input_token_logprobs"][1:])
+    assert all(len(top) == 1 for top in whole["input_top_logprobs"][1:])
+    tail = worker.post("/generate", json={**body, "logprob_start_len": 3}).json()["meta_info"]
+    assert tail["input_token_logprobs"] == whole["input_token_logprobs"][3:]
+    assert "input_token_logprobs" not in worker.post("/generate", json=body).json()["meta_info"]  # -1
+
+
+def test_completions_echo_with_logprobs_scores_the_prompt_then_the_completion(worker):
+    body = {"prompt": REPEAT, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "echo": True, "logprobs": 1}
+    out = worker.post("/v1/completions", json=body).json()
+    choice, prompt_tokens = out["choices"][0], out["usage"]["prompt_tokens"]
+    lp = choice["logprobs"]
+    assert choice["text"].startswith(REPEAT) and "".join(lp["tokens"]) == choice["text"]
+    assert len(lp["tokens"]) == prompt_tokens + 3
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(v <= 0 for v in lp["token_logprobs"][1:])
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))]
+    stream = _sse(worker.post("/v1/completions", json={**body, "stream": True}))
+    first = stream[0]["choices"][0]
+    assert first["text"] == REPEAT and len(first["logprobs"]["tokens"]) == prompt_tokens
+    streamed = [c["choices"][0]["logprobs"] for c in stream if c["choices"][0]["logprobs"]["tokens"]]
+    assert [t for p in streamed for t in p["tokens"]] == lp["tokens"]
+    assert [o for p in streamed for o in p["text_offset"]] == lp["text_offset"]
+
+
 @pytest.mark.parametrize(("path", "extra", "field"), [
     ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/completions", {"logprobs": -1}, "logprobs"),
-    ("/generate", {"return_logprob": True, "logprob_start_len": 0}, "logprob_start_len"),
+    ("/generate", {"return_logprob": True, "logprob_start_len": 10**6}, "logprob_start_len"),
     ("/generate", {"return_logprob": True, "top_logprobs_num": 50}, "top_logprobs_num"),
 ])
 def test_bad_logprob_fields_are_refused_naming_the_field(worker, path, extra, field):
