@@ -204,9 +204,18 @@ def duration_estimate(result: dict, per_slice: int, max_tokens: int, loads: int)
             "warmup_s": round(warm_s), "total_s": round(mean_load * loads + warm_s)}
 
 
-def section(result: dict, cells: list[SameConfigCell] | None = None) -> list[str]:
+def resolution(noise: dict[str, tuple[float, int, bool]], reps: int) -> dict[str, float]:
+    """Concurrent load -> the narrowest half-width (as a ratio - 1) a paired interval there can have, however
+    many prompts: the between-run term alone, 1.96 x sqrt(variance / replicates). A target closer to 1 than
+    this cannot be certified at that load without more replicates."""
+    return {load: math.exp(1.96 * math.sqrt(var / reps)) - 1 for load, (var, _, _) in noise.items()
+            if not math.isnan(var)}
+
+
+def section(result: dict, cells: list[SameConfigCell] | None = None,
+            noise: dict[str, tuple[float, int, bool]] | None = None) -> list[str]:
     """The markdown section: same-configuration comparisons, and the full preset's duration. ``cells``:
-    :func:`same_config_cells` of ``result`` if the caller has them already."""
+    :func:`same_config_cells` of ``result``, ``noise`` its :func:`noise_by_load`, if the caller has them."""
     lines = ["\n**Same-configuration comparisons** (two arms that served one pool:k on a prompt with the same "
              "text; their TPOT ratio is noise)\n",
              "| load | prompts | median ratio | p10-p90 | cells (all prompts one config) | cell ratios |",
@@ -224,6 +233,7 @@ def section(result: dict, cells: list[SameConfigCell] | None = None) -> list[str
         lines.append(f"| {load} | {len(ratios)} | {statistics.median(ratios):.3f} | {q[0]:.2f}-{q[-1]:.2f} "
                      f"| {len(mine)} | {spread} |")
     between = between_cells_variance(cells)
+    floors = resolution(noise_by_load(result, cells) if noise is None else noise, repeats(result))
     replicas = sum(1 for c in cells if c.arms[0] == c.arms[1] and not sequential(c.load))
     per_load = {load: v for load in result["settings"]["loads"]
                 if (v := between_cells_variance([c for c in cells if c.load == load]))}
@@ -239,6 +249,11 @@ def section(result: dict, cells: list[SameConfigCell] | None = None) -> list[str
                        else ".")
                     if between else "fewer than two same-configuration cells at concurrent loads, so the paired "
                     "intervals there cannot be sized and their verdicts stay open."))
+    if floors:
+        lines.append("That term alone keeps a paired interval at least this wide, however many prompts: "
+                     + ", ".join(f"{load} ±{100 * f:.1f}%" for load, f in floors.items())
+                     + f" (1.96 x its standard deviation / sqrt({repeats(result)})); a target closer to 1 than "
+                     "that is open there whatever the adaptive arm does.")
     explored = explorations(result)
     if explored:
         lines += ["\n**Explorations** (measured requests of the adaptive arms whose decision explored instead of "

@@ -68,9 +68,9 @@ def _verdict(ci: tuple[float, float, float, int] | None, bound: float) -> str:
     return f"{ratio:.2f} [{low:.2f}, {high:.2f}] {state}"
 
 
-def _targets(result: dict, same: list[SameConfigCell] | None = None) -> list[str]:
+def _targets(result: dict, noise: dict[str, tuple[float, int, bool]] | None = None) -> list[str]:
     """Adaptive (warm if measured, else cold) against the best fixed arm of each cell: the issue's targets.
-    ``same``: the run's :func:`same_config_cells`, if the caller has them already."""
+    ``noise``: the run's :func:`noise_by_load`, if the caller has it already."""
     arms = result["arms"]
     adaptive = "adaptive-warm" if "adaptive-warm" in arms else "adaptive" if "adaptive" in arms else None
     fixed = [a for a in arms if not a.startswith("adaptive")]
@@ -86,7 +86,7 @@ def _targets(result: dict, same: list[SameConfigCell] | None = None) -> list[str
              "adaptive p50 TPOT | x best | paired TPOT x best | paired TPOT x plain | x plain goodput |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     requests = result.get("requests", [])
-    noise = noise_by_load(result, same_config_cells(result) if same is None else same)
+    noise = noise_by_load(result, same_config_cells(result)) if noise is None else noise
     reps = repeats(result)
     for load in result["settings"]["loads"]:
         between = noise[load][:2] if load in noise else None
@@ -134,8 +134,9 @@ def markdown(result: dict, plots: list[Path] | None = None) -> str:
                     f"{_fmt(c['goodput_rps'], '.3f')} | {_fmt(c['slo_attainment'], '.2f')} | "
                     f"{_fmt(c['accept_length'], '.2f')} | {_decisions(c)} | {same} | {_fmt(c['peak_rss_mb'], '.0f')} |")
     same = same_config_cells(result)
-    lines += _targets(result, same)
-    lines += section(result, same)
+    noise = noise_by_load(result, same)
+    lines += _targets(result, noise)
+    lines += section(result, same, noise)
     if result.get("learning_cost"):
         lines += ["\n**Cost of learning** (warm-up pass from a cold learner; requests counted over all slices, "
                   "in brackets the slice's own: until the slice's rolling TPOT over 3 requests came within 5% of "

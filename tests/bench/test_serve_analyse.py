@@ -228,3 +228,8 @@ def test_a_load_point_with_enough_aa_cells_has_its_own_noise_the_others_the_pool
     p1 = between_cells_variance(loud)[0]
     assert (f"; per load point: c4 {math.sqrt(noise['c4'][0]):.3f} (10), p1 {math.sqrt(p1):.3f} (3), its own used "
             f"where it has {OWN_CELLS} or more cells)") in text
+    # the narrowest interval each load allows: c4 its own sd sqrt(0.0003) = 0.0173 -> +-3.5%; p1 the pooled one
+    floor = {load: math.exp(1.96 * math.sqrt(noise[load][0])) - 1 for load in ("c4", "p1")}
+    assert (f"c4 ±{100 * floor['c4']:.1f}%, p1 ±{100 * floor['p1']:.1f}% (1.96 x its standard deviation / "
+            "sqrt(1))") in text
+    assert round(100 * floor["c4"], 1) == 3.5
