@@ -43,6 +43,11 @@ best pool at its largest k (the tail of its curve), or at its smallest when it i
 So losing pools and plain decoding cost a few percent of one request per half-life, not a burst of half
 the traffic. The best candidate is used only if its speedup >= ``min_gain``.
 
+A speedup is capped at the expected accept length (:func:`_capped`): a speculative round commits E[P](k)
+tokens and costs at least one plain step (a wider forward is no faster, a draft is not free), so no pool can
+beat plain by more. A prediction above it means plain and the pool were timed under different congestion
+(measured under open-loop arrivals on one shared engine: 1.91x predicted from an accept length of 1.42).
+
 Assumptions: acceptance depends on (route, slice, pool, pair version) but not on concurrency; cost
 depends on (pool, concurrency bucket) and is linear in k; TPOT of plain decoding does not depend on
 which plain pool serves it.
@@ -93,6 +98,11 @@ def candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, po
     return hit
 
 
+def _capped(speedup: float, accept_length: float | None) -> float:
+    """``speedup`` no higher than the accept length that bounds it (see the module docstring)."""
+    return speedup if accept_length is None else min(speedup, accept_length)
+
+
 def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, pools: tuple[str, ...]
                 ) -> tuple[list[Candidate], float | None]:
     learn = policy.learning
@@ -133,7 +143,7 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
                 out.append(Candidate(pool=name, draft_tokens=k, eligible=True, samples=rounds, stale=stale,
                                      unconfirmed=unconfirmed, slope_unknown=not line.slope_measured,
                                      note=note, expected_accept_length=e_p[k],
-                                     predicted_tpot_ms=tpot * 1e3, speedup=plain_fit.mean / tpot))
+                                     predicted_tpot_ms=tpot * 1e3, speedup=_capped(plain_fit.mean / tpot, e_p[k])))
         elif measured is not None:
             tpot = measured.mean
             out.append(Candidate(pool=name, draft_tokens=hi, eligible=True, samples=rounds, stale=stale,
@@ -141,7 +151,8 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
                                  note=("measured TPOT (the worker picks k per sequence, up to this one)"
                                        if pool.adaptive else "measured TPOT (per-request totals only)"),
                                  expected_accept_length=summary.mean_accept_length,
-                                 predicted_tpot_ms=tpot * 1e3, speedup=plain_measured.mean / tpot))
+                                 predicted_tpot_ms=tpot * 1e3,
+                                 speedup=_capped(plain_measured.mean / tpot, summary.mean_accept_length)))
         else:
             ever_rounds = summary.ever_rounds if summary else 0.0
             ever_requests = summary.ever_requests if summary else 0.0

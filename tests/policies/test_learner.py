@@ -94,6 +94,18 @@ def test_min_gain_boundary_is_inclusive() -> None:
     assert above.bypass and "< min_gain" in above.reason
 
 
+def test_a_speedup_is_capped_at_the_accept_length_that_bounds_it() -> None:
+    """Plain timed while the engine was congested (0.2 s/token), the pool while it was not: 0.2 / (0.088 / 2.2)
+    would predict 5x, but a round of E[P] = 2.2 tokens costs at least one plain step."""
+    p = policy()
+    state = LearningState(p.learning)
+    state.record(plain_outcome(0.2))
+    state.record(spec_outcome(p.pool_pair_version("ngram")))
+    cand = explain(p, FEATURES, state.snapshot(0.0, HEALTHY, 1)).candidates[0]
+    assert cand.expected_accept_length == 2.2 and cand.speedup == 2.2
+    assert math.isclose(cand.predicted_tpot_ms, 40.0)  # the prediction itself is kept
+
+
 def test_decay_halves_evidence_after_one_half_life_and_stale_candidates_are_re_measured() -> None:
     p = policy(explore=1.0)
     pv = p.pool_pair_version("ngram")
@@ -189,8 +201,9 @@ def test_a_bucket_pairs_plain_with_a_pool_only_once_both_were_measured_there() -
     speedup = explain(p, FEATURES, state.snapshot(0.0, HEALTHY, 4)).candidates[0].speedup
     assert math.isclose(speedup, 0.05 / (0.088 / 2.2))
     state.record(spec_outcome(pv, rounds=90, tpot=0.02 * 10 / 22, concurrency=4))  # 100 rounds at c=4
-    speedup = explain(p, FEATURES, state.snapshot(0.0, HEALTHY, 4)).candidates[0].speedup
-    assert math.isclose(speedup, 0.2 / (0.02 / 2.2))
+    cand = explain(p, FEATURES, state.snapshot(0.0, HEALTHY, 4)).candidates[0]
+    # now both times are c=4's: 0.2 / (0.02 / 2.2) = 22x, capped at the accept length that bounds it
+    assert math.isclose(cand.predicted_tpot_ms, 1e3 * 0.02 / 2.2) and cand.speedup == 2.2
 
 
 def test_a_stale_pool_far_behind_is_re_measured_a_tenth_as_often() -> None:
