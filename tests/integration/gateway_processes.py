@@ -11,6 +11,8 @@ from pathlib import Path
 from tests.integration.worker_process import BIN, free_port, running
 
 ADMIN_TOKEN = "test-admin-token"
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}  # headers of the admin API
+MODEL = "SmolLM2-135M-Instruct"  # the served model's name
 
 
 def policy_text(workers: list[str], *, revision: str, routes: str = "", extra_rules: str = "",
