@@ -12,8 +12,9 @@ from bench.workloads import DEFAULT_ROOT, SLICES
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=("default", "full"), default="default",
-                   help="sizes: default ~36-40 min, full (the issue's sizes) ~13-16 h (~2.1-2.5 h per load point, "
-                        "--loads c1) on a quiet 2-core machine; any size flag given explicitly overrides the preset")
+                   help="sizes: default ~36-40 min, full (the issue's arms and loads, 16 requests per slice, 64 tokens) "
+                        "~1.5 h per load point (--loads c1, ...; merge the parts with --merge) on a quiet 2-core "
+                        "machine; any size flag given explicitly overrides the preset")
     p.add_argument("--workloads", type=Path, default=DEFAULT_ROOT, help="the shared workloads directory")
     p.add_argument("--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"of {', '.join(ARMS)}")
     p.add_argument("--slices", nargs="+", default=list(SLICES), choices=SLICES, metavar="SLICE")
@@ -41,10 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("results/serve"), help="directory for JSON, markdown, PNGs, logs")
     p.add_argument("--keep-progress", action="store_true", help="leave the progress bar on screen at the end")
     p.add_argument("--report", type=Path, default=None, metavar="DIR",
-                   help="run nothing: re-render DIR/serve.md and the plots from DIR/serve.json")
+                   help="run nothing: re-render DIR/serve.md and the plots from DIR/serve.json (or serve.json.gz)")
     p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="DIR",
                    help="run nothing: join the results of one command run per load point (e.g. --preset full "
-                        "--loads c1, then --loads c4) into --out's serve.json, report and plots")
+                        "--loads c1, then --loads c4; each DIR with serve.json or serve.json.gz) into --out's serve.json, "
+                        "report and plots")
 
 
 def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
@@ -88,14 +90,12 @@ def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _rerender(out: Path) -> int:
-    import json
-
-    from bench.serve.run import write
+    from bench.serve.run import read, write
 
     try:
-        result = json.loads((out / "serve.json").read_text())
-    except (OSError, ValueError) as exc:
-        print(f"error: --report {out}: cannot read serve.json ({exc}); give a directory a run wrote", file=sys.stderr)
+        result = read(out)
+    except ValueError as exc:
+        print(f"error: --report {exc}", file=sys.stderr)
         return 2
     json_path, md_path, pngs = write(result, out, rewrite_json=False)
     print(f"wrote {md_path}, " + ", ".join(str(p) for p in pngs))

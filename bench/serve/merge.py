@@ -1,6 +1,7 @@
-"""One result from runs of different load points: the full preset takes ~13-16 h on 2 cores, more than one
-sitting, so it runs one load point at a time (``--preset full --loads c1``, then ``c4``, ...) and
-``specgate bench serve --merge DIR DIR ... --out DIR`` joins them into one ``serve.json`` and report.
+"""One result from runs of different load points: the full preset takes ~8-9 h on 2 cores, more than one
+sitting, so it runs one load point at a time (``--preset full --loads c1``, then ``c4``, ...; each part's
+``serve.json`` kept, gzipped, under ``docs/runs/``) and ``specgate bench serve --merge DIR DIR ... --out DIR``
+joins them into one ``serve.json`` and report.
 
 Only runs that measured the same thing are joined: the same arms, slices, sizes, seed (so the same
 requests), code commit, SLO and model; load points may not repeat. Each part started its own gateways, so
@@ -12,7 +13,6 @@ part's whose load points include the warm-up's own (``c{warmup_concurrency}``), 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 # settings every part must share; "loads" is what the parts split
@@ -22,12 +22,14 @@ SHARED_META = ("commit", "slo", "cpu", "cores", "python", "torch", "transformers
 
 
 def load_parts(dirs: list[Path]) -> list[dict]:
+    from bench.serve.run import read
+
     parts = []
     for d in dirs:
         try:
-            parts.append(json.loads((d / "serve.json").read_text()))
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"--merge {d}: cannot read serve.json ({exc}); give directories a run wrote") from exc
+            parts.append(read(d))
+        except ValueError as exc:
+            raise ValueError(f"--merge {exc}") from exc
     return parts
 
 

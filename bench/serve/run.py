@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import json
 import os
 import platform
@@ -13,6 +14,7 @@ import random
 import subprocess
 import sys
 import time
+import zlib
 from importlib.metadata import version
 from pathlib import Path
 
@@ -30,8 +32,10 @@ from bench.workloads import SLICES, WorkItem, sample
 PRESETS: dict[str, dict] = {
     # ~36-40 min on a quiet 2-core machine (measured: see docs/benchmarks.md)
     "default": {"per_slice": 4, "max_tokens": 32, "loads": ["c1", "c4", "p1"], "warmup_per_slice": 40},
-    # the issue's sizes: ~13-16 h on a quiet 2-core machine, ~2.1-2.5 h per load point (every report estimates it)
-    "full": {"per_slice": 16, "max_tokens": 128, "loads": ["c1", "c4", "c16", "p0.25", "p0.5", "p1"],
+    # the issue's arms and loads, 16 requests per slice (c16 needs 16 per slice to keep 16 in flight). One load
+    # point (--loads c1, with its own warm-up) must fit one sitting on a quiet 2-core machine, ~1.5 h at 64
+    # tokens: at 128 it was 2.1-2.5 h plus a ~30 min warm-up (every report estimates it), longer than a session
+    "full": {"per_slice": 16, "max_tokens": 64, "loads": ["c1", "c4", "c16", "p0.25", "p0.5", "p1"],
              "warmup_per_slice": 40},
 }
 
@@ -231,6 +235,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             {s: max(cells[ref][s]["choices"], key=cells[ref][s]["choices"].get, default=None) for s in bench.slices})
         result["learning_cost_reference_load"] = ref
     return result
+
+
+def read(out: Path) -> dict:
+    """The result a run wrote to ``out``: ``serve.json``, or ``serve.json.gz`` (a part of a run split by load
+    point, kept in git compressed until the last part is merged). ValueError naming the directory."""
+    plain, packed = out / "serve.json", out / "serve.json.gz"
+    try:
+        if not plain.exists() and packed.exists():
+            return json.loads(gzip.decompress(packed.read_bytes()))
+        return json.loads(plain.read_text())
+    except (OSError, ValueError, EOFError, zlib.error) as exc:  # missing, not gzip, cut short, not JSON
+        raise ValueError(f"{out}: cannot read serve.json or serve.json.gz ({exc}); give a directory a run "
+                         "wrote") from exc
 
 
 def write(result: dict, out: Path, rewrite_json: bool = True) -> tuple[Path, Path, list[Path]]:

@@ -5,6 +5,7 @@ load point. Runs in
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
@@ -108,6 +109,12 @@ def test_report_re_renders_from_the_result_file(run, tmp_path):
     missing = subprocess.run([sys.executable, "-c", CLI, "bench", "serve", "--report", str(tmp_path / "nope")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "--report" in missing.stderr and "serve.json" in missing.stderr
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "serve.json.gz").write_bytes(gzip.compress(b'{"cut short')[:20])
+    bad = subprocess.run([sys.executable, "-c", CLI, "bench", "serve", "--report", str(broken)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and f"--report {broken}: cannot read serve.json or serve.json.gz" in bad.stderr
 
 
 def _request(arm: str, item: str, tpot_ms: float) -> dict:
@@ -205,7 +212,8 @@ def test_merge_joins_one_run_per_load_point_and_refuses_runs_of_other_commands(r
     out, result = run
     other = tmp_path / "c2"
     other.mkdir()
-    (other / "serve.json").write_text(json.dumps(_as_load(result, "c2")))
+    # a part kept compressed in git (docs/runs/) is read as it is
+    (other / "serve.json.gz").write_bytes(gzip.compress(json.dumps(_as_load(result, "c2")).encode()))
     merged_dir = tmp_path / "merged"
     proc = subprocess.run([sys.executable, "-c", CLI, "bench", "serve", "--merge", str(out), str(other),
                            "--out", str(merged_dir)], capture_output=True, text=True, timeout=120)
