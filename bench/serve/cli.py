@@ -13,7 +13,7 @@ from bench.workloads import DEFAULT_ROOT, SLICES
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=("default", "full"), default="default",
                    help="sizes: default ~36-40 min, full (the issue's arms and loads, 16 requests per slice, 64 tokens) "
-                        "~1.5 h per load point (--loads c1, ...; merge the parts with --merge) on a quiet 2-core "
+                        "~2.2 h per load point (--loads c1, ...; merge the parts with --merge) on a quiet 2-core "
                         "machine; any size flag given explicitly overrides the preset")
     p.add_argument("--workloads", type=Path, default=DEFAULT_ROOT, help="the shared workloads directory")
     p.add_argument("--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"of {', '.join(ARMS)}")

@@ -1,4 +1,4 @@
-"""One result from runs of different load points: the full preset takes ~8-9 h on 2 cores, more than one
+"""One result from runs of different load points: the full preset takes ~12.5 h on 2 cores, more than one
 sitting, so it runs one load point at a time (``--preset full --loads c1``, then ``c4``, ...; each part's
 ``serve.json`` kept, gzipped, under ``docs/runs/``) and ``specgate bench serve --merge DIR DIR ... --out DIR``
 joins them into one ``serve.json`` and report.
