@@ -12,9 +12,9 @@ from bench.workloads import DEFAULT_ROOT, SLICES
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=("default", "full"), default="default",
-                   help="sizes: default ~36-40 min, full (the issue's arms and loads, 16 requests per slice, 64 tokens) "
-                        "~2.2 h per load point (--loads c1, ...; merge the parts with --merge) on a quiet 2-core "
-                        "machine; any size flag given explicitly overrides the preset")
+                   help="sizes: default ~36-40 min, full (the issue's arms and loads, 16 requests per slice, "
+                        "64 tokens) ~2.2 h per load point (--loads c1, ...; merge the parts with --merge) on a "
+                        "quiet 2-core machine; any size flag given explicitly overrides the preset")
     p.add_argument("--workloads", type=Path, default=DEFAULT_ROOT, help="the shared workloads directory")
     p.add_argument("--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"of {', '.join(ARMS)}")
     p.add_argument("--slices", nargs="+", default=list(SLICES), choices=SLICES, metavar="SLICE")
@@ -45,8 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run nothing: re-render DIR/serve.md and the plots from DIR/serve.json (or serve.json.gz)")
     p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="DIR",
                    help="run nothing: join the results of one command run per load point (e.g. --preset full "
-                        "--loads c1, then --loads c4; each DIR with serve.json or serve.json.gz) into --out's serve.json, "
-                        "report and plots")
+                        "--loads c1, then --loads c4; each DIR with serve.json or serve.json.gz) into --out's "
+                        "serve.json, report and plots")
 
 
 def apply_preset(args: argparse.Namespace) -> argparse.Namespace:

@@ -34,7 +34,7 @@ PRESETS: dict[str, dict] = {
     "default": {"per_slice": 4, "max_tokens": 32, "loads": ["c1", "c4", "p1"], "warmup_per_slice": 40},
     # the arms and loads, 16 requests per slice (c16 needs 16 per slice to keep 16 in flight). One load
     # point (--loads c1, with its own warm-up) must fit one sitting on a quiet 2-core machine: 2.2 h at 64
-    # tokens (c1 part, 0c93c07): at 128 it was 2.1-2.5 h plus a ~30 min warm-up (every report estimates it), longer than a session
+    # tokens (c1 part, 0c93c07); at 128 it was 2.1-2.5 h plus a ~30 min warm-up, longer than a session
     "full": {"per_slice": 16, "max_tokens": 64, "loads": ["c1", "c4", "c16", "p0.25", "p0.5", "p1"],
              "warmup_per_slice": 40},
 }
