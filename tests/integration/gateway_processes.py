@@ -13,6 +13,8 @@ from tests.integration.worker_process import BIN, free_port, running
 ADMIN_TOKEN = "test-admin-token"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}  # headers of the admin API
 MODEL = "SmolLM2-135M-Instruct"  # the served model's name
+# a prompt the default policy classifies as code (code_score >= 0.3)
+CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n# write mul(a, b) like above\n"
 
 
 def policy_text(workers: list[str], *, revision: str, routes: str = "", extra_rules: str = "",

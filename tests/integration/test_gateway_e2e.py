@@ -14,10 +14,9 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.gateway_processes import ADMIN, MODEL
+from tests.integration.gateway_processes import ADMIN, CODE, MODEL
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
-CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n# write mul(a, b) like above\n"
 RULES = {"unverified-pair", "code-ngram", "tiny-budget", "learned"}
 
 

@@ -10,11 +10,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.gateway_processes import MODEL, gateway, policy_text, write_policy
+from tests.integration.gateway_processes import CODE, MODEL, gateway, policy_text, write_policy
 from tests.integration.worker_process import worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
-CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n# write mul(a, b) like above\n"
 
 
 def _samples(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
