@@ -52,7 +52,11 @@ def test_smg_registers_the_worker_and_reads_its_loads(stack):
     assert workers[0]["models"][0]["context_length"] == 8192
     assert workers[0]["labels"]["served_model_name"] == "smol"
     assert [m["id"] for m in httpx.get(f"{smg}/v1/models", timeout=10).json()["data"]] == ["smol"]
-    load = httpx.get(f"{smg}/get_loads", timeout=30).json()["loads"][0]
+    deadline = time.monotonic() + 30  # a fresh clone's CI once got an empty list here, worker registered
+    while not (loads := httpx.get(f"{smg}/get_loads", timeout=30).json()["loads"]):
+        assert time.monotonic() < deadline, "smg listed no worker loads within 30 s"
+        time.sleep(0.5)
+    load = loads[0]
     assert load["worker"] == worker_url
     # values only this worker reports: smg parsed our /v1/loads
     assert (load["max_total_num_tokens"], load["max_running_requests"]) == (65536, 1)
