@@ -32,11 +32,17 @@ def stack(tmp_path_factory, prepared_model):
                 "--prometheus-port", str(metrics), "--worker-startup-check-interval", "1", "--log-level", "warn"]
         smg = f"http://127.0.0.1:{port}"
         with running(argv, f"{smg}/health", tmp / "smg.log"):
-            deadline = time.monotonic() + 60  # smg answers /health before it has registered the worker
-            while not httpx.get(f"{smg}/workers", timeout=10).json()["workers"]:
-                assert time.monotonic() < deadline, "smg did not register the worker within 60 s"
-                time.sleep(0.2)
+            _listed(f"{smg}/workers", "workers", 60)  # smg answers /health before it has registered the worker
             yield worker_url, smg
+
+
+def _listed(url: str, key: str, within_s: float) -> list[dict]:
+    """Poll smg until `url` lists something under `key`."""
+    deadline = time.monotonic() + within_s
+    while not (items := httpx.get(url, timeout=30).json()[key]):
+        assert time.monotonic() < deadline, f"smg listed no {key} at {url} within {within_s} s"
+        time.sleep(0.2)
+    return items
 
 
 def _sse(text: str) -> list[dict]:
@@ -52,11 +58,7 @@ def test_smg_registers_the_worker_and_reads_its_loads(stack):
     assert workers[0]["models"][0]["context_length"] == 8192
     assert workers[0]["labels"]["served_model_name"] == "smol"
     assert [m["id"] for m in httpx.get(f"{smg}/v1/models", timeout=10).json()["data"]] == ["smol"]
-    deadline = time.monotonic() + 30  # a fresh clone's CI once got an empty list here, worker registered
-    while not (loads := httpx.get(f"{smg}/get_loads", timeout=30).json()["loads"]):
-        assert time.monotonic() < deadline, "smg listed no worker loads within 30 s"
-        time.sleep(0.5)
-    load = loads[0]
+    load = _listed(f"{smg}/get_loads", "loads", 30)[0]  # a fresh clone's CI once got [] here, worker registered
     assert load["worker"] == worker_url
     # values only this worker reports: smg parsed our /v1/loads
     assert (load["max_total_num_tokens"], load["max_running_requests"]) == (65536, 1)
