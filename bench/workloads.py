@@ -114,11 +114,13 @@ def load_all(root: Path | str = DEFAULT_ROOT, max_chars: int = 6000) -> dict[str
 
 def sample(root: Path | str = DEFAULT_ROOT, per_slice: int = 8, seed: int = 0, max_chars: int = 6000,
            slices: tuple[str, ...] = SLICES) -> list[WorkItem]:
-    """A fixed, seeded sample per slice (the same requests for every arm of a benchmark)."""
+    """A fixed, seeded sample per slice (the same requests for every arm of a benchmark). Every slice is
+    drawn, in ``SLICES`` order, whatever ``slices`` selects, so a slice's requests do not depend on which
+    other slices a run serves: a run of a subset serves the same prompts as the run of all slices."""
+    unknown = [s for s in slices if s not in SLICES]
+    if unknown:
+        raise ValueError(f"slices: unknown {unknown}; choose from {list(SLICES)}")
     items = load_all(root, max_chars)
     rng = random.Random(seed)
-    chosen: list[WorkItem] = []
-    for s in slices:
-        pool = items[s]
-        chosen.extend(rng.sample(pool, min(per_slice, len(pool))))
-    return chosen
+    drawn = {s: rng.sample(items[s], min(per_slice, len(items[s]))) for s in SLICES}
+    return [item for s in slices for item in drawn[s]]
