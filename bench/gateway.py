@@ -34,6 +34,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.processes import free_port, wait_http
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 LITELLM_VENV = REPO / ".bench-venv"
@@ -43,33 +45,13 @@ BENCH_KEY = "sk-bench-4f1c2a9e7d3b8c6a0e5f4d3c2b1a0f9e"  # LiteLLM refuses to st
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_up(url: str, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}) before {url} answered")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=3).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not up in {timeout:.0f} s")
-
-
 @contextlib.contextmanager
 def process(argv: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 env={**os.environ, **(env or {})})
         try:
-            wait_up(ready_url, proc)
+            wait_http(ready_url, proc, timeout=240)
             yield
         finally:
             proc.terminate()

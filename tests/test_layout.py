@@ -19,3 +19,18 @@ def test_workload_data_is_never_copied_into_the_repository():
     repo = TESTS.parent
     tracked = [p for p in repo.rglob("*.jsonl") if ".venv" not in p.parts and ".bench-venv" not in p.parts]
     assert tracked == []
+
+
+def test_nothing_outside_tests_imports_tests():
+    # the product and the benchmarks run from the installed console script, where `tests` is not
+    # importable; a benchmark needing a test helper means the helper belongs in bench/ or the product
+    repo = TESTS.parent
+    offenders = []
+    for top in ("gateway", "policies", "backends", "telemetry", "bench", "deploy"):
+        for path in (repo / top).rglob("*.py"):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                words = line.split()
+                if words[:2] in (["import", "tests"], ["from", "tests"]) or (
+                        len(words) >= 2 and words[0] in ("import", "from") and words[1].startswith("tests.")):
+                    offenders.append(f"{path.relative_to(repo)}:{number}: {line.strip()}")
+    assert offenders == []

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.gateway import free_port, wait_up
+from bench.processes import free_port, wait_http
 from bench.serve.arms import REPO
 
 _CLI = "import sys; from gateway.cli import main; sys.exit(main())"
@@ -78,7 +78,7 @@ def _process(args: list[str], url: str, log: Path, timeout_s: float) -> Iterator
                                 stderr=subprocess.STDOUT, env=env)
         try:
             try:
-                wait_up(f"{url}/health", proc, timeout_s)
+                wait_http(f"{url}/health", proc, timeout_s)
             except (RuntimeError, TimeoutError) as exc:
                 raise RuntimeError(f"{args[0]} on {url} did not come up: {exc}; see {log}") from exc
             yield proc

@@ -15,11 +15,11 @@ import sys
 import pytest
 
 from bench.serve.arms import parse_arms
+from bench.serve.client import Result
 from bench.serve.load import LoadPoint
 from bench.serve.report import _targets, _verdict, paired_tpot_ratio
 from bench.serve.run import turns
 from bench.serve.summary import learning_cost, percentile
-from bench.serve.client import Result
 from bench.workloads import DEFAULT_ROOT, WorkItem
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]

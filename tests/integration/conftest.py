@@ -6,8 +6,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.integration.gateway_processes import gateway, policy_text, write_policy
-from tests.integration.worker_process import worker
+from bench.processes import gateway, worker, write_policy
+from tests.integration.gateway_processes import policy_text
 
 
 @pytest.fixture(scope="package")

@@ -1,18 +1,10 @@
-"""Gateway integration helpers: policy files pointed at test workers, and a real `specgate serve`
-process on a free loopback port (always stopped)."""
+"""Gateway integration test content: the policy pointed at test workers and the prompts the tests send.
+
+The processes themselves (`specgate serve`, `specgate worker`) start through ``bench.processes``.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
-from pathlib import Path
-
-from tests.integration.worker_process import BIN, free_port, running
-
-ADMIN_TOKEN = "test-admin-token"
-ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}  # headers of the admin API
-MODEL = "SmolLM2-135M-Instruct"  # the served model's name
 # a prompt the default policy classifies as code (code_score >= 0.3)
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n# write mul(a, b) like above\n"
 
@@ -47,24 +39,3 @@ rules:
   - {{name: learned, then: auto}}
 learning: {{explore: 0.0}}
 """
-
-
-def write_policy(path: Path, text: str) -> Path:
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-@contextlib.contextmanager
-def gateway(tmp: Path, policy: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """A real `specgate serve`; yields its base URL. /health answers once its pools were probed."""
-    port = free_port()
-    argv = [str(BIN / "specgate"), "serve", "--policy", str(policy), "--port", str(port),
-            "--log-console", "--log-level", "warning", *flags]
-    saved = dict(os.environ)
-    os.environ.update({"SPECGATE_ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})})
-    try:
-        with running(argv, f"http://127.0.0.1:{port}/health", tmp / f"gateway-{port}.log"):
-            yield f"http://127.0.0.1:{port}"
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)

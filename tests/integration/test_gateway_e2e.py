@@ -14,7 +14,8 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.gateway_processes import ADMIN, CODE, MODEL
+from bench.processes import ADMIN, MODEL
+from tests.integration.gateway_processes import CODE
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 RULES = {"unverified-pair", "code-ngram", "tiny-budget", "learned"}

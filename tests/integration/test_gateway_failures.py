@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.gateway_processes import ADMIN, MODEL, gateway, policy_text, write_policy
-from tests.integration.worker_process import worker
+from bench.processes import ADMIN, MODEL, gateway, worker, write_policy
+from tests.integration.gateway_processes import policy_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
@@ -190,7 +190,7 @@ def _kill(url: str) -> None:
 
 
 def test_no_healthy_worker_is_a_503(tmp_path, revision):
-    from tests.integration.worker_process import free_port
+    from bench.processes import free_port
 
     policy = write_policy(tmp_path / "p.yaml",
                           policy_text([f"http://127.0.0.1:{free_port()}"], revision=revision))

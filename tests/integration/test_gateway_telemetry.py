@@ -10,8 +10,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.gateway_processes import CODE, MODEL, gateway, policy_text, write_policy
-from tests.integration.worker_process import worker
+from bench.processes import MODEL, gateway, worker, write_policy
+from tests.integration.gateway_processes import CODE, policy_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 

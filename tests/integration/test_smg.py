@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.integration.worker_process import BIN, free_port, running, worker
+from bench.processes import BIN, free_port, running, worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 GEN = {"text": "The three primary colors are", "sampling_params": {"max_new_tokens": 6, "temperature": 0}}

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.worker_process import BIN, REPO, free_port, running
+from bench.processes import BIN, REPO, free_port, running
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 

@@ -15,7 +15,7 @@ import pytest
 from backends.sglang.client import SGLangClient
 from backends.sglang.errors import WorkerHTTPError
 from backends.sglang.wire import GenerateRequest, SamplingParams
-from tests.integration.worker_process import worker
+from bench.processes import worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 CODE = ("Copy the line.\nLine: the quick brown fox jumps over the lazy dog\n"

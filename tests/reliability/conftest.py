@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.reliability.cluster import Workers
+from bench.reliability.cluster import Workers
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.gateway_processes import ADMIN_TOKEN, gateway, write_policy
-from tests.reliability.cluster import MODEL, policy_yaml
+from bench.processes import ADMIN_TOKEN, gateway, write_policy
+from bench.reliability.cluster import MODEL, policy_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model, pytest.mark.timeout(300)]
 EXAMPLES = int(os.environ.get("SPECGATE_FUZZ_EXAMPLES", "40"))  # the full run sets more

@@ -10,9 +10,8 @@ import httpx
 import pytest
 
 from gateway import auth
-from tests.integration.gateway_processes import ADMIN_TOKEN, gateway, write_policy
-from tests.integration.worker_process import BIN, REPO
-from tests.reliability.cluster import MODEL, policy_yaml
+from bench.processes import ADMIN_TOKEN, BIN, REPO, gateway, write_policy
+from bench.reliability.cluster import MODEL, policy_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model, pytest.mark.timeout(300)]
 KEYS = {"REL_SEC_KEYS_APP": "sk-reliability-app-0123456789", "REL_SEC_KEYS_OPS": "ops-secret-key-42"}

@@ -14,9 +14,9 @@ import statistics
 import httpx
 import pytest
 
-from tests.integration.gateway_processes import ADMIN_TOKEN, gateway, write_policy
-from tests.reliability import scenarios
-from tests.reliability.cluster import chat_body, listener_pid, policy_yaml, rss_mb
+from bench.processes import ADMIN_TOKEN, gateway, write_policy
+from bench.reliability import scenarios
+from bench.reliability.cluster import chat_body, listener_pid, policy_yaml, rss_mb
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model, pytest.mark.timeout(300)]
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}

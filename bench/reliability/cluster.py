@@ -19,9 +19,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.integration.worker_process import BIN, REPO, free_port, stop, wait_http
-
-MODEL = "SmolLM2-135M-Instruct"
+from bench.processes import BIN, MODEL, REPO, free_port, stop, wait_http
 
 
 def policy_yaml(*, plain: list[str], ngram: list[str], revision: str, routes: str = "",

@@ -1,4 +1,4 @@
-"""Full reliability run: the scenarios of ``tests/reliability`` at size, figures as JSON.
+"""Full reliability run: the scenarios (``bench/reliability/scenarios.py``) at size, figures as JSON.
 
 ``specgate bench reliability`` or ``python -m bench.reliability [--clients 64 --soak-s 300]``: two
 real workers, a fresh gateway per scenario; soak (exact greedy answers, RSS start/end), client
@@ -38,9 +38,9 @@ def _plain(value):
 
 def run(args: argparse.Namespace) -> int:
     from backends.engine.model_store import load_prepared
-    from tests.integration.gateway_processes import gateway, write_policy
-    from tests.reliability import scenarios
-    from tests.reliability.cluster import Workers, listener_pid, policy_yaml, rss_mb
+    from bench.processes import gateway, write_policy
+    from bench.reliability import scenarios
+    from bench.reliability.cluster import Workers, listener_pid, policy_yaml, rss_mb
 
     revision = load_prepared().revision
     out: dict = {"args": {k: str(v) for k, v in vars(args).items() if k != "func"}}
@@ -94,7 +94,3 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.reliability", description=__doc__.split("\n")[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

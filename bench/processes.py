@@ -1,4 +1,8 @@
-"""Start and always stop real `specgate worker` (and smg) processes on free loopback ports."""
+"""Start and always stop real processes (`specgate worker`, `specgate serve`, smg) on free loopback ports.
+
+Used by the benchmarks (``bench.reliability``) and by the integration tests, which import it from here.
+Processes run the ``specgate`` console script next to this interpreter, with the repository as cwd.
+"""
 
 from __future__ import annotations
 
@@ -24,11 +28,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+ADMIN_TOKEN = "test-admin-token"  # $SPECGATE_ADMIN_TOKEN of the gateways started here
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}  # headers of the admin API
+MODEL = "SmolLM2-135M-Instruct"  # the served model's name
+
+
 def wait_http(url: str, proc: subprocess.Popen, timeout: float = STARTUP_TIMEOUT_S, ok=(200,)) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered; see its log")
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {url} answered; see its log")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=5).status_code in ok:
                 return
@@ -66,3 +75,24 @@ def worker(tmp: Path, *flags: str) -> Iterator[str]:
             *flags]
     with running(argv, f"http://127.0.0.1:{port}/health", tmp / f"worker-{port}.log"):
         yield f"http://127.0.0.1:{port}"
+
+
+def write_policy(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@contextlib.contextmanager
+def gateway(tmp: Path, policy: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A real `specgate serve`; yields its base URL. /health answers once its pools were probed."""
+    port = free_port()
+    argv = [str(BIN / "specgate"), "serve", "--policy", str(policy), "--port", str(port),
+            "--log-console", "--log-level", "warning", *flags]
+    saved = dict(os.environ)
+    os.environ.update({"SPECGATE_ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})})
+    try:
+        with running(argv, f"http://127.0.0.1:{port}/health", tmp / f"gateway-{port}.log"):
+            yield f"http://127.0.0.1:{port}"
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

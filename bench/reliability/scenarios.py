@@ -11,11 +11,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.gateway_processes import ADMIN_TOKEN
-from tests.reliability.cluster import (
+from bench.processes import ADMIN
+from bench.reliability.cluster import (
     Workers, chat_body, expected_texts, policy_yaml, stream_chat, wait_until, worker_load)
 
-ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 PROSE = [f"In one short sentence, describe the colour of {thing}." for thing in
          ("the sky", "grass", "snow", "a banana", "coal", "a tomato", "the sea", "sand")]
 CODE = [f"def f{i}(a, b):\n    return a + b * {i}\n\ndef g{i}(a, b):\n    return a - b\n\n# write h{i}(a, b) like above\n"
