@@ -13,12 +13,14 @@ every cut is recorded on the item (``truncated_from``).
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 SLICES = ("code", "tool_call", "prose", "long_context", "code_edit")
-DEFAULT_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "workloads"
+# $SPECGATE_WORKLOADS, else the shared/ folder beside the repository (read in place, never copied)
+DEFAULT_ROOT = Path(os.environ.get("SPECGATE_WORKLOADS") or Path(__file__).resolve().parents[2] / "shared" / "workloads")
 
 # bfcl_eval/constants/type_mappings.py GORILLA_TO_OPENAPI (upstream), for the types that occur here
 GORILLA_TO_OPENAPI = {

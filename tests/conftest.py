@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.engine.engine_helpers import make_tiny_engine
+from tests.prerequisites import missing
 
 @pytest.fixture(scope="session")
 def prepared_model():
@@ -19,7 +20,7 @@ def prepared_model():
     try:
         return load_prepared()
     except ModelNotPrepared as exc:  # `make test` prepares it; a bare pytest run may not have
-        pytest.skip(f"real model not prepared: {exc}")
+        missing(f"real model not prepared ({exc}); run `make setup`")
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,13 @@ import random
 import pytest
 
 from bench.workloads import DEFAULT_ROOT, SLICES, load_all, sample
+from tests.prerequisites import missing
 
-pytestmark = pytest.mark.skipif(not DEFAULT_ROOT.is_dir(), reason=f"shared workloads not found at {DEFAULT_ROOT}")
+
+@pytest.fixture(autouse=True)
+def _workloads():
+    if not DEFAULT_ROOT.is_dir():
+        missing(f"shared workloads not found at {DEFAULT_ROOT}; set SPECGATE_WORKLOADS")
 
 
 def _ids(items) -> list[str]:

@@ -13,6 +13,7 @@ from deploy_files import (
     DEPLOY, K8S_VERSION, LAUNCH, REPO, find, k8s_objects, k8s_pool_commands, kustomize, load_docs,
     manifest_files, parse_launch_args,
 )
+from tests.prerequisites import missing
 
 SHA = re.compile(r"^[0-9a-f]{40}$")
 # pool -> the --speculative-algorithm its Deployment must run (None: plain decoding).
@@ -34,17 +35,15 @@ def test_the_validator_rejects_a_misspelled_field():
         kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
 
 
-def _render_or_skip(directory):
-    if not (DEPLOY / "grafana" / "specgate.json").exists():
-        pytest.skip("deploy/grafana/specgate.json (the dashboard the kustomization wraps) is not there yet")
+def _render(directory):
     rendered = kustomize(directory)
     if rendered is None:
-        pytest.skip("kubectl is not installed: cannot render the kustomization")
+        missing("kubectl is not installed: cannot render the kustomization (apt-get install kubectl)")
     return rendered
 
 
 def test_the_kustomization_renders_schema_valid_objects_with_policy_and_dashboard():
-    rendered = _render_or_skip(DEPLOY)
+    rendered = _render(DEPLOY)
     for obj in rendered:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         if obj["kind"] != "Namespace":
@@ -66,7 +65,7 @@ def test_an_overlay_outside_the_repository_can_retarget_namespace_and_image(tmp_
         "namespace: specgate-staging\n"
         f"resources: [{os.path.relpath(DEPLOY, overlay)}]\n"  # kustomize rejects absolute roots
         "images:\n  - {name: specgate, newName: registry.example.com/specgate, newTag: 0.1.0}\n")
-    rendered = _render_or_skip(overlay)
+    rendered = _render(overlay)
     assert {o["metadata"].get("namespace") for o in rendered if o["kind"] != "Namespace"} == {"specgate-staging"}
     gateway = find(rendered, "Deployment", "specgate-gateway")
     assert gateway["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example.com/specgate:0.1.0"

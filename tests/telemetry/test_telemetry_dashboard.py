@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.prerequisites import missing
 from tests.telemetry.cdp import CHROMIUM, Browser
 
 pytestmark = pytest.mark.integration
@@ -32,7 +33,7 @@ CHARTS = ("chart-accept-length", "chart-positions", "chart-tpot", "chart-goodput
 def chromium() -> Path:
     if not CHROMIUM.exists():
         if os.geteuid() != 0:
-            pytest.skip("chromium is not installed and installing it (apt-get) needs root")
+            missing("chromium is not installed and installing it (apt-get install chromium) needs root")
         for command in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]):
             done = subprocess.run(command, capture_output=True, text=True, env={**os.environ,
                                   "DEBIAN_FRONTEND": "noninteractive"}, timeout=900)
