@@ -5,7 +5,10 @@ Checked on every round of every generated request:
 - at every target forward, the cache holds exactly the committed context minus its last token, and
   the round feeds that last token followed by the drafts (so rejected drafts of earlier rounds are never
   in the context of a later step: the cache is always a prefix of the committed context);
-- after every step, the target cache length == prompt_len + output_len - 1;
+- after every step, the target cache length == prompt_len + output_len - 1, and its key/value tensors
+  (every layer) equal those of a fresh prefill of the committed context minus its last token; the draft
+  model's cache equals a fresh prefill of the tokens it records as fed (so a rollback that crops the
+  bookkeeping but leaves stale or corrupted keys/values fails here, not only a wrong length);
 - the draft model's own cache, when the target verifies, holds the committed context plus drafts
   1..k-1 (its rollback re-synced it to the committed prefix after the previous round's rejections);
 - greedy speculative output == plain output, token for token.
@@ -21,7 +24,8 @@ from hypothesis import strategies as st
 
 from backends.engine.sequence import Status
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
-from tests.engine.engine_helpers import CacheRecorder, RoundLog, make_tiny_engine, run_all
+from tests.engine.engine_helpers import (CacheRecorder, RoundLog, assert_cache_matches_fresh_prefill,
+                                         make_tiny_engine, run_all)
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +76,18 @@ def install_cache_checks(engine, errors: list[str]):
     return target_recorder, draft_recorder
 
 
-def check_cache_lengths(engine) -> None:
+def check_caches(engine) -> None:
+    """Lengths, then the key/value tensors themselves, of every decoding sequence's caches."""
     for seq in engine.scheduler.running:
         if seq.status is Status.DECODE and seq.output_ids:
-            cache = engine._slots[seq.rid].cache
+            slot = engine._slots[seq.rid]
             expected = len(seq.prompt_ids) + len(seq.output_ids) - 1
-            assert engine.runner.cache_len(cache) == seq.cache_len == expected
+            assert engine.runner.cache_len(slot.cache) == seq.cache_len == expected
+            assert_cache_matches_fresh_prefill(engine.runner, slot.cache, seq.context[:-1], f"{seq.rid} target cache")
+            proposer = slot.proposer
+            if proposer is not None and proposer.name == "draft_model" and proposer.fed:
+                assert_cache_matches_fresh_prefill(engine.draft_runner, proposer.cache, proposer.fed,
+                                                   f"{seq.rid} draft cache")
 
 
 WORDS = st.sampled_from([28, 253, 314, 327, 338, 355, 411, 506, 2683, 7018])
@@ -117,7 +127,7 @@ def test_round_invariants(engine, monkeypatch, prompt, proposer, k, adaptive, te
     try:
         engine.submit(spec, events.append)
         while engine.step():
-            check_cache_lengths(engine)
+            check_caches(engine)
             assert not errors, errors[0]
     finally:
         for recorder in recorders:
