@@ -1,6 +1,6 @@
 """A gateway in front of two real `specgate worker` processes, and the clients that load it.
 
-Shared by the short reliability tests (``tests/reliability``) and the full run (``bench/reliability.py``).
+Shared by the short reliability tests (``tests/reliability``) and the full run (``bench/reliability``).
 Workers live on fixed ports for the whole run so one can be killed (``kill -9``) and restarted on the
 same port: the gateway's policy keeps naming it and must take it back once it is healthy.
 """
@@ -111,6 +111,22 @@ def worker_load(url: str) -> tuple[int, float]:
     """(running requests, KV token usage) from the worker's ``/v1/loads``."""
     rank = httpx.get(f"{url}/v1/loads", timeout=5).json()["loads"][0]
     return rank["num_running_reqs"], rank["token_usage"]
+
+
+def seconds_per_token(url: str, tokens: int = 16) -> float:
+    """Wall time per generated token of one short greedy, plain (non-speculative) ``/generate`` on
+    the worker at ``url``: the unit in which tests bound how fast an abort frees it, so the bound
+    scales with the machine. Prefill and the HTTP round trip are included, so this overstates one
+    decode step (the bounds err generous)."""
+    body = {"text": "Once upon a time", "sampling_params": {
+        "max_new_tokens": tokens, "temperature": 0, "ignore_eos": True,
+        "custom_params": {"speculation": {"proposer": "none"}}}}
+    t0 = time.perf_counter()
+    r = httpx.post(f"{url}/generate", json=body, timeout=120)
+    elapsed = time.perf_counter() - t0
+    r.raise_for_status()
+    assert r.json()["meta_info"]["completion_tokens"] == tokens, r.text[:300]
+    return elapsed / tokens
 
 
 def chat_body(prompt: str, max_tokens: int, *, stream: bool = True, **extra: object) -> dict:

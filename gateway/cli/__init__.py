@@ -11,8 +11,7 @@ import argparse
 import importlib
 import sys
 
-# Subcommand modules, in the order `specgate --help` lists them. A module that is not there yet is
-# skipped so each part of the CLI can land on its own.
+# Subcommand modules, in the order `specgate --help` lists them; a missing one is an import error.
 _COMMANDS = ("serve", "up", "worker", "policy", "model", "bench")
 
 
@@ -23,13 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
-        try:
-            module = importlib.import_module(f"gateway.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"gateway.cli.{name}":
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(f"gateway.cli.{name}").register(sub)
     return parser
 
 
