@@ -136,3 +136,36 @@ def test_an_exploration_is_counted_in_flight_until_its_request_finishes_even_on_
     counted = [line for line in client.get("/metrics").text.splitlines() if line.startswith("specgate_explorations_total")]
     assert counted == ['specgate_explorations_total{kind="routine",pool="plain",proposer="none",route="a",'
                        'slice="prose"} 2.0']
+
+
+def test_an_invalid_reload_keeps_the_last_good_version_not_the_startup_one(tmp_path, monkeypatch):
+    """Valid A (startup) -> valid B -> invalid C: B keeps serving (only B has the rule ``plain-b``).
+    The watcher's own loop is kept out of the way (hour-long interval); the test polls it."""
+    monkeypatch.setenv("SPECGATE_ADMIN_TOKEN", "adm")
+    admin = {"authorization": "Bearer adm"}
+    path = _policy(tmp_path)
+    a = path.read_text()
+    b = a.replace("rules: [{name: plain, then: bypass}]", "rules: [{name: plain-b, then: bypass}]")
+    c = b + "bogus: 1\n"
+    assert a != b
+    settings = GatewaySettings(policy_path=str(path), monitor_interval_s=30, reload_interval_s=3600)
+    with TestClient(create_app(settings)) as client:
+        watcher = client.app.state.gateway.watcher
+
+        def reload(text: str) -> dict:
+            path.write_text(text)
+            watcher.poll(force=True)
+            return client.get("/admin/policy", headers=admin).json()
+
+        def rule() -> str:
+            r = client.post("/v1/chat/completions", json=MSG)
+            assert r.status_code == 503  # the pool's worker is a closed port; the decision is made
+            return r.headers["x-specgate-rule"]
+
+        assert rule() == "plain"
+        version_b = reload(b)["version"]
+        assert rule() == "plain-b"
+        status = reload(c)
+        assert status["last_reload"]["ok"] is False and status["version"] == version_b
+        assert status["last_reload"]["errors"][0].startswith("policy.yaml:6:1: bogus")
+        assert rule() == "plain-b"
