@@ -177,22 +177,27 @@ def test_worker_context_refusal_is_mapped(gw):
     prompt = "{[(<>)]}" * 5000
     r = httpx.post(f"{gw}/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 4},
                    timeout=60)
-    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    error = r.json()["error"]
+    assert r.status_code == 400 and (error["code"], error["param"]) == ("context_length_exceeded", "messages")
+    assert "context window" in error["message"]
 
 
 def test_openai_client_raises_its_own_error_classes(client):
     with pytest.raises(openai.BadRequestError, match="messages is empty"):
         client.chat.completions.create(model=MODEL, messages=[])
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
 
 
 def test_models_health_ready_openapi_metrics(gw, client):
     assert [m.id for m in client.models.list()] == [MODEL]
     assert httpx.get(f"{gw}/health").json() == {"status": "ok"}
-    assert httpx.get(f"{gw}/ready").status_code == 200
+    ready = httpx.get(f"{gw}/ready")
+    assert ready.status_code == 200 and ready.json() == {"ready": True, "healthy_workers": {"ngram": 1, "plain": 1}}
     assert "/v1/chat/completions" in httpx.get(f"{gw}/schema/openapi.json").json()["paths"]
-    assert httpx.get(f"{gw}/metrics").status_code == 200
+    metrics = httpx.get(f"{gw}/metrics")
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+    assert "# TYPE specgate_requests_total counter" in metrics.text
 
 
 def test_admin_api(gw, client, revision):
@@ -208,6 +213,12 @@ def test_admin_api(gw, client, revision):
     assert explained["slice"] == "code" and explained["decision"]["rule"] == "code-ngram"
     assert [r["rule"] for r in explained["rules"]] == ["unverified-pair", "code-ngram"]
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": CODE}], max_tokens=12)
-    time.sleep(0.3)  # the snapshot is rebuilt at most every 100 ms
-    stats = httpx.get(f"{gw}/admin/stats", headers=ADMIN).json()
-    assert any(key.startswith("*|code|ngram|") for key in stats["acceptance"])
+
+    def learned() -> bool:  # the snapshot is rebuilt at most every 100 ms
+        stats = httpx.get(f"{gw}/admin/stats", headers=ADMIN).json()
+        return any(key.startswith("*|code|ngram|") for key in stats["acceptance"])
+
+    deadline = time.monotonic() + 30
+    while not learned():
+        assert time.monotonic() < deadline, "the code request's acceptance never reached /admin/stats"
+        time.sleep(0.05)

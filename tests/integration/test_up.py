@@ -24,7 +24,7 @@ def test_up_serves_the_default_policy_and_stops_everything_on_sigterm(tmp_path):
             "--log-dir", str(tmp_path), "--worker-arg=--no-calibrate", "--worker-arg=--num-threads=1"]
     base = f"http://127.0.0.1:{gateway_port}"
     with running(argv, f"{base}/ready", tmp_path / "up.log") as up:
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)  # a 5xx must fail
         raw = client.chat.completions.with_raw_response.create(
             model="SmolLM2-135M-Instruct", max_tokens=4, temperature=0,
             messages=[{"role": "user", "content": "Say hi"}])
