@@ -93,14 +93,29 @@ def test_unknown_top_level_keys_are_ignored_like_sglang(worker):
 def test_worker_survives_garbage_and_still_generates(worker):
     for payload in (b"null", b"1e999999", json.dumps({"text": "a" * 10, "sampling_params": None}).encode(),
                     json.dumps({"text": ["a", "b"]}).encode(), b'{"input_ids": [-1]}'):
-        assert worker.post(G, content=payload).status_code == 400, payload
+        response = worker.post(G, content=payload)
+        assert response.status_code == 400, payload
+        assert response.json()["error"]["type"] == "BadRequestError", payload
     assert worker.post("/abort_request", json={"rid": "nope"}).json() == {"aborted": False}
     assert worker.get("/health_generate").status_code == 200
 
 
 def test_free_text_response_format_and_unforced_tool_choice_are_served(worker):
+    """Served as plain free text: a completion, never a parsed tool call; the tools are described to the
+    model in its prompt (SmolLM2's template has no tools slot), so that prompt is longer."""
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    for extra in ({"response_format": {"type": "text"}}, {"tools": tools, "tool_choice": "auto"},
-                  {"tools": tools, "tool_choice": "none"}):
+    prompt_tokens = {}
+    for name, extra in (("plain", {}), ("text", {"response_format": {"type": "text"}}),
+                        ("auto", {"tools": tools, "tool_choice": "auto"}),
+                        ("none", {"tools": tools, "tool_choice": "none"})):
         body = {"messages": [{"role": "user", "content": "weather?"}], "max_tokens": 2, **extra}
-        assert worker.post(C, json=body).status_code == 200, extra
+        response = worker.post(C, json=body)
+        assert response.status_code == 200, (name, response.text)
+        answer = response.json()
+        choice = answer["choices"][0]
+        assert answer["object"] == "chat.completion" and choice["message"]["role"] == "assistant", name
+        assert not choice["message"].get("tool_calls") and choice["finish_reason"] in ("stop", "length"), name
+        assert 1 <= answer["usage"]["completion_tokens"] <= 2, name
+        prompt_tokens[name] = answer["usage"]["prompt_tokens"]
+    assert prompt_tokens["text"] == prompt_tokens["plain"]
+    assert prompt_tokens["auto"] == prompt_tokens["none"] > prompt_tokens["plain"]
