@@ -69,12 +69,8 @@ def run(args: argparse.Namespace) -> int:
                 worst = asyncio.run(scenarios.disconnects(gw, urls, clients=args.disconnects))
                 step("disconnects", {"clients": args.disconnects, "worst_back_to_baseline_s": round(worst, 3),
                                      "seconds": round(time.monotonic() - t0, 1)})
-            routes = """routes:
-  - {name: noisy, api_keys_env: REL_KEYS_NOISY, max_concurrency: 2}
-  - {name: metered, api_keys_env: REL_KEYS_METERED, rate_limit: {requests_per_s: 1, burst: 2}}
-  - {name: quiet, api_keys_env: REL_KEYS_QUIET}"""
-            env = {f"REL_KEYS_{n.upper()}": f"{n}-key-1" for n in ("noisy", "metered", "quiet")}
-            with gateway(tmp, policy("overload", plain=urls, ngram=urls, routes=routes), env=env) as gw:
+            with gateway(tmp, policy("overload", plain=urls, ngram=urls, routes=scenarios.OVERLOAD_ROUTES),
+                         env=scenarios.OVERLOAD_KEYS) as gw:
                 step("overload", asyncio.run(scenarios.overload(gw, noisy=12, quiet=8)))
             path = policy("reload", plain=urls, ngram=urls)
             with gateway(tmp, path) as gw:

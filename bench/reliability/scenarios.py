@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import httpx
 
 from bench.processes import ADMIN
+from gateway.reload import content_version
 from bench.reliability.cluster import (
     Workers, chat_body, expected_texts, policy_yaml, stream_chat, wait_until, worker_load)
 
@@ -93,8 +96,18 @@ async def disconnects(gw: str, workers: list[str], *, clients: int) -> float:
     def idle() -> bool:
         return all(worker_load(w)[0] == 0 and worker_load(w)[1] <= baseline[w][1] for w in workers)
 
-    await wait_until(idle, timeout=10.0)
+    await wait_until(idle, timeout=120.0)  # a deadline for a broken abort, not the figure
     return time.monotonic() - closed
+
+
+# Route ``noisy`` may have 2 requests in flight; ``metered`` refills one request per 100 s (burst 2),
+# so a burst of 10 admits exactly 2 however long the burst takes to send.
+NOISY_CAP = 2
+OVERLOAD_ROUTES = f"""routes:
+  - {{name: noisy, api_keys_env: REL_KEYS_NOISY, max_concurrency: {NOISY_CAP}}}
+  - {{name: metered, api_keys_env: REL_KEYS_METERED, rate_limit: {{requests_per_s: 0.01, burst: 2}}}}
+  - {{name: quiet, api_keys_env: REL_KEYS_QUIET}}"""
+OVERLOAD_KEYS = {f"REL_KEYS_{name.upper()}": f"{name}-key-1" for name in ("noisy", "metered", "quiet")}
 
 
 @dataclass
@@ -106,15 +119,15 @@ class OverloadReport:
     hung: int = 0
     quiet_alone_s: list[float] = field(default_factory=list)
     quiet_under_load_s: list[float] = field(default_factory=list)
-    noisy_s: list[float] = field(default_factory=list)
 
 
-async def overload(gw: str, *, noisy: int, quiet: int, max_tokens: int = 12) -> OverloadReport:
-    """Route ``noisy`` (max_concurrency 2) fires ``noisy`` streams at once while route ``quiet``
-    sends ``quiet`` requests one after another; route ``metered`` (1 req/s, burst 2) fires 10 at once."""
+async def overload(gw: str, *, noisy: int, quiet: int, hold_tokens: int = 400) -> OverloadReport:
+    """Route ``quiet`` times ``quiet`` requests alone. Route ``noisy`` (max_concurrency 2) then opens 2
+    long streams (``hold_tokens``, ignore_eos) and keeps them open, so its slots are taken whatever the
+    machine's speed, and fires ``noisy - 2`` more at once; while the 2 still generate, ``quiet`` times
+    ``quiet`` requests again; then the 2 are closed. Route ``metered`` fires 10 at once last."""
     report = OverloadReport()
     auth = {name: {"authorization": f"Bearer {name}-key-1"} for name in ("noisy", "metered", "quiet")}
-    body = chat_body(PROSE[0], max_tokens)
 
     def check_429(res) -> None:
         if res.status == 429:
@@ -128,26 +141,27 @@ async def overload(gw: str, *, noisy: int, quiet: int, max_tokens: int = 12) -> 
                 report.hung += 1
                 return None
 
-        for _ in range(quiet):
-            res = await one("quiet", 4)
-            report.quiet_alone_s.append(res.seconds)
-
-        async def quiet_loop():
-            await asyncio.sleep(0.2)
+        async def quiet_run(times: list[float], status: Counter) -> None:
             for _ in range(quiet):
                 res = await one("quiet", 4)
                 if res is not None:
-                    report.quiet_status[res.status] += 1
-                    report.quiet_under_load_s.append(res.seconds)
+                    status[res.status] += 1
+                    times.append(res.seconds)
 
-        async def noisy_one():
-            res = await stream_chat(http, gw, body, auth["noisy"])
-            report.noisy_status[res.status] += 1
-            check_429(res)
-            if res.status == 200:
-                report.noisy_s.append(res.seconds)
-
-        await asyncio.gather(quiet_loop(), *(noisy_one() for _ in range(noisy)))
+        await quiet_run(report.quiet_alone_s, Counter())
+        async with contextlib.AsyncExitStack() as held:
+            long_body = chat_body(PROSE[0], hold_tokens, ignore_eos=True)
+            for _ in range(NOISY_CAP):  # response headers: admitted, in flight until closed
+                r = await held.enter_async_context(
+                    http.stream("POST", f"{gw}/v1/chat/completions", json=long_body, headers=auth["noisy"]))
+                report.noisy_status[r.status_code] += 1
+            probes = await asyncio.gather(*(one("noisy", 4) for _ in range(noisy - NOISY_CAP)))
+            for res in probes:
+                if res is not None:
+                    report.noisy_status[res.status] += 1
+                    check_429(res)
+            await quiet_run(report.quiet_under_load_s, report.quiet_status)
+        # leaving the stack closed the held streams: the gateway aborts them
 
         metered = await asyncio.gather(*(one("metered", 1) for _ in range(10)))
         for res in metered:
@@ -162,19 +176,34 @@ class ReloadReport:
     requests: int = 0
     failed: int = 0
     invalid_written: int = 0
-    rejections_reported: int = 0
-    valid_rules_seen: set[str] = field(default_factory=set)
-    invalid_rules_seen: set[str] = field(default_factory=set)
+    rejections_reported: int = 0  # invalid versions /admin/policy reported rejected, with the error
+    rules_seen: Counter = field(default_factory=Counter)  # rule -> traffic requests it decided
+    # after each edit took effect: (the rule the last good version has, the rule that decided a probe)
+    probes: list[tuple[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def reloaded_rules_seen(self) -> set[str]:
+        """Rules only a reloaded valid version has (``valid-N``) that decided traffic."""
+        return {rule for rule in self.rules_seen if rule.startswith("valid-")}
+
+    @property
+    def invalid_rules_seen(self) -> set[str]:
+        return {rule for rule in self.rules_seen if rule.startswith("invalid-")}
 
 
 async def reloads(gw: str, path: Path, workers: list[str], revision: str, *, rounds: int,
                   clients: int = 2) -> ReloadReport:
-    """Traffic runs while the file alternates valid versions (rule ``valid-N``) and invalid ones
-    (rule ``invalid-N`` pointing at an unknown pool); every request must succeed, no ``invalid-*``
-    rule may serve, and /admin/policy must report each rejection with its error."""
+    """Traffic runs while the file goes through ``rounds`` pairs: a valid version (rule ``valid-N``,
+    which neither the startup file nor any other version has), then an invalid one (rule ``invalid-N``
+    pointing at an unknown pool). Each edit waits until /admin/policy shows it took effect (the new
+    version in force, or the rejection with its error), sends a probe, and lets ``clients`` traffic
+    requests finish before the next edit, so every version serves traffic however slow the machine.
+    Every request must succeed, ``valid-N`` must decide the probes of both halves of round N (the last
+    good version, not the startup one, survives a rejection), and no ``invalid-*`` rule may serve."""
     report = ReloadReport()
     stop = asyncio.Event()
+    body = chat_body(PROSE[2], 4, stream=False)
 
     def version(name: str, pool: str) -> str:
         rule = f"  - {{name: {name}, when: {{slice: prose}}, then: {{pool: {pool}, draft_tokens: 2}}}}\n"
@@ -182,38 +211,52 @@ async def reloads(gw: str, path: Path, workers: list[str], revision: str, *, rou
 
     async def traffic(http: httpx.AsyncClient) -> None:
         while not stop.is_set():
-            r = await http.post(f"{gw}/v1/chat/completions", json=chat_body(PROSE[2], 4, stream=False))
+            r = await http.post(f"{gw}/v1/chat/completions", json=body)
             report.requests += 1
             if r.status_code != 200:
                 report.failed += 1
                 report.errors.append(r.text[:200])
                 continue
-            rule = r.headers["x-specgate-rule"]
-            (report.invalid_rules_seen if rule.startswith("invalid-") else report.valid_rules_seen).add(rule)
+            report.rules_seen[r.headers["x-specgate-rule"]] += 1
 
-    async def admin() -> dict:
-        async with httpx.AsyncClient() as a:
-            return (await a.get(f"{gw}/admin/policy", headers=ADMIN)).json()
+    async def until(predicate, timeout: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=_timeout(30)) as a:
+            while time.monotonic() < deadline:
+                if predicate((await a.get(f"{gw}/admin/policy", headers=ADMIN)).json()):
+                    return True
+                await asyncio.sleep(0.1)
+        return False
 
-    async def edits() -> None:
+    def rejected(bad: str, status: dict) -> bool:
+        last = status["last_reload"]
+        return last["version"] == bad and last["ok"] is False and any("nowhere" in e for e in last["errors"])
+
+    async def edits(http: httpx.AsyncClient) -> None:
         try:
             for n in range(rounds):
-                for name, pool, ok in ((f"valid-{n}", "ngram", True), (f"invalid-{n}", "nowhere", False)):
-                    path.write_text(version(name, pool), encoding="utf-8")
-                    report.invalid_written += not ok
-                    deadline = time.monotonic() + 10
-                    while time.monotonic() < deadline:
-                        last = (await admin())["last_reload"]
-                        if last["ok"] is ok and (ok or any("nowhere" in e for e in last["errors"])):
-                            report.rejections_reported += not ok
-                            break
-                        await asyncio.sleep(0.1)
-                    await asyncio.sleep(0.5)  # let traffic run on this version
+                valid, invalid = version(f"valid-{n}", "ngram"), version(f"invalid-{n}", "nowhere")
+                good, bad = content_version(valid.encode()), content_version(invalid.encode())
+                path.write_text(valid, encoding="utf-8")
+                await until(lambda s: s["version"] == good and s["last_reload"]["ok"])
+                await probe_then_traffic(http, f"valid-{n}")
+                path.write_text(invalid, encoding="utf-8")
+                report.invalid_written += 1
+                report.rejections_reported += await until(partial(rejected, bad))
+                await probe_then_traffic(http, f"valid-{n}")
         finally:
             stop.set()
 
+    async def probe_then_traffic(http: httpx.AsyncClient, expected: str) -> None:
+        r = await http.post(f"{gw}/v1/chat/completions", json=body)
+        report.probes.append((expected, r.headers.get("x-specgate-rule", f"HTTP {r.status_code}")))
+        done = report.requests
+        deadline = time.monotonic() + 120
+        while report.requests < done + clients and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
     async with httpx.AsyncClient(timeout=_timeout(120)) as http:
-        await asyncio.gather(edits(), *(traffic(http) for _ in range(clients)))
+        await asyncio.gather(edits(http), *(traffic(http) for _ in range(clients)))
     return report
 
 

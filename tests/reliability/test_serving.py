@@ -1,7 +1,8 @@
 """Short reliability runs through a real gateway to two real workers (tiny token budgets).
 
-Soak (exact greedy answers, no cross-talk), client disconnects (worker back to baseline within 1 s),
-overload (caps and rate limits answer 429 + Retry-After, a noisy route does not starve a quiet one),
+Soak (exact greedy answers, no cross-talk), client disconnects (workers back to baseline within a few
+of their own token times), overload (caps and rate limits answer 429 + Retry-After, a noisy route does
+not starve a quiet one),
 policy reloads under load, and last (it kills a worker) faults: kill -9 mid-run, then restart.
 The full-size run is ``python -m bench.reliability`` (docs/reliability.md).
 """
@@ -16,7 +17,7 @@ import pytest
 
 from bench.processes import ADMIN_TOKEN, gateway, write_policy
 from bench.reliability import scenarios
-from bench.reliability.cluster import chat_body, listener_pid, policy_yaml, rss_mb
+from bench.reliability.cluster import chat_body, listener_pid, policy_yaml, rss_mb, seconds_per_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model, pytest.mark.timeout(300)]
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -40,26 +41,36 @@ def test_soak_every_answer_exact_no_cross_talk(tmp_path, cluster_workers, revisi
     assert rss1[0] < rss0[0] + 64, "gateway RSS grew by more than 64 MB over 24 requests"
 
 
-def test_disconnects_abort_upstream_within_1s(tmp_path, cluster_workers, revision):
+# Disconnect-to-baseline is bounded in token times of the slower worker (``seconds_per_token``, one
+# request alone), so the bound scales with the machine. Each of the 6 streams (3 per worker) has ~397
+# of its 400 tokens left when it is cut: without the abort the workers stay busy that long. With it,
+# baseline follows the gateway noticing the hang-up (the next token's write), the /abort_request, the
+# engine finishing its step (a batch of 3, slower than the one-request unit), a health probe that may
+# slip in, and a /v1/loads poll per worker: a few token times. 40 leaves ample room for the batch and
+# stays 10x below the cost of a missing abort. The absolute figure is ``bench.reliability``'s
+# worst_back_to_baseline_s.
+ABORT_TOKENS = 40
+
+
+def test_disconnects_abort_upstream_within_a_few_token_times(tmp_path, cluster_workers, revision):
+    step = max(seconds_per_token(url) for url in cluster_workers.urls)
     with gateway(tmp_path, _policy(tmp_path, cluster_workers, revision)) as gw:
         worst = asyncio.run(scenarios.disconnects(gw, cluster_workers.urls, clients=6))
-    print(f"disconnects: worker back to baseline {worst * 1e3:.0f} ms after the last disconnect")
-    assert worst < 1.0
+    print(f"disconnects: workers back to baseline {worst * 1e3:.0f} ms = {worst / step:.1f} token times "
+          f"({step * 1e3:.0f} ms) after the last disconnect")
+    assert worst < ABORT_TOKENS * step
 
 
 def test_overload_caps_limits_and_no_starvation(tmp_path, cluster_workers, revision):
-    routes = """routes:
-  - {name: noisy, api_keys_env: REL_KEYS_NOISY, max_concurrency: 2}
-  - {name: metered, api_keys_env: REL_KEYS_METERED, rate_limit: {requests_per_s: 1, burst: 2}}
-  - {name: quiet, api_keys_env: REL_KEYS_QUIET}"""
-    env = {"REL_KEYS_NOISY": "noisy-key-1", "REL_KEYS_METERED": "metered-key-1",
-           "REL_KEYS_QUIET": "quiet-key-1"}
-    with gateway(tmp_path, _policy(tmp_path, cluster_workers, revision, routes=routes), env=env) as gw:
+    policy = _policy(tmp_path, cluster_workers, revision, routes=scenarios.OVERLOAD_ROUTES)
+    with gateway(tmp_path, policy, env=scenarios.OVERLOAD_KEYS) as gw:
         report = asyncio.run(scenarios.overload(gw, noisy=6, quiet=4))
     print(f"overload: {report}")
-    assert report.noisy_status == {200: 2, 429: 4}, "max_concurrency 2 must admit exactly 2 of 6 at once"
+    # the 2 held streams fill max_concurrency 2 until closed: every one of the 4 fired meanwhile is refused
+    assert report.noisy_status == {200: 2, 429: 4}
     assert report.retry_after_ok and report.hung == 0
-    assert report.metered_status[200] <= 3 and report.metered_status[429] >= 7
+    # burst 2, then one request per 100 s: exactly 2 of the 10 fired at once pass
+    assert report.metered_status == {200: 2, 429: 8}
     assert report.quiet_status == {200: 4}
     quiet_p50 = statistics.median(report.quiet_under_load_s)
     assert quiet_p50 < 4 * statistics.median(report.quiet_alone_s) + 1.0, "the noisy route starved the quiet one"
@@ -70,10 +81,12 @@ def test_policy_reloads_under_load(tmp_path, cluster_workers, revision):
     with gateway(tmp_path, path) as gw:
         report = asyncio.run(scenarios.reloads(gw, path, cluster_workers.urls, revision, rounds=3))
     print(f"reloads: {report}")
-    assert report.failed == 0 and report.requests >= 6
-    assert not report.invalid_rules_seen, "a rule of an invalid policy version served a request"
+    assert report.failed == 0 and report.requests >= 3 * 2 * 2  # each version let 2 (clients) finish
     assert report.rejections_reported == report.invalid_written == 3
-    assert report.valid_rules_seen  # the valid versions did become active
+    # each valid version took effect, and survived the invalid one after it (not the startup file)
+    assert report.probes == [(f"valid-{n}", f"valid-{n}") for n in range(3) for _ in ("valid", "invalid")]
+    assert report.reloaded_rules_seen == {"valid-0", "valid-1", "valid-2"}, "a reloaded version served no traffic"
+    assert not report.invalid_rules_seen, "a rule of an invalid policy version served a request"
 
 
 def test_worker_killed_mid_run_then_restarted(tmp_path, cluster_workers, revision):
