@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from gateway import auth
-from bench.processes import ADMIN_TOKEN, BIN, REPO, gateway, write_policy
-from bench.reliability.cluster import MODEL, policy_yaml
+from bench.processes import ADMIN_TOKEN, BIN, MODEL, REPO, gateway, write_policy
+from bench.reliability.cluster import policy_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model, pytest.mark.timeout(300)]
 KEYS = {"REL_SEC_KEYS_APP": "sk-reliability-app-0123456789", "REL_SEC_KEYS_OPS": "ops-secret-key-42"}
@@ -108,17 +108,34 @@ def test_bodies_over_the_limit_are_refused_before_parsing(secured):
 
 
 def test_client_headers_and_fields_never_become_metric_labels(secured):
+    """Requests the gateway serves (the served model, so they pass routing and reach the worker and the
+    per-request metrics) carry the marker in headers and free-form fields; an unknown model name is
+    answered 404 before it could become a label."""
     url, _ = secured
     key = {"authorization": f"Bearer {KEYS['REL_SEC_KEYS_APP']}"}
     marker = "labelbomb"
+
+    def served() -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{url}/metrics").text.splitlines()
+                   if line.startswith("specgate_requests_total{") and 'route="app"' in line
+                   and 'status="ok"' in line)
+
+    before = served()
     for i in range(3):
-        httpx.post(f"{url}/v1/chat/completions", headers={**key, f"x-{marker}-{i}": f"{marker}{i}",
-                                                          "user-agent": f"{marker}-agent"},
-                   json={"model": f"{marker}-model-{i}", "user": f"{marker}-user",
-                         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=60)
-        httpx.post(f"{url}/v1/completions", headers={**key, "x-specgate-route": f"{marker}"},
-                   json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "user": f"{marker}{i}"}, timeout=60)
-    assert marker not in httpx.get(f"{url}/metrics").text
+        r = httpx.post(f"{url}/v1/chat/completions", headers={**key, f"x-{marker}-{i}": f"{marker}{i}",
+                                                              "user-agent": f"{marker}-agent"},
+                       json={"model": MODEL, "user": f"{marker}-user",
+                             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None, r.text
+        r = httpx.post(f"{url}/v1/completions", headers={**key, "x-specgate-route": f"{marker}"},
+                       json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "user": f"{marker}{i}"}, timeout=60)
+        assert r.status_code == 200 and r.headers["x-specgate-route"] == "app", r.text
+    r = httpx.post(f"{url}/v1/chat/completions", headers=key, timeout=60,
+                   json={"model": f"{marker}-model", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model", r.text
+    metrics = httpx.get(f"{url}/metrics").text
+    assert served() == before + 6, "the served requests were not counted: the label path was not exercised"
+    assert marker not in metrics
 
 
 def test_public_bind_without_keys_refuses_to_start(tmp_path, revision):
