@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STARTUP_TIMEOUT_S = 180  # model load is ~10 s alone; this machine is shared
 
