@@ -8,7 +8,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from bench.serve.analyse import SameConfigCell, noise_by_load, repeats, same_config_cells, section
+from bench.serve.analyse import noise_by_load, repeats, same_config_cells, section
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:

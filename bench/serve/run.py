@@ -12,7 +12,6 @@ import os
 import platform
 import random
 import subprocess
-import sys
 import time
 import zlib
 from importlib.metadata import version
@@ -26,7 +25,7 @@ from bench.serve.load import LoadPoint, drive
 from bench.serve.report import markdown, plots
 from bench.serve.stack import RssSampler, gateway, worker
 from bench.serve.summary import cell, learning_cost
-from bench.workloads import SLICES, WorkItem, sample
+from bench.workloads import WorkItem, sample
 
 # Sizes per preset; every one is also a flag, and a flag given explicitly wins.
 PRESETS: dict[str, dict] = {
