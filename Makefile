@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup serve test test-fast bench-engine clean
+.PHONY: setup serve test test-full test-fast bench-engine clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,11 @@ setup: $(STAMP)
 serve: setup
 	$(BIN)/specgate up --policy deploy/policies/default.yaml
 
+# `make test`: everything except the long measurements marked `full`; `make test-full`: everything.
 test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not full"
+
+test-full: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-fast: setup
