@@ -7,6 +7,9 @@
 - ``GET /admin/pools``: per pool its live snapshot, declared pair and each worker's health, load,
   KV usage, reported identity, pair mismatches and in-flight count.
 - ``GET /admin/stats``: the learned acceptance and cost statistics (the decision snapshot).
+- ``GET /admin/requests``: what the requests in flight hold now: the in-flight count the policy sees,
+  explorations in flight per ``slice|pool``, each route's admission state and each worker's slots
+  (all zero and empty when the gateway is idle).
 """
 
 from __future__ import annotations
@@ -108,4 +111,16 @@ def admin_router(state: GatewayState) -> Router:
             return refused
         return Response(state.snapshot().to_json(), media_type=_JSON)
 
-    return Router(path="/admin", route_handlers=[policy, explain_request, pools, stats])
+    @get("/requests", summary="What the requests in flight hold: counts, exploration slots, route limits")
+    async def requests(request: Request[Any, Any, Any]) -> Response[bytes]:
+        if (refused := guard(request)) is not None:
+            return refused
+        backend = state.backend
+        return _json({
+            "in_flight": state.in_flight, "exploring": state.exploring,
+            "routes": {name: limiter.view() for name, limiter in state.active.limiters.items()},
+            "workers_in_flight": backend.in_flight,
+            "pools": {name: {w.url: w.in_flight for w in pool.workers.values()}
+                      for name, pool in backend.pools.items()}})
+
+    return Router(path="/admin", route_handlers=[policy, explain_request, pools, stats, requests])

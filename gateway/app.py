@@ -1,12 +1,13 @@
 """``create_app(settings) -> Litestar``: the gateway's one app factory (STYLE.md #9).
 
-Controllers are thin: read the body (refusing one over ``max_body_bytes`` before parsing), call the
-lifecycle, return. Worker clients, the pool monitor and the policy watcher open and close in the
+Controllers are thin: the OpenAI endpoints hand the request to its one owner (``lifecycle.serve``) and
+return the answer it gives. Worker clients, the pool monitor and the policy watcher open and close in the
 lifespan; an invalid policy file fails ``create_app``, never a request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -16,15 +17,12 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.response import Stream
 
-from backends.disconnect import unless_client_leaves
 from gateway.admin import admin_router
-from gateway.call import Call
 from gateway.errors import ApiError
-from gateway.lifecycle import admit
-from gateway.relay import JSON, answer_json, answer_stream
+from gateway.lifecycle import JSON, serve
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
-from gateway.telemetry_port import dashboard_router
+from telemetry.dashboard import router as dashboard_router
 
 log = structlog.get_logger("specgate.gateway")
 
@@ -34,40 +32,24 @@ def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> Resp
                     headers={**(headers or {}), **exc.headers()})
 
 
-async def _read_body(request: Request[Any, Any, Any], limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body is {declared} bytes, over this gateway's limit of {limit} "
-                       "bytes (--max-body-bytes); send a shorter prompt", code="body_too_large")
-    return await request.body()
-
-
 async def _openai(state: GatewayState, request: Request[Any, Any, Any], endpoint: str
                   ) -> Response[bytes] | Stream:
+    """Hand the request to its owner (``lifecycle.serve``) and shape what comes back."""
+    life = serve(state, endpoint, request)
     try:
-        raw = await _read_body(request, state.settings.max_body_bytes)
-        call, body = admit(state, endpoint, raw, request.headers)
-    except ApiError as exc:
-        call = getattr(exc, "call", None) or Call(state=state, active=state.active, endpoint=endpoint)
-        call.finish(exc.status, exc.status_class, error_type=exc.error_type, error_message=exc.message)
-        return error_response(exc, call.headers())
-    try:
-        if call.stream:
-            return await answer_stream(call, body)
-        answered, response = await unless_client_leaves(request.receive, answer_json(call, body))
-        if answered:
-            assert response is not None
-            return response
-        # dispatch already freed the worker slot and sent /abort_request; nobody reads this answer
-        call.finish(499, "aborted", error_type="ClientDisconnected",
-                    error_message="client closed the connection before the answer")
-        return Response(b"", status_code=499)
-    except ApiError as exc:
-        call.finish(exc.status, exc.status_class, error_type=exc.error_type, error_message=exc.message)
-        return error_response(exc, call.headers())
+        head = await anext(life)
     except BaseException:
-        call.finish(500, "upstream_error", error_type="InternalError", error_message="gateway error")
+        state.spawn(life.aclose())
         raise
+    assert not isinstance(head, bytes)
+    if head.body is None:
+        return Stream(life, media_type="text/event-stream", headers=head.headers)
+    if head.status != 200:  # refused or failed: nothing to wait for, the request ends here
+        await life.aclose()
+    else:  # recorded on the next loop turn, after the body is handed to the server: the client does not
+        # wait for metrics and logs, and the record happens even if the client is gone by then
+        asyncio.get_running_loop().call_soon(state.spawn, life.aclose())
+    return Response(head.body, status_code=head.status, media_type=JSON, headers=head.headers)
 
 
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -117,10 +99,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
         return Response(content, media_type=content_type)
 
     handlers: list[Any] = [chat_completions, completions, models, health, ready, metrics,
-                           admin_router(state)]
-    dashboard = dashboard_router(state.telemetry)
-    if dashboard is not None:
-        handlers.append(dashboard)
+                           admin_router(state), dashboard_router(state.telemetry)]
     app = Litestar(
         route_handlers=handlers, on_startup=[state.start], on_shutdown=[state.stop],
         request_max_body_size=settings.max_body_bytes,

@@ -1,10 +1,18 @@
-"""The request lifecycle: admit (auth, parse, features, checks, limits) -> decide -> dispatch with
-retries and the plain fallback -> answer (JSON, or a relayed stream) -> record once (``Call.finish``).
+"""A request's life, owned by one function: ``serve`` runs read -> admit -> limits -> decide -> dispatch
+(retries, fallback) -> answer (JSON, or the relayed stream) -> finish, and every release happens in its
+one ``finally``, so no exit path (an error at any stage, a client that leaves, a worker that fails, a
+cancelled task) can leak a limiter reservation, an in-flight count, an exploration slot or a worker slot.
 
-Retry rule (DESIGN.md): a worker failure before the first byte reached our client is retried on
-another worker of the decided pool, then on the plain fallback (a pool with proposer none, else the
-same per-request workers with speculation off); at most ``max_attempts`` tries in all. A worker's
-4xx (the request's own fault) is answered at once.
+``serve`` is an async generator. Its first item is the ``Head`` of the answer: a whole answer (JSON or an
+error) carries its body; a stream's head carries only status and headers, and the stream's chunks follow.
+The app returns the head, or a ``Stream`` over the rest of the same generator; closing the generator (the
+stream ended, the client left, or the app closes it after handing a whole answer over) ends the request.
+A generator that nobody iterates any more is closed by the event loop's async-generator finaliser, so the
+``finally`` runs even when a client leaves before its stream's first byte.
+
+Stages (``gateway/stages.py``): read and admit here, limits and counts in ``gateway/holds.py``, the
+decision in ``policies.decide``, dispatch with retries and the fallback in ``gateway/dispatch.py``, the
+stream relay in ``gateway/relay.py``; ``Finished`` is built once, here, and feeds the learner and telemetry.
 """
 
 from __future__ import annotations
@@ -12,57 +20,59 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
 
+from backends.disconnect import unless_client_leaves
 from backends.sglang.client import SGLangClient
-from backends.sglang.errors import WorkerError, WorkerHTTPError
-from gateway.call import Call
-from gateway.errors import ApiError, from_worker
+from backends.sglang.errors import WorkerError
+from gateway import stages
+from gateway.dispatch import NotServed, abort_upstream, close_quietly, dispatch, sender
+from gateway.errors import ApiError
+from gateway.holds import Holds, Stopwatch
+from gateway.relay import DONE, Tally, inject, relay_stream
 from gateway.requests import ChatRequest, CompletionRequest, parse_body
-from gateway.state import GatewayState
-from policies.decide import decide, exploration_key
+from gateway.stages import Admitted, Arrival, Dispatched, Ending, Finished
+from gateway.state import Active, GatewayState
+from policies.decide import Decision, decide
 from policies.features import features_from_openai
 
-T = TypeVar("T")
 DEFAULT_RESERVED_COMPLETION = 256  # tokens reserved against tokens_per_min when max_tokens is absent
+JSON = "application/json"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def admit(state: GatewayState, endpoint: str, raw: bytes, headers: Any) -> tuple[Call, dict[str, Any]]:
-    """Everything before a worker is involved. Raises ApiError with ``call`` attached for records."""
-    call = Call(state=state, active=state.active, endpoint=endpoint)
-    try:
-        call.route = call.active.keys.route_for(headers.get("authorization"))
-        kind = ChatRequest if endpoint == "chat" else CompletionRequest
-        body, request = parse_body(raw, kind)
-        call.stream = request.stream
-        call.include_usage = bool(request.stream_options and request.stream_options.include_usage)
-        call.echo = isinstance(request, CompletionRequest) and request.echo
-        wanted = call.active.wanted_headers
-        picked = {h: headers[h] for h in wanted if h in headers} if wanted else None
-        call.features = features = features_from_openai(body, route=call.route, headers=picked,
-                                                        wanted_headers=set(wanted) if wanted else None)
-        _check_model_and_window(state, request, features.prompt_tokens)
-        limiter = call.active.limiters.get(call.route)
-        cost = features.prompt_tokens + (request.budget or DEFAULT_RESERVED_COMPLETION)
-        if limiter is not None:
-            limiter.admit(cost)
-            call.limiter, call.reserved_tokens = limiter, cost
-    except ApiError as exc:
-        exc.call = call  # type: ignore[attr-defined]
-        raise
-    call.decision = decision = decide(call.active.policy, features, state.snapshot(), rng=state.rng,
-                                      exploring=state.exploring.keys())
-    call.pool, call.proposer, call.draft_tokens = decision.pool, decision.proposer, decision.draft_tokens
-    call.fallback = decision.fallback
-    call.joined_at = time.monotonic()
-    state.change_in_flight(1, call.joined_at)
-    call.joined_area = state.busy_area(call.joined_at)
-    call.counted = True
-    call.exploring = exploration_key(decision)
-    if call.exploring is not None:
-        state.change_exploring(call.exploring, +1)
-    return call, body
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The start of an answer: status and headers, and the whole body unless a stream follows."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes | None  # None: a text/event-stream follows
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body is {declared} bytes, over this gateway's limit of {limit} "
+                       "bytes (--max-body-bytes); send a shorter prompt", code="body_too_large")
+    return await request.body()
+
+
+def admit(state: GatewayState, arrival: Arrival, active: Active, route: str, body: dict[str, Any],
+          request: ChatRequest | CompletionRequest, headers: Any) -> Admitted:
+    """Features and the model/window checks (ApiError when refused); no limit is taken here."""
+    wanted = active.wanted_headers
+    picked = {h: headers[h] for h in wanted if h in headers} if wanted else None
+    features = features_from_openai(body, route=route, headers=picked, wanted_headers=set(wanted) if wanted else None)
+    _check_model_and_window(state, request, features.prompt_tokens)
+    return Admitted(
+        arrival=arrival, active=active, route=route, body=body, features=features, stream=request.stream,
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        echo=isinstance(request, CompletionRequest) and request.echo,
+        cost_tokens=features.prompt_tokens + (request.budget or DEFAULT_RESERVED_COMPLETION))
 
 
 def _check_model_and_window(state: GatewayState, request: ChatRequest | CompletionRequest,
@@ -89,101 +99,96 @@ def _check_model_and_window(state: GatewayState, request: ChatRequest | Completi
                        code="context_length_exceeded")
 
 
-def _plan(call: Call) -> list[tuple[str, str, int, dict[str, Any] | None]]:
-    """(pool, proposer, draft_tokens, speculation override) to try, in order."""
-    policy, d = call.active.policy, call.decision
-    assert d is not None
-    plan = [(d.pool, d.proposer, d.draft_tokens, d.speculation_override)]
-    plain = [p for p, spec in policy.pools.items() if spec.proposer == "none"]
-    per_request = [p for p, spec in policy.pools.items() if spec.speculation == "per_request"]
-    for name in plain + per_request:
-        if name != d.pool or d.proposer != "none":
-            per_req = policy.pools[name].speculation == "per_request"
-            plan.append((name, "none", 0, {"proposer": "none"} if per_req else None))
-    return plan
+async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenerator[Head | bytes, None]:
+    """The one owner of a request's life (module docstring). ``request``: headers, ``body()`` and the ASGI
+    ``receive`` channel (watched for a client that leaves while the worker computes)."""
+    arrival = Arrival(request_id=uuid.uuid4().hex, endpoint=endpoint, t0=time.perf_counter())
+    active = state.active  # the policy version this request runs under
+    holds, waited, tally = Holds(state), Stopwatch(), Tally(arrival.t0)
+    route, stream, retries = "", False, 0
+    admitted: Admitted | None = None
+    decision: Decision | None = None
+    dispatched: Dispatched | None = None
+    ending: Ending | None = None
+    handed_over: float | None = None  # perf_counter when a whole answer was handed to the server
+    relaying: tuple[Any, SGLangClient] | None = None  # a worker stream being relayed, until it ends
 
+    def head_headers() -> dict[str, str]:
+        overhead = max(0.0, time.perf_counter() - arrival.t0 - waited.seconds)
+        return stages.headers(arrival, route, decision, dispatched, retries, overhead)
 
-async def dispatch(call: Call, body: dict[str, Any],
-                   send: Callable[[SGLangClient, dict[str, Any]], Awaitable[T]]) -> T:
-    """Run ``send`` on a worker chosen by the plan, retrying as the module docstring says. On
-    success ``call.worker`` holds the worker (acquired; the caller releases it via ``release``)."""
-    state = call.state
-    backend = state.backend
-    tried: set[str] = set()
-    last: WorkerError | None = None
-    attempts = 0
-    for pool_name, proposer, k, override in _plan(call):
-        pool = backend.pools.get(pool_name)
-        while pool is not None and attempts < state.settings.max_attempts:
-            worker = pool.pick(time.monotonic(), exclude=tried)
-            if worker is None:
-                break
-            url = worker.url
-            tried.add(url)
-            attempts += 1
-            fwd = dict(body)
-            fwd["rid"] = f"{call.request_id}-{attempts}"
-            if override is not None:
-                fwd["custom_params"] = {"speculation": override}
-            pool.acquire(url)
-            backend.in_flight += 1
-            started = time.perf_counter()
-            try:
-                result = await send(backend.client(url), fwd)
-            except asyncio.CancelledError:  # the client went away: free the slot, stop the worker
-                call.upstream_s += time.perf_counter() - started
-                pool.release(url)
-                backend.in_flight -= 1
-                call.worker, call.rid = url, fwd["rid"]
-                state.spawn(abort_upstream(backend.client(url), fwd["rid"], state.settings.abort_timeout_s))
-                raise
-            except WorkerError as exc:
-                call.upstream_s += time.perf_counter() - started
-                pool.release(url)
-                backend.in_flight -= 1
-                if _worker_fault(exc):
-                    pool.report_failure(url, time.monotonic(), str(exc))
-                last = exc
-                if not exc.retry_safe:
-                    raise from_worker(exc) from None
-                continue
-            call.upstream_s += time.perf_counter() - started
-            if (pool_name, proposer) != (call.pool, call.proposer):
-                call.fallback = True
-                call.fallback_note = f"; worker failure: served by pool '{pool_name}' without speculation"
-            call.pool, call.proposer, call.draft_tokens = pool_name, proposer, k
-            call.worker, call.retries = url, attempts - 1
-            call.rid, call.backend = fwd["rid"], backend
-            return result
-    call.retries = max(0, attempts - 1)
-    if last is None:
-        raise ApiError(503, f"no healthy worker for pool '{call.pool}' or its plain fallback; "
-                       "retry shortly", retry_after=2, code="no_healthy_worker")
-    if isinstance(last, WorkerHTTPError) and last.status == 429:
-        raise from_worker(last)
-    raise ApiError(503, f"every worker tried failed (last: {last}); retry shortly", retry_after=2,
-                   code="no_healthy_worker")
+    try:
+        try:
+            raw = await read_body(request, state.settings.max_body_bytes)
+            route = active.keys.route_for(request.headers.get("authorization"))
+            body, parsed = parse_body(raw, ChatRequest if endpoint == "chat" else CompletionRequest)
+            stream = parsed.stream
+            admitted = admit(state, arrival, active, route, body, parsed, request.headers)
+            holds.take_limits(admitted)
+            decision = decide(active.policy, admitted.features, state.snapshot(), rng=state.rng,
+                              exploring=state.exploring.keys())
+            holds.count(decision)
+            answered, served = await unless_client_leaves(
+                request.receive, dispatch(state, admitted, decision, holds, waited, sender(admitted)))
+        except (ApiError, NotServed) as exc:
+            error = exc.error if isinstance(exc, NotServed) else exc
+            retries = exc.retries if isinstance(exc, NotServed) else 0
+            ending, handed_over = Ending.of(error), time.perf_counter()
+            yield Head(error.status, {**head_headers(), **error.headers()}, error.body())
+            return
+        if not answered:  # dispatch already freed the worker slot and sent /abort_request
+            ending, handed_over = stages.CLIENT_LEFT, time.perf_counter()
+            yield Head(499, head_headers(), b"")
+            return
+        assert served is not None
+        dispatched, result = served
+        retries = dispatched.retries
 
+        def info() -> bytes:
+            assert decision is not None and dispatched is not None
+            return stages.info_json(arrival, route, decision, dispatched, tally.relayed())
 
-async def abort_upstream(client: SGLangClient, rid: str, timeout_s: float) -> None:
-    """Fire-and-forget ``/abort_request``: the worker may have finished already or be gone."""
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(client.abort(rid), timeout_s)
-
-
-def _worker_fault(exc: WorkerError) -> bool:
-    """Failures that count against a worker's health (not the request's own 4xx, not overload)."""
-    return not isinstance(exc, WorkerHTTPError) or exc.status >= 500
-
-
-def release(call: Call, ok: bool) -> None:
-    """The worker's part of the request is over (once per successful ``dispatch``)."""
-    backend = call.backend
-    if backend is None:
-        return
-    call.backend = None
-    pool = backend.pools[call.pool]
-    pool.release(call.worker)
-    if ok:
-        pool.report_success(call.worker, time.monotonic())
-    backend.in_flight = max(0, backend.in_flight - 1)
+        if not admitted.stream:
+            tally.take(result.parsed)
+            content = inject(result.raw, info())
+            ending, handed_over = stages.OK, time.perf_counter()
+            yield Head(200, head_headers(), content)
+            return
+        upstream, first = result
+        relaying = (upstream, state.backend.client(dispatched.worker))
+        yield Head(200, {**head_headers(), **SSE_HEADERS}, None)
+        try:
+            async with contextlib.aclosing(relay_stream(tally, admitted, upstream, first, info, waited)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+            ending = stages.OK
+        except WorkerError as exc:
+            holds.fail_worker(exc)
+            upstream_client = relaying[1]
+            state.spawn(abort_upstream(upstream_client, dispatched.rid, state.settings.abort_timeout_s))
+            error = ApiError(502, f"the worker failed mid-stream: {exc.message}", code="upstream_error")
+            ending = Ending(502, "upstream_error", "WorkerError", error.message)
+            yield error.stream_chunk()
+            yield DONE
+        relaying = None
+    except (GeneratorExit, asyncio.CancelledError):
+        ending = ending or stages.CLIENT_LEFT  # the client went away (a whole answer's ending is already set)
+        raise
+    finally:
+        if relaying is not None and ending is stages.CLIENT_LEFT:  # stop the worker's part too
+            upstream, client = relaying
+            state.spawn(close_quietly(upstream))
+            state.spawn(abort_upstream(client, dispatched.rid if dispatched else "", state.settings.abort_timeout_s))
+        relayed = tally.relayed()
+        mean = holds.release(used_tokens=relayed.prompt_tokens + relayed.completion_tokens)
+        pool = stages.served_by(decision, dispatched)[0]
+        finished = Finished(
+            arrival=arrival, route=route, stream=stream, decision=decision, dispatched=dispatched, retries=retries,
+            relayed=relayed, ending=ending or stages.INTERNAL, e2e_s=time.perf_counter() - arrival.t0,
+            overhead_s=max(0.0, (handed_over or time.perf_counter()) - arrival.t0 - waited.seconds),
+            mean_concurrency=mean, slo=active.policy.route_slo(route) if route else None,
+            pair_version=active.pair_versions.get(pool, ""))
+        learned = stages.outcome(finished)  # the learner and telemetry hear of it once, from one value
+        if learned is not None:
+            state.learn(learned)
+        state.telemetry.observe(stages.record(finished))

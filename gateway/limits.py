@@ -59,6 +59,7 @@ class RouteLimiter:
             self.tokens = TokenBucket(rl.tokens_per_min / 60.0, rl.tokens_per_min, now)
         self.max_concurrency = route.max_concurrency
         self.in_flight = 0
+        self.successor: RouteLimiter | None = None  # the limiter a reload with new limits replaced this one by
 
     def admit(self, cost_tokens: int) -> None:
         """Reserve one slot and ``cost_tokens``; ApiError 429 (with Retry-After) when refused.
@@ -90,9 +91,23 @@ class RouteLimiter:
         self.in_flight += 1
 
     def finish(self, refund_tokens: int) -> None:
-        self.in_flight = max(0, self.in_flight - 1)
-        if self.tokens is not None and refund_tokens > 0:
-            self.tokens.give_back(refund_tokens, self.clock())
+        """End a request admitted here, on the limiter that now counts it: a reload that changed the
+        route's limits moved its in-flight count to a new limiter (``limiters_for``)."""
+        limiter = self
+        while limiter.successor is not None:
+            limiter = limiter.successor
+        limiter.in_flight = max(0, limiter.in_flight - 1)
+        if limiter.tokens is not None and refund_tokens > 0:
+            limiter.tokens.give_back(refund_tokens, limiter.clock())
+
+    def view(self) -> dict[str, float | int | None]:
+        """What it holds now (``/admin/requests``)."""
+        now = self.clock()
+        level = None
+        if self.tokens is not None:
+            self.tokens._refill(now)
+            level = round(self.tokens.level, 1)
+        return {"in_flight": self.in_flight, "max_concurrency": self.max_concurrency, "tokens_available": level}
 
 
 def limiters_for(routes: list[Route], names: list[str], old: dict[str, RouteLimiter]
@@ -107,6 +122,7 @@ def limiters_for(routes: list[Route], names: list[str], old: dict[str, RouteLimi
             out[name] = kept
         else:
             out[name] = RouteLimiter(route)
-            if kept is not None:
+            if kept is not None:  # its requests in flight now count here, and finish here
                 out[name].in_flight = kept.in_flight
+                kept.successor = out[name]
     return out

@@ -30,25 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     log.add_argument("--log-json", dest="log_json", action="store_true", default=True,
                      help="JSON log lines (default)")
     log.add_argument("--log-console", dest="log_json", action="store_false", help="human-readable logs")
+    p.add_argument("--upstream-read-timeout-s", type=float, default=300.0,
+                   help="seconds to wait for a worker's next byte (a whole JSON answer, or the next stream chunk) "
+                        "before failing the request with 504/502")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--debug-log-text", action="store_true",
                    help="include prompt and answer text in debug logs (never in production)")
     p.set_defaults(func=_run)
-
-
-def configure_logging(json: bool, level: str) -> None:
-    try:
-        from telemetry.logs import configure_logging as configure  # type: ignore[import-not-found]
-    except ImportError:
-        import logging
-
-        import structlog
-
-        logging.basicConfig(level=level.upper(), format="%(message)s")
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelName(level.upper())))
-        return
-    configure(json=json, level=level)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -58,8 +46,9 @@ def _run(args: argparse.Namespace) -> int:
     from gateway.settings import GatewaySettings, is_loopback
     from policies.errors import PolicyError
     from policies.load import load_policy_file
+    from telemetry.logs import configure_logging
 
-    configure_logging(args.log_json, args.log_level)
+    configure_logging(json=args.log_json, level=args.log_level)
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per worker call otherwise
@@ -78,7 +67,8 @@ def _run(args: argparse.Namespace) -> int:
             policy_path=args.policy, host=args.host, port=args.port,
             allow_unauthenticated_public=args.allow_unauthenticated_public,
             admin_token_env=args.admin_token_env, max_body_bytes=args.max_body_bytes,
-            log_json=args.log_json, log_level=args.log_level, debug_log_text=args.debug_log_text)
+            log_json=args.log_json, log_level=args.log_level, debug_log_text=args.debug_log_text,
+            upstream_read_timeout_s=args.upstream_read_timeout_s)
         app = create_app(settings)
     except (ValueError, PolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)

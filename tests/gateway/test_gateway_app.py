@@ -106,7 +106,7 @@ def test_mean_concurrency_is_the_in_flight_integral_over_a_requests_life(client)
 
 
 def test_an_exploration_is_counted_in_flight_until_its_request_finishes_even_on_failure(client, monkeypatch):
-    """decide sees the explorations in flight; each is counted when decided and released in Call.finish,
+    """decide sees the explorations in flight; each is counted when decided and released when the request ends,
     here after a 503 (the pool's worker is a closed port). The policy only bypasses, so an exploring
     decision is made from the real one with ``explored`` set."""
     import msgspec

@@ -192,15 +192,16 @@ def test_the_specgate_object_says_whether_the_decision_explored():
 
     import msgspec
 
-    from gateway.call import Call
+    from gateway.stages import Arrival, Dispatched, Relayed, info_json
     from policies.decide import Decision
 
-    call = Call(state=None, active=None, endpoint="chat", route="r", pool="ngram", proposer="ngram", draft_tokens=8)
+    arrival = Arrival(request_id="r1", endpoint="chat", t0=0.0)
+    served = Dispatched(pool="ngram", proposer="ngram", draft_tokens=8, worker="http://w", rid="r1-1", retries=0,
+                        fallback=False, fallback_note="")
     d = Decision(slice="code", pool="ngram", proposer="ngram", draft_tokens=8, bypass=False, rule="learned",
                  reason="rule 'learned' auto: exploring cold pool 'ngram' k=8 (0 rounds of evidence)",
                  exploration="cold")
     for decision, flag, kind in ((d, True, "cold"), (msgspec.structs.replace(d, exploration=None), False, None)):
-        call.decision = decision
-        info = json.loads(call.info_json())
+        info = json.loads(info_json(arrival, "r", decision, served, Relayed()))
         assert (info["explored"], info["exploration"], info["pool"], info["draft_tokens"], info["rule"]) == (
             flag, kind, "ngram", 8, "learned")

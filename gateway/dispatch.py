@@ -1,0 +1,139 @@
+"""Dispatch: the worker a decided request goes to, with retries and the plain fallback.
+
+Retry rule (DESIGN.md): a worker failure before the first byte reached our client is retried on
+another worker of the decided pool, then on the plain fallback (a pool with proposer none, else the
+same per-request workers with speculation off); at most ``max_attempts`` tries in all. A worker's
+4xx (the request's own fault) is answered at once. A failed or cancelled attempt's worker slot is
+given back here and its worker request aborted; a successful one's slot goes into the request's ``Holds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from backends.sglang.client import OpenAIResult, SGLangClient
+from backends.sglang.errors import WorkerError, WorkerHTTPError, WorkerStreamError
+from gateway.errors import ApiError, from_worker
+from gateway.holds import Holds, Stopwatch, worker_fault
+from gateway.stages import Admitted, Dispatched
+from gateway.state import Active, GatewayState
+from policies.decide import Decision
+
+T = TypeVar("T")
+
+
+def plan(active: Active, d: Decision) -> list[tuple[str, str, int, dict[str, Any] | None]]:
+    """(pool, proposer, draft_tokens, speculation override) to try, in order."""
+    policy = active.policy
+    plan = [(d.pool, d.proposer, d.draft_tokens, d.speculation_override)]
+    plain = [p for p, spec in policy.pools.items() if spec.proposer == "none"]
+    per_request = [p for p, spec in policy.pools.items() if spec.speculation == "per_request"]
+    for name in plain + per_request:
+        if name != d.pool or d.proposer != "none":
+            per_req = policy.pools[name].speculation == "per_request"
+            plan.append((name, "none", 0, {"proposer": "none"} if per_req else None))
+    return plan
+
+
+class NotServed(Exception):
+    """Every attempt failed (or none was possible): the error to answer and the retries made."""
+
+    def __init__(self, error: ApiError, retries: int) -> None:
+        super().__init__(error.message)
+        self.error, self.retries = error, retries
+
+
+async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, holds: Holds, waited: Stopwatch,
+                   send: Callable[[SGLangClient, dict[str, Any]], Awaitable[T]]) -> tuple[Dispatched, T]:
+    """Run ``send`` on a worker chosen by the plan, retrying as the module docstring says. On success
+    the worker's slot is in ``holds``; a failed attempt's slot is given back here. NotServed otherwise."""
+    backend = state.backend
+    tried: set[str] = set()
+    last: WorkerError | None = None
+    attempts = 0
+    for pool_name, proposer, k, override in plan(admitted.active, decision):
+        pool = backend.pools.get(pool_name)
+        while pool is not None and attempts < state.settings.max_attempts:
+            worker = pool.pick(time.monotonic(), exclude=tried)
+            if worker is None:
+                break
+            url = worker.url
+            tried.add(url)
+            attempts += 1
+            fwd = dict(admitted.body)
+            fwd["rid"] = f"{admitted.arrival.request_id}-{attempts}"
+            if override is not None:
+                fwd["custom_params"] = {"speculation": override}
+            pool.acquire(url)
+            backend.in_flight += 1
+            try:
+                with waited.timing():
+                    result = await send(backend.client(url), fwd)
+            except asyncio.CancelledError:  # the client went away: free the slot, stop the worker
+                pool.release(url)
+                backend.in_flight -= 1
+                state.spawn(abort_upstream(backend.client(url), fwd["rid"], state.settings.abort_timeout_s))
+                raise
+            except WorkerError as exc:
+                pool.release(url)
+                backend.in_flight -= 1
+                if worker_fault(exc):
+                    pool.report_failure(url, time.monotonic(), str(exc))
+                # a timed-out or broken request may still run there: never leave it computing for nobody
+                state.spawn(abort_upstream(backend.client(url), fwd["rid"], state.settings.abort_timeout_s))
+                last = exc
+                if not exc.retry_safe:
+                    raise NotServed(from_worker(exc), attempts - 1) from None
+                continue
+            holds.hold_worker(backend, pool_name, url)
+            fell_back = (pool_name, proposer) != (decision.pool, decision.proposer)
+            return Dispatched(
+                pool=pool_name, proposer=proposer, draft_tokens=k, worker=url, rid=fwd["rid"], retries=attempts - 1,
+                fallback=fell_back or decision.fallback,
+                fallback_note=f"; worker failure: served by pool '{pool_name}' without speculation" if fell_back
+                else ""), result
+    retries = max(0, attempts - 1)
+    if last is None:
+        raise NotServed(ApiError(503, f"no healthy worker for pool '{decision.pool}' or its plain fallback; "
+                                 "retry shortly", retry_after=2, code="no_healthy_worker"), retries)
+    if isinstance(last, WorkerHTTPError) and last.status == 429:
+        raise NotServed(from_worker(last), retries)
+    raise NotServed(ApiError(503, f"every worker tried failed (last: {last}); retry shortly", retry_after=2,
+                             code="no_healthy_worker"), retries)
+
+
+async def abort_upstream(client: SGLangClient, rid: str, timeout_s: float) -> None:
+    """Fire-and-forget ``/abort_request``: the worker may have finished already or be gone."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(client.abort(rid), timeout_s)
+
+
+async def close_quietly(upstream: Any) -> None:
+    with contextlib.suppress(Exception):
+        await upstream.aclose()
+
+
+def sender(admitted: Admitted) -> Callable[[SGLangClient, dict[str, Any]], Awaitable[Any]]:
+    """The worker call: the whole JSON answer, or a stream opened up to its first chunk."""
+    chat = admitted.arrival.endpoint == "chat"
+    if not admitted.stream:
+        async def whole(client: SGLangClient, fwd: dict[str, Any]) -> OpenAIResult[Any]:
+            return await (client.chat_completions(fwd) if chat else client.completions(fwd))
+        return whole
+
+    async def opened(client: SGLangClient, fwd: dict[str, Any]) -> tuple[Any, OpenAIResult[Any]]:
+        fwd = {**fwd, "stream_options": {"include_usage": True}}  # the gateway always asks for usage
+        stream = client.chat_completions_stream(fwd) if chat else client.completions_stream(fwd)
+        try:
+            first = await stream.__anext__()
+        except StopAsyncIteration:
+            raise WorkerStreamError(client.base_url, "stream ended before any chunk", bytes_received=False) from None
+        except BaseException:
+            await stream.aclose()
+            raise
+        return stream, first
+    return opened

@@ -1,0 +1,248 @@
+"""A request's stages as values: each stage produces one immutable value, the next stage reads it.
+
+    Arrival -> Admitted (auth, parse, features, checks) -> Decision (policies.decide)
+            -> Dispatched (pool, worker, retries, fallback) -> Relayed (usage, speculation stats, TTFT)
+            -> Ending (how it ended)                         => Finished: the one final result
+
+``Finished`` is the only source of what the learner sees (``outcome``: ``policies.stats.Outcome``) and
+of what telemetry sees (``record``: ``telemetry.record.RequestRecord``); the answer's ``x-specgate-*``
+headers and ``specgate`` object are derived from the same values. Nothing here mutates anything: the
+owner of a request's life (``gateway.lifecycle.serve``) produces the values and releases what it holds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from backends.sglang.spec_stats import SpecStats
+from policies.decide import Decision
+from policies.features import RequestFeatures
+from policies.schema import Slo
+from policies.stats import Outcome
+from telemetry.record import RequestRecord
+
+if TYPE_CHECKING:
+    from gateway.errors import ApiError
+    from gateway.state import Active
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    request_id: str
+    endpoint: str  # chat | completions
+    t0: float  # time.perf_counter() when the request arrived
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A request that passed auth, parsing and the model/window checks (limits are taken next)."""
+
+    arrival: Arrival
+    active: Active  # the policy version it runs under, to the end, whatever reloads happen meanwhile
+    route: str
+    body: dict[str, Any]  # the OpenAI body as parsed, forwarded to the worker
+    features: RequestFeatures
+    stream: bool
+    include_usage: bool
+    echo: bool  # completions with echo: a stream's first text is the prompt, not a generated token
+    cost_tokens: int  # reserved against the route's tokens_per_min: prompt + max_tokens (or a default)
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """Where the request was served, once a worker accepted it."""
+
+    pool: str
+    proposer: str
+    draft_tokens: int
+    worker: str  # URL
+    rid: str  # the worker request id the gateway assigned (for /abort_request)
+    retries: int
+    fallback: bool  # the plain fallback served it (the decision's pool failed), or the decision's own flag
+    fallback_note: str  # appended to the decision's reason when the fallback served it
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """What the worker's answer told: token counts, speculation counters, first-token time."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    stats: SpecStats | None = None
+    ttft_s: float | None = None  # since arrival, to the first generated content (streams only)
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    http_status: int
+    status: str  # RequestRecord.status: ok | client_error | rate_limited | upstream_error | aborted | unavailable
+    error_type: str | None = None
+    error_message: str | None = None
+
+    @classmethod
+    def of(cls, error: ApiError) -> Ending:
+        return cls(error.status, error.status_class, error.error_type, error.message)
+
+
+OK = Ending(200, "ok")
+CLIENT_LEFT = Ending(499, "aborted", "ClientDisconnected", "client closed the connection before the end")
+INTERNAL = Ending(500, "upstream_error", "InternalError", "gateway error")
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Everything known when the request ended; built once, by the owner, in its ``finally``."""
+
+    arrival: Arrival
+    route: str  # "" when refused before the route was known
+    stream: bool
+    decision: Decision | None
+    dispatched: Dispatched | None
+    retries: int  # worker attempts beyond the first, served or not
+    relayed: Relayed
+    ending: Ending
+    e2e_s: float
+    overhead_s: float  # e2e minus the time spent awaiting workers (frozen at hand-over for whole answers)
+    mean_concurrency: float  # requests in flight over its life, itself included
+    slo: Slo | None
+    pair_version: str
+
+    @property
+    def ok(self) -> bool:
+        return self.ending.status == "ok"
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token as the client saw it: a whole answer's is its e2e time."""
+        return self.relayed.ttft_s if self.stream else self.e2e_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        n, ttft = self.relayed.completion_tokens, self.relayed.ttft_s
+        if self.stream:
+            return (self.e2e_s - ttft) / (n - 1) if ttft is not None and n >= 2 else None
+        return None
+
+
+def served_by(decision: Decision | None, dispatched: Dispatched | None) -> tuple[str, str, int]:
+    """(pool, proposer, draft_tokens): where it went, else what was decided, else nothing."""
+    if dispatched is not None:
+        return dispatched.pool, dispatched.proposer, dispatched.draft_tokens
+    if decision is not None:
+        return decision.pool, decision.proposer, decision.draft_tokens
+    return "", "none", 0
+
+
+def reason(decision: Decision, dispatched: Dispatched | None) -> str:
+    return decision.reason + (dispatched.fallback_note if dispatched else "")
+
+
+def headers(arrival: Arrival, route: str, decision: Decision | None, dispatched: Dispatched | None,
+            retries: int, overhead_s: float) -> dict[str, str]:
+    out = {"x-specgate-request-id": arrival.request_id, "x-specgate-overhead-ms": f"{overhead_s * 1e3:.3f}"}
+    if decision is not None:
+        pool, _, k = served_by(decision, dispatched)
+        out.update({"x-specgate-slice": decision.slice, "x-specgate-pool": pool, "x-specgate-rule": decision.rule,
+                    "x-specgate-draft-tokens": str(k), "x-specgate-route": route,
+                    "x-specgate-retries": str(retries)})
+    return out
+
+
+class SpecgateInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The ``specgate`` object in non-streaming bodies and the final streaming chunk."""
+
+    request_id: str
+    route: str
+    slice: str
+    pool: str
+    rule: str
+    reason: str
+    proposer: str
+    draft_tokens: int
+    fallback: bool
+    retries: int
+    explored: bool = False  # the decision measured an option instead of serving the best known one (auto)
+    exploration: str | None = None  # why: cold | unconfirmed | stale | slope | routine (policies.decide.Decision)
+    verify_rounds: int | None = None
+    accept_length: float | None = None
+    accept_rate: float | None = None
+    completion_tokens: int | None = None
+
+
+_INFO = msgspec.json.Encoder()
+
+
+def info_json(arrival: Arrival, route: str, decision: Decision, dispatched: Dispatched, relayed: Relayed) -> bytes:
+    s = relayed.stats
+    return _INFO.encode(SpecgateInfo(
+        request_id=arrival.request_id, route=route, slice=decision.slice, pool=dispatched.pool, rule=decision.rule,
+        reason=reason(decision, dispatched), proposer=dispatched.proposer, draft_tokens=dispatched.draft_tokens,
+        fallback=dispatched.fallback, retries=dispatched.retries, explored=decision.explored,
+        exploration=decision.exploration, verify_rounds=s.verify_ct if s else None,
+        accept_length=s.accept_length if s else None, accept_rate=s.accept_rate if s else None,
+        completion_tokens=relayed.completion_tokens))
+
+
+def _positions(values: tuple[int, ...] | None) -> list[int] | None:
+    return list(values) if values else None
+
+
+def outcome(f: Finished) -> Outcome | None:
+    """What the policy learner sees; None when the request never got a pool."""
+    pool, proposer, k = served_by(f.decision, f.dispatched)
+    if f.decision is None or not pool:
+        return None
+    s, n = f.relayed.stats, f.relayed.completion_tokens
+    return Outcome(
+        route=f.route, slice=f.decision.slice, pool=pool, pair_version=f.pair_version, proposer=proposer,
+        draft_tokens=k, completion_tokens=n, verify_ct=s.verify_ct if s else 0,
+        correct_drafts_histogram=list(s.histogram or ()) if s else [],
+        accepted_per_position=_positions(s.accepted_per_position) if s else None,
+        reached_per_position=_positions(s.reached_per_position) if s else None,
+        ttft_s=f.relayed.ttft_s if f.stream else None,
+        tpot_s=f.tpot_s if f.stream else (f.e2e_s / n if n else None), e2e_s=f.e2e_s,
+        concurrency=round(f.mean_concurrency), ok=f.ok, status=f.ending.http_status,
+        draft_s=s.draft_s if s else None, verify_s=s.verify_s if s else None, timestamp=time.monotonic())
+
+
+def slo_met(f: Finished) -> bool | None:
+    """DistServe: TTFT and TPOT both within the route's SLO. A non-streaming client sees only the
+    whole answer, so there the deadline is ttft_slo + tpot_slo * (n - 1) on the e2e time."""
+    if not f.ok or f.slo is None:
+        return None
+    ttft_slo = f.slo.ttft_ms / 1e3 if f.slo.ttft_ms else None
+    tpot_slo = f.slo.tpot_ms / 1e3 if f.slo.tpot_ms else None
+    if not f.stream:
+        if ttft_slo is None and tpot_slo is None:
+            return None
+        return f.e2e_s <= (ttft_slo or 0.0) + (tpot_slo or 0.0) * max(0, f.relayed.completion_tokens - 1)
+    ttft, tpot = f.ttft_s, f.tpot_s
+    return (ttft_slo is None or ttft is None or ttft <= ttft_slo) and \
+        (tpot_slo is None or tpot is None or tpot <= tpot_slo)
+
+
+def record(f: Finished) -> RequestRecord:
+    """What telemetry sees (metrics, logs, dashboard)."""
+    d, s, r = f.decision, f.relayed.stats, f.relayed
+    pool, proposer, k = served_by(d, f.dispatched)
+    return RequestRecord(
+        request_id=f.arrival.request_id, route=f.route, slice=d.slice if d else "", pool=pool if d else "",
+        proposer=proposer, rule=d.rule if d else "", reason=reason(d, f.dispatched) if d else "",
+        draft_tokens=k, exploration=d.exploration if d else None, endpoint=f.arrival.endpoint, stream=f.stream,
+        status=f.ending.status, http_status=f.ending.http_status, error_type=f.ending.error_type,
+        error_message=f.ending.error_message, prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
+        ttft_s=f.ttft_s if f.ok else None, tpot_s=f.tpot_s, e2e_s=f.e2e_s, overhead_s=f.overhead_s,
+        verify_ct=s.verify_ct if s else None, accept_length=s.accept_length if s else None,
+        num_proposed_drafts=s.num_proposed_drafts if s else None,
+        num_correct_drafts=s.num_correct_drafts if s else None,
+        correct_drafts_histogram=_positions(s.histogram) if s else None,
+        accepted_per_position=_positions(s.accepted_per_position) if s else None,
+        reached_per_position=_positions(s.reached_per_position) if s else None,
+        slo_ttft_s=f.slo.ttft_ms / 1e3 if f.slo and f.slo.ttft_ms else None,
+        slo_tpot_s=f.slo.tpot_ms / 1e3 if f.slo and f.slo.tpot_ms else None, slo_met=slo_met(f),
+        retries=f.retries, worker=f.dispatched.worker if f.dispatched else "",
+        fallback=f.dispatched.fallback if f.dispatched else bool(d and d.fallback), timestamp=time.time())
