@@ -19,7 +19,7 @@ from backends.sglang.errors import WorkerError
 from backends.sglang.monitor import PoolMonitor
 from backends.sglang.pair import ExpectedPair
 from backends.sglang.pool import PoolSnapshot, WorkerPool
-from gateway.transport import ShardedTransport
+from backends.sglang.transport import ShardedTransport
 from policies.schema import Policy
 from policies.snapshot import PoolState
 

@@ -22,11 +22,11 @@ from gateway.backend import Backend, pool_state, topology
 from gateway.limits import RouteLimiter, limiters_for
 from gateway.reload import PolicyWatcher, ReloadResult, read_policy
 from gateway.settings import GatewaySettings
-from gateway.telemetry_port import make_telemetry
 from policies.features import referenced_headers
 from policies.schema import Policy
 from policies.snapshot import Snapshot
 from policies.stats import LearningState, Outcome
+from telemetry import Telemetry
 
 log = structlog.get_logger("specgate.gateway")
 
@@ -49,7 +49,7 @@ class GatewayState:
         self.active = self._build(policy, version, {})
         self.last_reload = ReloadResult(ok=True, at=time.time(), version=version)
         self.learning = LearningState(policy.learning)
-        self.telemetry = make_telemetry(policy, debug_text=settings.debug_log_text)
+        self.telemetry = Telemetry(policy, debug_text=settings.debug_log_text)
         self.telemetry.set_policy(policy, version=version, reload_ok=True, error=None)
         self.backend = Backend(policy, monitor_interval_s=settings.monitor_interval_s,
                                read_timeout_s=settings.upstream_read_timeout_s)

@@ -34,3 +34,18 @@ def test_nothing_outside_tests_imports_tests():
                         len(words) >= 2 and words[0] in ("import", "from") and words[1].startswith("tests.")):
                     offenders.append(f"{path.relative_to(repo)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_the_product_never_imports_its_benchmarks():
+    # DESIGN.md: bench/ is "not imported by the product"; `specgate bench` finds benchmarks through the
+    # specgate.bench entry points instead (gateway/cli/bench.py)
+    repo = TESTS.parent
+    offenders = []
+    for top in ("gateway", "policies", "backends", "telemetry"):
+        for path in (repo / top).rglob("*.py"):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                words = line.split()
+                if len(words) >= 2 and words[0] in ("import", "from") and (
+                        words[1] == "bench" or words[1].startswith("bench.")):
+                    offenders.append(f"{path.relative_to(repo)}:{number}: {line.strip()}")
+    assert offenders == []

@@ -26,6 +26,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("results/reliability.json"))
 
 
+def register(kinds: argparse._SubParsersAction) -> None:
+    """``specgate bench reliability`` (the ``specgate.bench`` entry point, pyproject.toml)."""
+    p = kinds.add_parser("reliability", help="soak, faults, disconnects, overload, reloads",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                         description="Reliability run through the gateway to two real workers (docs/reliability.md).")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 def _plain(value):
     if is_dataclass(value):
         return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}

@@ -61,6 +61,17 @@ def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def register(kinds: argparse._SubParsersAction) -> None:
+    """``specgate bench serve`` (the ``specgate.bench`` entry point, pyproject.toml)."""
+    p = kinds.add_parser("serve", help="serving benchmark through the gateway",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                         description="Adaptive speculation vs every fixed configuration, per slice and load "
+                                     "point, through the gateway (docs/benchmarks.md, 'Serving benchmark').")
+    add_arguments(p)
+    p.set_defaults(func=lambda args: run_cli(args, sys.argv[sys.argv.index("serve") + 1:]
+                                              if "serve" in sys.argv else []))
+
+
 def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
     import signal
 
