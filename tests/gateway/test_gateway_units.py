@@ -109,6 +109,22 @@ def test_limiters_keep_state_across_reload_when_unchanged():
     assert changed["r"] is not old["r"] and changed["r"].in_flight == 2
 
 
+
+def test_a_request_admitted_before_a_limits_change_finishes_on_the_new_limiter():
+    first = limiters_for([Route(name="r", max_concurrency=1)], ["r"], {})
+    first["r"].admit(10)  # in flight when the reload lands
+    second = limiters_for([Route(name="r", max_concurrency=2)], ["r"], first)
+    third = limiters_for([Route(name="r", max_concurrency=3)], ["r"], second)
+    assert third["r"].in_flight == 1
+    first["r"].finish(0)  # the request ends on the limiter that admitted it: the count leaves the current one
+    assert (third["r"].in_flight, third["r"].max_concurrency) == (0, 3)
+    third["r"].admit(10)
+    third["r"].admit(10)
+    third["r"].admit(10)
+    with pytest.raises(ApiError, match="max_concurrency 3"):
+        third["r"].admit(10)
+
+
 @pytest.mark.parametrize(("raw", "param", "message"), [
     (b"{", None, "request body is not valid JSON"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temprature": 1}', "temprature",
