@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from bench.processes import ADMIN, MODEL, gateway, write_policy
+from bench.reliability.cluster import policy_yaml
 from tests.integration.gateway_processes import CODE
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
@@ -26,27 +27,15 @@ LONG = {"max_tokens": 400, "ignore_eos": True}  # outlasts every step of a scena
 
 
 def _policy(worker: str, revision: str, max_concurrency: int = 1) -> str:
-    return f"""version: 1
-slo: {{ttft_ms: 5000, tpot_ms: 500}}
-routes:
+    routes = f"""routes:
   - {{name: capped, api_keys_env: LIFE_KEYS, max_concurrency: {max_concurrency},
-     rate_limit: {{tokens_per_min: 1000000}}}}
-slices:
-  - {{name: code, when: {{code_score: {{gte: 0.3}}}}}}
-  - {{name: prose}}
-pairs:
-  smollm2-ngram:
-    target: {{model: {MODEL}, revision: "{revision}"}}
-    draft: {{kind: ngram}}
-pools:
-  plain: {{proposer: none, workers: ["{worker}"], speculation: per_request}}
-  ngram: {{proposer: ngram, draft_tokens: {{min: 1, max: 8}}, pair: smollm2-ngram, workers: ["{worker}"],
-          speculation: per_request}}
-rules:
-  - {{name: unverified-pair, when: {{pair_verified: false}}, then: bypass}}
-  - {{name: learned, then: auto}}
-learning: {{explore: 0.0}}
-"""
+     rate_limit: {{tokens_per_min: 1000000}}}}"""
+    # `learned` decides the code prompts these tests send; auto explores a cold option every time
+    # (explore_cold 1.0), so the first answer of a fresh learner takes an exploration slot
+    text = policy_yaml(plain=[worker], ngram=[worker], revision=revision, routes=routes,
+                       rules="  - {name: learned, when: {slice: code}, then: auto}\n")
+    assert text.count("learning: {explore: 0.0}") == 1
+    return text.replace("learning: {explore: 0.0}", "learning: {explore: 0.0, explore_cold: 1.0}")
 
 
 def _chat(content: str = CODE, **extra: object) -> dict:
@@ -116,7 +105,8 @@ def test_a_held_stream_is_counted_then_a_limiter_refusal_and_its_end_give_everyt
         events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     info = events[-1]["specgate"]
     key = f"{info['slice']}|{'none' if info['draft_tokens'] == 0 else info['pool']}"
-    assert exploring == ({key: 1} if info["explored"] else {}), (exploring, info)
+    assert info["explored"], json.dumps(info)  # the first answer of a fresh learner explores (cold options)
+    assert exploring == {key: 1}, (exploring, info)
     _assert_back_to_idle(gw, worker, "a limiter refusal beside a stream read to its end")
 
 
