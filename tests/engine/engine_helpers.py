@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
 import torch
 
 from backends.engine.config import EngineConfig
@@ -14,6 +15,9 @@ from backends.engine.runner import ModelRunner
 from backends.engine.types import GenerateRequest, RequestOutput, RequestStats
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Marks of a test's full size (``make test-full``): a full size runs for minutes (identity on the code slice
+# took 362 s on a loaded 2-core Xeon), so on a 3-4x slower machine it needs more than the suite's 600 s guard.
+FULL_SIZE = [pytest.mark.full, pytest.mark.timeout(1800)]
 
 
 def workloads_dir() -> Path:

@@ -23,7 +23,7 @@ import torch
 from backends.engine.engine import Engine
 from backends.engine.runner import load_model
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
-from tests.engine.engine_helpers import run_all, workload_prompts
+from tests.engine.engine_helpers import FULL_SIZE, run_all, workload_prompts
 
 pytestmark = pytest.mark.real_model
 
@@ -62,7 +62,7 @@ def logits_after(engine, ids: list[int]) -> torch.Tensor:
     return engine.runner.forward(cache, ids[-1:], keep=1).logits[0]  # width 1, as plain decoding
 
 
-@pytest.mark.parametrize("size", ["fast", pytest.param("full", marks=pytest.mark.full)])
+@pytest.mark.parametrize("size", ["fast", pytest.param("full", marks=FULL_SIZE)])
 def test_bf16_speculation_diverges_from_plain_only_at_near_ties(bf16_engine, real_tokenizer, capsys, size):
     tokens, items = SIZES[size].tokens, SIZES[size].items
     prompts = workload_prompts(real_tokenizer, per_slice=2, long_tokens=200, short_tokens=96)
