@@ -25,10 +25,10 @@ serve: setup
 
 # `make test`: everything except the long measurements marked `full`; `make test-full`: everything.
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not full"
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -m "not full"
 
 test-full: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not real_model and not integration"
