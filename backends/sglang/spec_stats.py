@@ -40,6 +40,7 @@ class SpecStats(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     num_proposed_drafts: int | None = None
     histogram: tuple[int, ...] | None = None  # rounds that accepted exactly i drafts, i = 0..k
     accepted_per_position: tuple[int, ...] | None = None
+    proposed_per_position: tuple[int, ...] | None = None
     reached_per_position: tuple[int, ...] | None = None
     draft_s: float | None = None
     verify_s: float | None = None
@@ -85,6 +86,7 @@ def spec_stats_from(source: MetaInfo | SpecTokensDetails) -> SpecStats | None:
         num_proposed_drafts=proposed,
         histogram=_as_tuple(histogram),
         accepted_per_position=_as_tuple(source.spec_accepted_per_position),
+        proposed_per_position=_as_tuple(source.spec_proposed_per_position),
         reached_per_position=_as_tuple(source.spec_reached_per_position),
         draft_s=source.spec_draft_s,
         verify_s=source.spec_verify_s,

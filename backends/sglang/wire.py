@@ -113,9 +113,29 @@ class SpecFields(msgspec.Struct, frozen=True, kw_only=True):
     spec_draft_token_num: int | None = None
     # specgate's embedded worker extras (a real SGLang server never sends these)
     spec_accepted_per_position: list[int] | None = None
+    spec_proposed_per_position: list[int] | None = None
     spec_reached_per_position: list[int] | None = None
     spec_draft_s: float | None = None
     spec_verify_s: float | None = None
+
+
+class WorkerSpecFields(msgspec.Struct, frozen=True, kw_only=True):
+    """What specgate's embedded worker sends (``backends/worker/responses.py`` encodes exactly this, in
+    ``meta_info`` and ``sglext.spec_tokens_details``): SGLang 0.5.x's names plus specgate's per-position
+    counters and timings. Declared here, beside the client's ``SpecFields``, so one module models both
+    sides; a test checks that ``SpecFields`` reads every field of it (none is silently dropped)."""
+
+    spec_verify_ct: int
+    spec_accept_length: float
+    spec_accept_rate: float
+    spec_num_correct_drafts: int
+    spec_num_proposed_drafts: int
+    spec_correct_drafts_histogram: list[int]
+    spec_accepted_per_position: list[int]
+    spec_proposed_per_position: list[int]
+    spec_reached_per_position: list[int]
+    spec_draft_s: float
+    spec_verify_s: float
 
 
 class MetaInfo(SpecFields, frozen=True, kw_only=True):

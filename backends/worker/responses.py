@@ -14,29 +14,25 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from backends.engine.types import RequestOutput, RequestStats, TokenLogprob
+from backends.sglang.wire import WorkerSpecFields
 from backends.worker.logprobs import TokenTexts, chat_logprobs, completion_logprobs, sglang_meta
 
 
 def spec_fields(stats: RequestStats) -> dict[str, Any]:
-    """SGLang's spec_* meta_info fields plus specgate's per-position counters and timings."""
-    fields: dict[str, Any] = {
-        "spec_verify_ct": stats.verify_ct,
-        "spec_accept_length": stats.accept_length,
-        "spec_accept_rate": (stats.num_correct_drafts / stats.num_proposed_drafts
-                             if stats.num_proposed_drafts else 0.0),
-        "spec_num_correct_drafts": stats.num_correct_drafts,
-        "spec_num_proposed_drafts": stats.num_proposed_drafts,
-        "spec_correct_drafts_histogram": list(stats.correct_drafts_histogram),
-        "spec_accepted_per_position": list(stats.accepted_per_position),
-        "spec_proposed_per_position": list(stats.proposed_per_position),
-    }
-    reached = getattr(stats, "reached_per_position", None)
-    if reached is not None:
-        fields["spec_reached_per_position"] = list(reached)
-    fields["spec_draft_s"] = stats.draft_s
-    fields["spec_verify_s"] = stats.verify_s
-    return fields
+    """SGLang's spec_* meta_info fields plus specgate's per-position counters and timings, as the one
+    ``WorkerSpecFields`` Struct the client side reads them with (``backends/sglang/wire.py``)."""
+    return msgspec.structs.asdict(WorkerSpecFields(
+        spec_verify_ct=stats.verify_ct, spec_accept_length=stats.accept_length,
+        spec_accept_rate=stats.num_correct_drafts / stats.num_proposed_drafts if stats.num_proposed_drafts else 0.0,
+        spec_num_correct_drafts=stats.num_correct_drafts, spec_num_proposed_drafts=stats.num_proposed_drafts,
+        spec_correct_drafts_histogram=list(stats.correct_drafts_histogram),
+        spec_accepted_per_position=list(stats.accepted_per_position),
+        spec_proposed_per_position=list(stats.proposed_per_position),
+        spec_reached_per_position=list(stats.reached_per_position),
+        spec_draft_s=stats.draft_s, spec_verify_s=stats.verify_s))
 
 
 def spec_tokens_details(stats: RequestStats) -> dict[str, Any]:

@@ -160,3 +160,26 @@ def test_generate_request_encodes_only_what_is_set():
         GenerateRequest()
     with pytest.raises(msgspec.ValidationError, match="unknown field `temprature`"):
         msgspec.convert({"temprature": 0.5}, SamplingParams)
+
+
+def test_the_client_reads_every_spec_field_the_embedded_worker_sends():
+    """One module models both sides: a field the worker's Struct gains must be read by the client's
+    (before, the worker's spec_proposed_per_position was silently dropped)."""
+    import msgspec
+
+    from backends.sglang.spec_stats import spec_stats_from
+    from backends.sglang.wire import MetaInfo, SpecFields, WorkerSpecFields
+
+    assert set(WorkerSpecFields.__struct_fields__) <= set(SpecFields.__struct_fields__)
+    sent = WorkerSpecFields(
+        spec_verify_ct=4, spec_accept_length=2.5, spec_accept_rate=0.5, spec_num_correct_drafts=6,
+        spec_num_proposed_drafts=12, spec_correct_drafts_histogram=[1, 1, 0, 2],
+        spec_accepted_per_position=[3, 2, 1], spec_proposed_per_position=[4, 4, 4], spec_reached_per_position=[4, 3, 2],
+        spec_draft_s=0.01, spec_verify_s=0.02)
+    meta = msgspec.json.decode(msgspec.json.encode({"id": "r", **msgspec.structs.asdict(sent)}), type=MetaInfo)
+    stats = spec_stats_from(meta)
+    assert stats is not None
+    assert (stats.accepted_per_position, stats.proposed_per_position, stats.reached_per_position) == (
+        (3, 2, 1), (4, 4, 4), (4, 3, 2))
+    assert (stats.verify_ct, stats.num_correct_drafts, stats.num_proposed_drafts, stats.histogram) == (
+        4, 6, 12, (1, 1, 0, 2))
