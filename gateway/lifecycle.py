@@ -161,21 +161,20 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
             async with contextlib.aclosing(relay_stream(tally, admitted, upstream, first, info, waited)) as chunks:
                 async for chunk in chunks:
                     yield chunk
-            ending = stages.OK
+            ending, relaying = stages.OK, None
         except WorkerError as exc:
             holds.fail_worker(exc)
-            upstream_client = relaying[1]
-            state.spawn(abort_upstream(upstream_client, dispatched.rid, state.settings.abort_timeout_s))
+            client, relaying = relaying[1], None  # its worker request is aborted here, not again below
+            state.spawn(abort_upstream(client, dispatched.rid, state.settings.abort_timeout_s))
             error = ApiError(502, f"the worker failed mid-stream: {exc.message}", code="upstream_error")
             ending = Ending(502, "upstream_error", "WorkerError", error.message)
             yield error.stream_chunk()
             yield DONE
-        relaying = None
     except (GeneratorExit, asyncio.CancelledError):
         ending = ending or stages.CLIENT_LEFT  # the client went away (a whole answer's ending is already set)
         raise
     finally:
-        if relaying is not None and ending is stages.CLIENT_LEFT:  # stop the worker's part too
+        if relaying is not None:  # the stream did not end (client left, or a gateway error): stop the worker's part
             upstream, client = relaying
             state.spawn(close_quietly(upstream))
             state.spawn(abort_upstream(client, dispatched.rid if dispatched else "", state.settings.abort_timeout_s))
