@@ -71,20 +71,18 @@ async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, 
             pool.acquire(url)
             backend.in_flight += 1
             try:
-                with waited.timing():
+                with waited:
                     result = await send(backend.client(url), fwd)
-            except asyncio.CancelledError:  # the client went away: free the slot, stop the worker
-                pool.release(url)
+            except (asyncio.CancelledError, WorkerError) as exc:
+                pool.release(url)  # this attempt's slot; a served attempt's goes into holds
                 backend.in_flight -= 1
-                state.spawn(abort_upstream(backend.client(url), fwd["rid"], state.settings.abort_timeout_s))
-                raise
-            except WorkerError as exc:
-                pool.release(url)
-                backend.in_flight -= 1
+                if not isinstance(exc, WorkerHTTPError):  # the client left, or a timeout or broken
+                    # connection: the request may still run there, so never leave it computing for nobody
+                    state.spawn(abort_upstream(backend.client(url), fwd["rid"], state.settings.abort_timeout_s))
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
                 if worker_fault(exc):
                     pool.report_failure(url, time.monotonic(), str(exc))
-                # a timed-out or broken request may still run there: never leave it computing for nobody
-                state.spawn(abort_upstream(backend.client(url), fwd["rid"], state.settings.abort_timeout_s))
                 last = exc
                 if not exc.retry_safe:
                     raise NotServed(from_worker(exc), attempts - 1) from None

@@ -3,7 +3,6 @@ spends awaiting workers (``Stopwatch``). Both belong to the request's owner, ``g
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -17,20 +16,21 @@ if TYPE_CHECKING:
 
 
 class Stopwatch:
-    """Seconds spent awaiting workers (the rest of a request's time is the gateway's own overhead)."""
+    """Seconds spent awaiting workers (the rest of a request's time is the gateway's own overhead):
+    ``with waited:`` around each await. A plain context manager, not a generator one: the relay enters it
+    once per stream chunk."""
 
-    __slots__ = ("seconds",)
+    __slots__ = ("seconds", "_started")
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self._started = 0.0
 
-    @contextlib.contextmanager
-    def timing(self):  # noqa: ANN201 (a context manager)
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds += time.perf_counter() - started
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += time.perf_counter() - self._started
 
 
 class Holds:

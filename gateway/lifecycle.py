@@ -22,8 +22,9 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from backends.disconnect import unless_client_leaves
 from backends.sglang.client import SGLangClient
@@ -44,8 +45,7 @@ JSON = "application/json"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
+class Head(msgspec.Struct, frozen=True):
     """The start of an answer: status and headers, and the whole body unless a stream follows."""
 
     status: int

@@ -95,7 +95,7 @@ async def relay_stream(tally: Tally, admitted: Admitted, upstream: AsyncIterator
                 else:
                     tally.first_token()
             yield b"data: " + item.raw + b"\n\n"
-        with waited.timing():
+        with waited:
             item = await anext(upstream, None)
     if held_finish is not None and usage_raw is not None and admitted.include_usage:
         yield b"data: " + held_finish + b"\n\n"

@@ -4,16 +4,17 @@
             -> Dispatched (pool, worker, retries, fallback) -> Relayed (usage, speculation stats, TTFT)
             -> Ending (how it ended)                         => Finished: the one final result
 
-``Finished`` is the only source of what the learner sees (``outcome``: ``policies.stats.Outcome``) and
-of what telemetry sees (``record``: ``telemetry.record.RequestRecord``); the answer's ``x-specgate-*``
-headers and ``specgate`` object are derived from the same values. Nothing here mutates anything: the
-owner of a request's life (``gateway.lifecycle.serve``) produces the values and releases what it holds.
+The values are frozen msgspec Structs: several are built per request, and a frozen dataclass costs an
+``object.__setattr__`` per field. ``Finished`` is the only source of what the learner sees (``outcome``:
+``policies.stats.Outcome``) and of what telemetry sees (``record``: ``telemetry.record.RequestRecord``); the
+answer's ``x-specgate-*`` headers and ``specgate`` object are derived from the same values. Nothing here
+mutates anything: the owner of a request's life (``gateway.lifecycle.serve``) produces the values and
+releases what it holds.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -30,15 +31,13 @@ if TYPE_CHECKING:
     from gateway.state import Active
 
 
-@dataclass(frozen=True, slots=True)
-class Arrival:
+class Arrival(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     endpoint: str  # chat | completions
     t0: float  # time.perf_counter() when the request arrived
 
 
-@dataclass(frozen=True, slots=True)
-class Admitted:
+class Admitted(msgspec.Struct, frozen=True, kw_only=True):
     """A request that passed auth, parsing and the model/window checks (limits are taken next)."""
 
     arrival: Arrival
@@ -52,8 +51,7 @@ class Admitted:
     cost_tokens: int  # reserved against the route's tokens_per_min: prompt + max_tokens (or a default)
 
 
-@dataclass(frozen=True, slots=True)
-class Dispatched:
+class Dispatched(msgspec.Struct, frozen=True, kw_only=True):
     """Where the request was served, once a worker accepted it."""
 
     pool: str
@@ -66,8 +64,7 @@ class Dispatched:
     fallback_note: str  # appended to the decision's reason when the fallback served it
 
 
-@dataclass(frozen=True, slots=True)
-class Relayed:
+class Relayed(msgspec.Struct, frozen=True, kw_only=True):
     """What the worker's answer told: token counts, speculation counters, first-token time."""
 
     prompt_tokens: int = 0
@@ -76,8 +73,7 @@ class Relayed:
     ttft_s: float | None = None  # since arrival, to the first generated content (streams only)
 
 
-@dataclass(frozen=True, slots=True)
-class Ending:
+class Ending(msgspec.Struct, frozen=True):
     http_status: int
     status: str  # RequestRecord.status: ok | client_error | rate_limited | upstream_error | aborted | unavailable
     error_type: str | None = None
@@ -93,8 +89,7 @@ CLIENT_LEFT = Ending(499, "aborted", "ClientDisconnected", "client closed the co
 INTERNAL = Ending(500, "upstream_error", "InternalError", "gateway error")
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
+class Finished(msgspec.Struct, frozen=True, kw_only=True):
     """Everything known when the request ended; built once, by the owner, in its ``finally``."""
 
     arrival: Arrival
