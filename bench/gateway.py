@@ -33,8 +33,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 
-from bench.processes import free_port, wait_http
+from bench.processes import free_port, running
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -43,23 +44,6 @@ LITELLM_PIN = "litellm[proxy]==1.108.7"
 SMG = BIN / "smg"
 BENCH_KEY = "sk-bench-4f1c2a9e7d3b8c6a0e5f4d3c2b1a0f9e"  # LiteLLM refuses to start without a master key
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
-
-
-@contextlib.contextmanager
-def process(argv: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                env={**os.environ, **(env or {})})
-        try:
-            wait_http(ready_url, proc, timeout=240)
-            yield
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def ensure_wrk() -> str:
@@ -103,23 +87,26 @@ def _policy(worker: str, tmp: Path) -> Path:
 
 
 @contextlib.contextmanager
-def gateways(worker: str, model: str, tmp: Path, which: list[str]) -> Iterator[dict[str, str]]:
-    """Start each requested gateway in front of ``worker``; yields name -> chat completions URL."""
+def gateways(worker: str, model: str, tmp: Path, which: list[str]
+             ) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
+    """Start each requested gateway in front of ``worker``; yields (name -> chat completions URL,
+    name -> the gateway's process id, for its CPU time)."""
     urls = {"direct": f"{worker}/v1/chat/completions"}
+    pids: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
         if "specgate" in which:
             port = free_port()
-            stack.enter_context(process(
+            pids["specgate"] = stack.enter_context(running(
                 [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
-                 "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-{port}.log"))
+                 "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-{port}.log")).pid
             urls["specgate"] = f"http://127.0.0.1:{port}/v1/chat/completions"
         if "smg" in which:
             port, prom = free_port(), free_port()
-            stack.enter_context(process(
+            pids["smg"] = stack.enter_context(running(
                 [str(SMG), "launch", "--worker-urls", worker, "--policy", "round_robin", "--host", "127.0.0.1",
                  "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
                  "--worker-startup-check-interval", "1", "--log-level", "warn"],
-                f"http://127.0.0.1:{port}/v1/models", tmp / f"smg-{port}.log"))
+                f"http://127.0.0.1:{port}/v1/models", tmp / f"smg-{port}.log")).pid
             _wait_model(f"http://127.0.0.1:{port}", model)
             urls["smg"] = f"http://127.0.0.1:{port}/v1/chat/completions"
         if "litellm" in which:
@@ -130,12 +117,19 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str]) -> Iterator[d
                     "model": f"openai/{model}", "api_base": f"{worker}/v1", "api_key": "none"}}],
                 "litellm_settings": {"telemetry": False, "drop_params": True},
                 "general_settings": {"master_key": BENCH_KEY}}))
-            stack.enter_context(process(
+            pids["litellm"] = stack.enter_context(running(
                 [str(ensure_litellm()), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
                  "--num_workers", "1"], f"http://127.0.0.1:{port}/health/liveliness",
-                tmp / f"litellm-{port}.log", env={"LITELLM_LOG": "ERROR"}))
+                tmp / f"litellm-{port}.log", env={"LITELLM_LOG": "ERROR"})).pid
             urls["litellm"] = f"http://127.0.0.1:{port}/v1/chat/completions"
-        yield urls
+        yield urls, pids
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its children (LiteLLM forks its server)."""
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
 
 
 def _wait_model(base: str, model: str, timeout: float = 60) -> None:
@@ -157,14 +151,18 @@ def run_worker_set(label: str, worker: str, model: str, which: list[str], args: 
     real = label == "real"
     duration = args.real_duration if real else args.duration
     rows = []
-    with gateways(worker, model, tmp, which) as urls:
+    with gateways(worker, model, tmp, which) as (urls, pids):
         for name, url in urls.items():
             if real:  # one request warms the engine; a 1 s wrk window would not finish one
                 httpx.post(url, json=body, timeout=300, headers={"Authorization": f"Bearer {BENCH_KEY}"})
             else:
                 wrk(url, body, 1, 1, tmp)  # warm-up: connections, caches
             for c in (args.real_concurrency if real else args.concurrency):
+                before = cpu_seconds(pids[name]) if name in pids else None
                 result = wrk(url, body, c, duration, tmp, timeout_s=max(60.0, 4 * duration))
+                served = result["rps"] * duration
+                result["cpu_us_per_req"] = ((cpu_seconds(pids[name]) - before) / served * 1e6
+                                            if before is not None and served else float("nan"))
                 rows.append({"worker": label, "via": name, "concurrency": c, **result})
                 print(f"  {label:8} {name:9} c={c:<3} {result['rps']:9.1f} req/s  p50 {result['p50_ms']:8.2f} ms"
                       f"  p99 {result['p99_ms']:8.2f} ms  non-2xx {result['non_2xx']}", flush=True)
@@ -191,14 +189,15 @@ def environment() -> dict[str, str]:
 
 def table(rows: list[dict], env: dict[str, str]) -> str:
     lines = ["```", *(f"{k}: {v}" for k, v in env.items()), "```", "",
-             "| worker | via | c | req/s | p50 ms | p99 ms | added p50 ms | non-2xx |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| worker | via | c | req/s | p50 ms | p99 ms | added p50 ms | gateway CPU us/req | non-2xx |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     direct = {(r["worker"], r["concurrency"]): r for r in rows if r["via"] == "direct"}
     for r in rows:
         base = direct.get((r["worker"], r["concurrency"]))
         added = r["p50_ms"] - base["p50_ms"] if base and r["via"] != "direct" else 0.0
         lines.append(f"| {r['worker']} | {r['via']} | {r['concurrency']} | {r['rps']:.1f} | {r['p50_ms']:.2f} | "
-                     f"{r['p99_ms']:.2f} | {added:+.2f} | {r['non_2xx']} |")
+                     f"{r['p99_ms']:.2f} | {added:+.2f} | {r.get('cpu_us_per_req', float('nan')):.0f} | "
+                     f"{r['non_2xx']} |")
     by = {(r["worker"], r["via"], r["concurrency"]): r for r in rows}
     top = max(c for _, _, c in by)
     ours = by.get(("instant", "specgate", top))
@@ -230,13 +229,13 @@ def main() -> None:
     port = free_port()
     instant = f"http://127.0.0.1:{port}"
     if not args.skip_instant:
-        with process([sys.executable, "-m", "bench.instant_worker", "--port", str(port)], f"{instant}/health",
+        with running([sys.executable, "-m", "bench.instant_worker", "--port", str(port)], f"{instant}/health",
                      tmp / "instant.log"):
             rows += run_worker_set("instant", instant, "instant", args.via, args, tmp)
     if args.real:
         port = free_port()
         real = f"http://127.0.0.1:{port}"
-        with process([str(BIN / "specgate"), "worker", "--port", str(port), "--no-calibrate",
+        with running([str(BIN / "specgate"), "worker", "--port", str(port), "--no-calibrate",
                       "--log-level", "warning"], f"{real}/health", tmp / "worker.log"):
             rows += run_worker_set("real", real, "SmolLM2-135M-Instruct", ["specgate"], args, tmp)
     env = environment()

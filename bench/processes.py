@@ -20,17 +20,15 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STARTUP_TIMEOUT_S = 180  # model load is ~10 s alone; this machine is shared
+ADMIN_TOKEN = "test-admin-token"  # $SPECGATE_ADMIN_TOKEN of the gateways started here
+ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}  # headers of the admin API
+MODEL = "SmolLM2-135M-Instruct"  # the served model's name
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-ADMIN_TOKEN = "test-admin-token"  # $SPECGATE_ADMIN_TOKEN of the gateways started here
-ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}  # headers of the admin API
-MODEL = "SmolLM2-135M-Instruct"  # the served model's name
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout: float = STARTUP_TIMEOUT_S, ok=(200,)) -> None:
@@ -56,12 +54,17 @@ def stop(proc: subprocess.Popen, grace: float = 10) -> None:
 
 
 @contextlib.contextmanager
-def running(argv: list[str], health_url: str, log: Path, ok=(200,)) -> Iterator[subprocess.Popen]:
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+def running(argv: list[str], health_url: str, log: Path, ok=(200,), *, timeout: float = STARTUP_TIMEOUT_S,
+            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """``argv`` started with its output in ``log``, once ``health_url`` answers ``ok``; always stopped."""
+    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
-            wait_http(health_url, proc, ok=ok)
+            try:
+                wait_http(health_url, proc, timeout=timeout, ok=ok)
+            except (RuntimeError, TimeoutError) as exc:
+                raise RuntimeError(f"{log.stem} did not come up: {exc}; see {log}") from exc
             yield proc
         finally:
             stop(proc)

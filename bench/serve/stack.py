@@ -11,8 +11,6 @@ as ``specgate up`` does) so the harness works from any checkout without an insta
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -20,8 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.processes import free_port, wait_http
-from bench.serve.arms import REPO
+from bench.processes import free_port, running
 
 _CLI = "import sys; from gateway.cli import main; sys.exit(main())"
 
@@ -70,26 +67,9 @@ class RssSampler:
         self._thread.join(2)
 
 
-@contextlib.contextmanager
-def _process(args: list[str], url: str, log: Path, timeout_s: float) -> Iterator[subprocess.Popen]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", _CLI, *args], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, env=env)
-        try:
-            try:
-                wait_http(f"{url}/health", proc, timeout_s)
-            except (RuntimeError, TimeoutError) as exc:
-                raise RuntimeError(f"{args[0]} on {url} did not come up: {exc}; see {log}") from exc
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+def _process(args: list[str], url: str, log: Path, timeout_s: float):  # noqa: ANN202 (a context manager)
+    """This interpreter ``-c`` into the CLI with ``args``, up once ``url/health`` answers (``bench.processes``)."""
+    return running([sys.executable, "-c", _CLI, *args], f"{url}/health", log, timeout=timeout_s)
 
 
 @contextlib.contextmanager
