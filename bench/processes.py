@@ -91,11 +91,6 @@ def gateway(tmp: Path, policy: Path, *flags: str, env: dict[str, str] | None = N
     port = free_port()
     argv = [str(BIN / "specgate"), "serve", "--policy", str(policy), "--port", str(port),
             "--log-console", "--log-level", "warning", *flags]
-    saved = dict(os.environ)
-    os.environ.update({"SPECGATE_ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})})
-    try:
-        with running(argv, f"http://127.0.0.1:{port}/health", tmp / f"gateway-{port}.log"):
-            yield f"http://127.0.0.1:{port}"
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    with running(argv, f"http://127.0.0.1:{port}/health", tmp / f"gateway-{port}.log",
+                 env={"SPECGATE_ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})}):
+        yield f"http://127.0.0.1:{port}"
