@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.engine.types import SpeculationParams
+from backends.engine.types import SpeculationParams, SuffixSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,3 +19,4 @@ class EngineConfig:
     default_speculation: SpeculationParams = SpeculationParams()
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     calibrate: bool = True  # measure forward time per width at start (feeds adaptive k)
+    suffix: SuffixSettings = SuffixSettings()  # the suffix proposer's trees (backends/engine/proposers/suffix.py)

@@ -13,8 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Proposer = Literal["none", "ngram", "draft_model"]
-PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft_model")
+Proposer = Literal["none", "ngram", "draft_model", "suffix"]
+PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft_model", "suffix")
+NgramMatch = Literal["earliest", "latest"]
+NGRAM_MATCHES: tuple[str, ...] = ("earliest", "latest")
+SCOPE_MAX_CHARS = 128
 MAX_DRAFT_TOKENS = 16
 
 
@@ -50,8 +53,14 @@ class SpeculationParams:
     proposer: Proposer = "none"
     draft_tokens: int = 4  # k, 1..MAX_DRAFT_TOKENS; with adaptive, the upper bound
     adaptive: bool = False  # let the engine pick k per round (backends/engine/adaptive.py)
+    # n-gram lookup (proposers/ngram.py): the longest suffix of n in ngram_min..ngram_max tokens that occurred
+    # earlier; of its occurrences, the earliest (transformers' prompt lookup and vLLM do the same) or latest
     ngram_min: int = 1
-    ngram_max: int = 4
+    ngram_max: int = 12
+    ngram_match: NgramMatch = "earliest"
+    # suffix decoding (proposers/suffix.py): whose earlier outputs this request may draft from. The gateway
+    # sends the route's name, so one application never sees another's text; "" is the worker's shared scope.
+    scope: str = ""
 
     def __post_init__(self) -> None:
         if self.proposer not in PROPOSERS:
@@ -60,6 +69,33 @@ class SpeculationParams:
             raise ValueError(f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got {self.draft_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
+        if self.ngram_match not in NGRAM_MATCHES:
+            raise ValueError(f"ngram_match must be one of {', '.join(NGRAM_MATCHES)}, got {self.ngram_match!r}")
+        if len(self.scope) > SCOPE_MAX_CHARS:
+            raise ValueError(f"scope must be at most {SCOPE_MAX_CHARS} characters, got {len(self.scope)}")
+
+
+@dataclass(frozen=True, slots=True)
+class SuffixSettings:
+    """Suffix decoding (arXiv 2411.04975) as arctic-inference implements it; defaults are vLLM's ``suffix``
+    method's. Per scope (route) one global tree over earlier outputs, FIFO-bounded to
+    ``max_cached_requests`` responses; at most ``max_scopes`` scopes, least recently used evicted."""
+
+    max_tree_depth: int = 24  # longest context suffix matched (and longest draft)
+    max_cached_requests: int = 1000  # earlier responses kept per scope
+    max_spec_factor: float = 1.0  # draft at most max_spec_factor * match length + max_spec_offset tokens
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1  # stop drafting where the continuation's estimated frequency falls below
+    max_scopes: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("max_tree_depth", "max_cached_requests", "max_scopes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"suffix {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_spec_factor <= 0:
+            raise ValueError(f"suffix max_spec_factor must be > 0, got {self.max_spec_factor}")
+        if not 0.0 <= self.min_token_prob <= 1.0:
+            raise ValueError(f"suffix min_token_prob must be in [0, 1], got {self.min_token_prob}")
 
 
 MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's bound for chat top_logprobs)
