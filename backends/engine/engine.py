@@ -27,6 +27,7 @@ from backends.engine.config import EngineConfig
 from backends.engine.proposers.base import EMPTY, SequenceProposer
 from backends.engine.proposers.draft_model import DraftModelProposer, layer_truncated_draft
 from backends.engine.proposers.ngram import NgramProposer
+from backends.engine.proposers.suffix import SuffixStore
 from backends.engine.runner import ModelRunner, load_model
 from backends.engine.sampling import (
     PenaltyState, needs_history, probs_from_logits, process_logits, token_logprobs,
@@ -75,6 +76,7 @@ class Engine:
         self.scheduler = Scheduler(config.max_running_requests, config.max_total_tokens,
                                    config.max_waiting_requests)
         self._draft_runner: ModelRunner | None = None
+        self._suffix_store: SuffixStore | None = None
         self._slots: dict[str, _Slot] = {}
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -285,7 +287,9 @@ class Engine:
         penalty = PenaltyState.create(seq.prompt_ids, self.runner.vocab_size) if needs_history(params) else None
         proposer: SequenceProposer | None = None
         if spec.proposer == "ngram":
-            proposer = NgramProposer(spec.ngram_min, spec.ngram_max)
+            proposer = NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_match)
+        elif spec.proposer == "suffix":
+            proposer = self.suffix_store.open(spec.scope, list(seq.prompt_ids))
         elif spec.proposer == "draft_model":
             proposer = DraftModelProposer(self.draft_runner, seq.stop_token_ids)
         adaptive = (AdaptiveDraftLength(k_max=spec.draft_tokens, proposer=spec.proposer, costs=self.costs)
@@ -298,6 +302,13 @@ class Engine:
         if self._draft_runner is None:
             self._draft_runner = ModelRunner(layer_truncated_draft(self.runner.model, self.config.draft_layers))
         return self._draft_runner
+
+    @property
+    def suffix_store(self) -> SuffixStore:
+        """The suffix proposer's trees, one global tree per scope (created on first use)."""
+        if self._suffix_store is None:
+            self._suffix_store = SuffixStore(self.config.suffix)
+        return self._suffix_store
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -75,7 +75,8 @@ def chi_square(counts: dict, dist: dict, n: int) -> float:
     SpeculationParams(proposer="none"),
     SpeculationParams(proposer="ngram", draft_tokens=2),
     SpeculationParams(proposer="draft_model", draft_tokens=2),
-], ids=["plain", "ngram", "draft_model"])
+    SpeculationParams(proposer="suffix", draft_tokens=2),  # drafts from the earlier samples' outputs too
+], ids=["plain", "ngram", "draft_model", "suffix"])
 def test_speculative_sampling_matches_the_exact_distribution(engine, spec):
     dist = exact_distribution(engine)
     assert abs(sum(dist.values()) - 1.0) < 1e-9

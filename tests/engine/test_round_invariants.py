@@ -96,7 +96,7 @@ WORDS = st.sampled_from([28, 253, 314, 327, 338, 355, 411, 506, 2683, 7018])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     prompt=st.lists(WORDS, min_size=1, max_size=24),
-    proposer=st.sampled_from(["ngram", "draft_model"]),
+    proposer=st.sampled_from(["ngram", "draft_model", "suffix"]),
     k=st.integers(1, 8),
     adaptive=st.booleans(),
     temperature=st.sampled_from([0.0, 0.0, 0.8, 1.5]),

@@ -17,8 +17,9 @@ PROMPT = (5, 6, 7, 5, 6, 7, 5, 6)  # the seeded tiny model falls into a loop: n-
 SPECS = [SpeculationParams(proposer="ngram", draft_tokens=8), SpeculationParams(proposer="ngram", draft_tokens=4),
          SpeculationParams(proposer="draft_model", draft_tokens=4),
          SpeculationParams(proposer="draft_model", draft_tokens=7),
-         SpeculationParams(proposer="ngram", draft_tokens=8, adaptive=True)]
-SPEC_IDS = ["ngram8", "ngram4", "draft4", "draft7", "adaptive8"]
+         SpeculationParams(proposer="ngram", draft_tokens=8, adaptive=True),
+         SpeculationParams(proposer="suffix", draft_tokens=8)]
+SPEC_IDS = ["ngram8", "ngram4", "draft4", "draft7", "adaptive8", "suffix8"]
 
 
 @pytest.fixture(scope="module")
