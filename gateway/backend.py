@@ -17,23 +17,26 @@ import structlog
 from backends.sglang.client import ClientTimeouts, SGLangClient
 from backends.sglang.errors import WorkerError
 from backends.sglang.monitor import PoolMonitor
-from backends.sglang.pair import ExpectedPair
+from backends.sglang.pair import DRAFT_PARAM_ARGS, ExpectedPair
 from backends.sglang.pool import PoolSnapshot, WorkerPool
 from backends.sglang.transport import ShardedTransport
-from policies.schema import Policy
+from policies.schema import DRAFT_PARAMS, Policy
 from policies.snapshot import PoolState
 
 log = structlog.get_logger("specgate.gateway")
 
 # policy proposer -> SGLang's --speculative-algorithm
-_ALGORITHM = {"none": "none", "ngram": "NGRAM", "draft_model": "STANDALONE", "standalone": "STANDALONE",
-              "eagle": "EAGLE", "eagle3": "EAGLE3"}
+# (SUFFIX is specgate's embedded worker's; SGLang has no suffix decoding)
+_ALGORITHM = {"none": "none", "ngram": "NGRAM", "suffix": "SUFFIX", "draft_model": "STANDALONE",
+              "standalone": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}
 
 
 def expected_pair(policy: Policy, pool_name: str) -> ExpectedPair | None:
     """What a pool's workers must report. The target's model NAME is not compared with the worker's
     model_path (a filesystem path or hub id); its revision and weight version are. A layer-truncated
-    draft has no separate weights, so only its algorithm is checked."""
+    draft has no separate weights, so only its algorithm is checked. Declared draft params that workers
+    report (n-gram window, suffix tree bounds: ``DRAFT_PARAM_ARGS``) are compared; the rest (EAGLE's, and
+    ngram's num_draft_tokens, which the pool's draft_tokens already pins) are part of the version only."""
     pool = policy.pools[pool_name]
     pair = policy.pairs.get(pool.pair) if pool.pair else None
     if pair is None:
@@ -46,7 +49,9 @@ def expected_pair(policy: Policy, pool_name: str) -> ExpectedPair | None:
         draft_model_path=draft.model if model_draft else None,
         draft_revision=draft.revision if model_draft else None,
         algorithm=_ALGORITHM[pool.proposer],
-        draft_tokens=fixed_k if pool.speculation == "server" else None)
+        draft_tokens=fixed_k if pool.speculation == "server" else None,
+        draft_params=tuple(sorted((k, v) for k, v in draft.params.items()
+                                  if k in DRAFT_PARAMS.get(draft.kind, {}) and k in DRAFT_PARAM_ARGS)))
 
 
 def topology(policy: Policy) -> tuple:

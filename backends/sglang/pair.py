@@ -8,7 +8,8 @@ declares are verified; an undeclared field is not compared.
 specgate's embedded worker reports ``specgate_per_request_speculation: true``: it applies the
 algorithm and draft length each request asks for in ``custom_params.speculation``, so for such a
 worker the algorithm and draft tokens always match what the gateway will send; the target and draft
-identity are still verified.
+identity are still verified, and so are the declared draft params (n-gram window, suffix tree bounds):
+those are launch flags even on that worker, never per request.
 """
 
 from __future__ import annotations
@@ -16,6 +17,21 @@ from __future__ import annotations
 import msgspec
 
 from backends.sglang.wire import ModelInfo, ServerInfo
+
+
+ParamValue = str | int | float | bool
+# A policy draft param (``pairs.<name>.draft.params``) -> the ``/server_info`` server arg reporting it.
+# ngram's window sizes are SGLang's NGRAM args too; the rest only specgate's embedded worker reports.
+DRAFT_PARAM_ARGS: dict[str, str] = {
+    "min_match_window_size": "speculative_ngram_min_match_window_size",
+    "max_match_window_size": "speculative_ngram_max_match_window_size",
+    "match": "speculative_ngram_match",
+    "max_tree_depth": "speculative_suffix_max_tree_depth",
+    "max_cached_requests": "speculative_suffix_max_cached_requests",
+    "max_spec_factor": "speculative_suffix_max_spec_factor",
+    "min_token_prob": "speculative_suffix_min_token_prob",
+    "max_scopes": "speculative_suffix_max_scopes",
+}
 
 
 class _PairFields(msgspec.Struct, frozen=True, kw_only=True):
@@ -28,18 +44,22 @@ class _PairFields(msgspec.Struct, frozen=True, kw_only=True):
     draft_revision: str | None = None
     algorithm: str | None = None
     draft_tokens: int | None = None
+    # (param, value) sorted by param: a tuple, so the Struct stays hashable (the gateway compares topologies)
+    draft_params: tuple[tuple[str, ParamValue], ...] = ()
 
 
 class ExpectedPair(_PairFields, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """What the policy declares for a pool. ``None`` = not declared, not checked.
 
     ``algorithm``: SGLang's ``speculative_algorithm`` (``NGRAM``, ``EAGLE3``, ``STANDALONE``...,
-    compared case-insensitively) or ``"none"`` for a plain pool.
+    compared case-insensitively) or ``"none"`` for a plain pool. ``draft_params``: the declared draft
+    params that a worker reports (keys of ``DRAFT_PARAM_ARGS``); only those are compared.
     """
 
 
 class PairIdentity(_PairFields, frozen=True, kw_only=True):
-    """What one worker reports. ``algorithm`` is None for a worker without speculation."""
+    """What one worker reports. ``algorithm`` is None for a worker without speculation; ``draft_params``
+    holds every ``DRAFT_PARAM_ARGS`` param the worker reports (an SGLang server: the n-gram windows)."""
 
     per_request_speculation: bool = False
 
@@ -57,6 +77,8 @@ class PairIdentity(_PairFields, frozen=True, kw_only=True):
             algorithm=_algorithm(server.speculative_algorithm),
             draft_tokens=server.speculative_num_draft_tokens if server.speculative_algorithm else None,
             per_request_speculation=server.specgate_per_request_speculation,
+            draft_params=tuple((param, value) for param, arg in sorted(DRAFT_PARAM_ARGS.items())
+                               if (value := getattr(server, arg)) is not None),
         )
 
 
@@ -82,6 +104,8 @@ def pair_mismatches(expected: ExpectedPair, actual: PairIdentity) -> list[str]:
         if expected.algorithm is not None:
             checks.append(("algorithm", _algorithm(expected.algorithm), actual.algorithm))
         checks.append(("draft_tokens", expected.draft_tokens, actual.draft_tokens))
+    reported = dict(actual.draft_params)
+    checks += [(f"draft param {param}", want, reported.get(param)) for param, want in expected.draft_params]
     for name, want, got in checks:
         if name != "algorithm" and want is None:
             continue

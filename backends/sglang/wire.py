@@ -338,6 +338,16 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     speculative_num_draft_tokens: int | None = None
     speculative_draft_model_path: str | None = None
     speculative_draft_model_revision: str | None = None
+    # n-gram lookup: SGLang's NGRAM args (both report the window sizes); the match rule is specgate's
+    speculative_ngram_min_match_window_size: int | None = None
+    speculative_ngram_max_match_window_size: int | None = None
+    speculative_ngram_match: str | None = None
+    # suffix decoding: specgate's embedded worker only (SGLang has no SUFFIX algorithm)
+    speculative_suffix_max_tree_depth: int | None = None
+    speculative_suffix_max_cached_requests: int | None = None
+    speculative_suffix_max_spec_factor: float | None = None
+    speculative_suffix_min_token_prob: float | None = None
+    speculative_suffix_max_scopes: int | None = None
     max_running_requests: int | None = None
     max_total_num_tokens: int | None = None
     version: str | None = None

@@ -11,12 +11,12 @@ Value checks SGLang performs in ``SamplingParams.verify`` live in ``translate.py
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
-from backends.engine.types import MAX_DRAFT_TOKENS
+from backends.engine.types import MAX_DRAFT_TOKENS, Proposer
 
 StopField = str | list[str] | None
 
@@ -69,11 +69,16 @@ class SpeculationOverride(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     """``custom_params.speculation``: per-request speculation (specgate's extension).
 
     Any field left out keeps the worker's launch default. A real SGLang server ignores the whole object.
+    ``scope`` (suffix decoding): whose earlier outputs the suffix proposer may draft from; the gateway sends
+    the route's name. Its length (at most ``SCOPE_MAX_CHARS``) is checked in ``translate.speculation`` so
+    the message can say what to do. The n-gram and suffix settings are server settings (launch flags, part
+    of the pair version), never per request.
     """
 
-    proposer: Literal["none", "ngram", "draft_model"] | None = None
+    proposer: Proposer | None = None
     draft_tokens: Annotated[int, Meta(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
     adaptive: bool | None = None
+    scope: str | None = None
 
 
 class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):

@@ -60,7 +60,7 @@ class WorkerRuntime:
             max_waiting_requests=settings.max_queued_requests + settings.max_running_requests,
             draft_layers=settings.draft_layers,
             default_speculation=settings.default_speculation, num_threads=settings.num_threads,
-            calibrate=settings.calibrate)
+            calibrate=settings.calibrate, suffix=settings.suffix)
         self.engine_factory = engine_factory or Engine
         self.metrics = WorkerMetrics(self.served_model_name)
         self.engine: Engine | None = None
@@ -179,6 +179,8 @@ class WorkerRuntime:
             "speculative_adaptive": spec.adaptive if algorithm else False,
             "speculative_draft_model_path": draft_path,
             "speculative_draft_model_revision": self.revision if draft_path else None,
+            # n-gram and suffix settings: server settings (part of the pair version) even per request
+            **s.speculation_args(),
             "max_running_requests": s.max_running_requests,
             "max_queued_requests": s.max_queued_requests,
             "max_total_num_tokens": s.max_total_tokens,

@@ -1,23 +1,43 @@
 """What `specgate worker` is started with: the engine's configuration plus the server's identity.
 
 The speculative defaults mirror SGLang's server flags (``--speculative-algorithm``,
-``--speculative-num-draft-tokens``, ``--speculative-adaptive``): a request without a
-``custom_params.speculation`` override runs exactly as it would on an SGLang server launched with them.
+``--speculative-num-draft-tokens``, ``--speculative-adaptive``, ``--speculative-ngram-min/max-match-window-size``):
+a request without a ``custom_params.speculation`` override runs exactly as it would on an SGLang server
+launched with them. ``SUFFIX`` (suffix decoding; vLLM's ``suffix`` method) is specgate's extension: SGLang has
+no such algorithm. The n-gram and suffix settings are server settings even for a worker that takes its
+proposer per request: they change acceptance, so they are part of the pair version, and ``/server_info``
+reports them under these field names (the flags with underscores).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from backends.engine.types import MAX_DRAFT_TOKENS, SpeculationParams
+from backends.engine.types import MAX_DRAFT_TOKENS, NGRAM_MATCHES, NgramMatch, SpeculationParams, SuffixSettings
 
-SpeculativeAlgorithm = Literal["NGRAM", "STANDALONE"]
+SpeculativeAlgorithm = Literal["NGRAM", "STANDALONE", "SUFFIX"]
 # SGLang's algorithm name -> the engine's proposer (STANDALONE = a separate draft model; ours is the
-# layer-truncated self-draft).
-ALGORITHM_PROPOSER: dict[str, str] = {"NGRAM": "ngram", "STANDALONE": "draft_model"}
-PROPOSER_ALGORITHM: dict[str, str | None] = {"none": None, "ngram": "NGRAM", "draft_model": "STANDALONE"}
+# layer-truncated self-draft; SUFFIX is specgate's own name).
+ALGORITHM_PROPOSER: dict[str, str] = {"NGRAM": "ngram", "STANDALONE": "draft_model", "SUFFIX": "suffix"}
+PROPOSER_ALGORITHM: dict[str, str | None] = {"none": None, "ngram": "NGRAM", "draft_model": "STANDALONE",
+                                             "suffix": "SUFFIX"}
+# WorkerSettings field -> SuffixSettings field (the flag is --speculative-suffix-<field with dashes>)
+SUFFIX_FIELDS: dict[str, str] = {
+    "speculative_suffix_max_tree_depth": "max_tree_depth",
+    "speculative_suffix_max_cached_requests": "max_cached_requests",
+    "speculative_suffix_max_spec_factor": "max_spec_factor",
+    "speculative_suffix_min_token_prob": "min_token_prob",
+    "speculative_suffix_max_scopes": "max_scopes",
+}
+_SUFFIX = SuffixSettings()
+
+
+def flag(name: str) -> str:
+    """A WorkerSettings field's command-line flag (errors name the flag the operator typed)."""
+    return "--" + name.replace("_", "-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +53,16 @@ class WorkerSettings:
     speculative_algorithm: SpeculativeAlgorithm | None = None
     speculative_num_draft_tokens: int = 4
     speculative_adaptive: bool = False
+    # n-gram lookup: SGLang's flags of the same names (and defaults); match is specgate's
+    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_max_match_window_size: int = 12
+    speculative_ngram_match: NgramMatch = "earliest"
+    # suffix decoding (backends/engine/proposers/suffix.py); defaults are SuffixSettings' (vLLM's)
+    speculative_suffix_max_tree_depth: int = _SUFFIX.max_tree_depth
+    speculative_suffix_max_cached_requests: int = _SUFFIX.max_cached_requests
+    speculative_suffix_max_spec_factor: float = _SUFFIX.max_spec_factor
+    speculative_suffix_min_token_prob: float = _SUFFIX.min_token_prob
+    speculative_suffix_max_scopes: int = _SUFFIX.max_scopes
     served_model_name: str | None = None  # default: the model directory's name
     weight_version: str = "default"
     calibrate: bool = True
@@ -50,12 +80,53 @@ class WorkerSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        self._check_ngram()
+        self._check_suffix()
+
+    def _check_ngram(self) -> None:
+        low, high = "speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size"
+        for name in (low, high):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
+        if getattr(self, low) > getattr(self, high):
+            raise ValueError(f"{flag(low)} {getattr(self, low)} is above {flag(high)} {getattr(self, high)}; "
+                             "lower the min or raise the max")
+        if self.speculative_ngram_match not in NGRAM_MATCHES:
+            raise ValueError(f"{flag('speculative_ngram_match')} must be one of {', '.join(NGRAM_MATCHES)}, "
+                             f"got {self.speculative_ngram_match!r}")
+
+    def _check_suffix(self) -> None:
+        for name in ("speculative_suffix_max_tree_depth", "speculative_suffix_max_cached_requests",
+                     "speculative_suffix_max_scopes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{flag(name)} must be >= 1, got {getattr(self, name)}")
+        factor = self.speculative_suffix_max_spec_factor
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"{flag('speculative_suffix_max_spec_factor')} must be a number > 0, got {factor}")
+        prob = self.speculative_suffix_min_token_prob
+        if not 0.0 <= prob <= 1.0:
+            raise ValueError(f"{flag('speculative_suffix_min_token_prob')} must be in [0, 1], got {prob}")
 
     @property
     def default_speculation(self) -> SpeculationParams:
-        """The speculation a request gets when it carries no override (the server's launch flags)."""
+        """The speculation a request gets when it carries no override (the server's launch flags). The n-gram
+        settings are in it whatever the algorithm: a request may switch to proposer ngram per request."""
+        ngram = dict(ngram_min=self.speculative_ngram_min_match_window_size,
+                     ngram_max=self.speculative_ngram_max_match_window_size,
+                     ngram_match=self.speculative_ngram_match)
         if self.speculative_algorithm is None:
-            return SpeculationParams(proposer="none", draft_tokens=self.speculative_num_draft_tokens)
+            return SpeculationParams(proposer="none", draft_tokens=self.speculative_num_draft_tokens, **ngram)
         return SpeculationParams(proposer=ALGORITHM_PROPOSER[self.speculative_algorithm],  # type: ignore[arg-type]
                                  draft_tokens=self.speculative_num_draft_tokens,
-                                 adaptive=self.speculative_adaptive)
+                                 adaptive=self.speculative_adaptive, **ngram)
+
+    @property
+    def suffix(self) -> SuffixSettings:
+        """The suffix proposer's trees (EngineConfig.suffix)."""
+        return SuffixSettings(**{engine: getattr(self, name) for name, engine in SUFFIX_FIELDS.items()})
+
+    def speculation_args(self) -> dict[str, object]:
+        """The n-gram and suffix server args as /server_info reports them (keys = the flags' field names)."""
+        names = ("speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size",
+                 "speculative_ngram_match", *SUFFIX_FIELDS)
+        return {name: getattr(self, name) for name in names}

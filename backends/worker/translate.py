@@ -2,21 +2,24 @@
 
 Value checks follow SGLang's ``SamplingParams.verify`` (same bounds, messages naming the field). Fields
 SGLang accepts but the embedded engine does not implement (constrained decoding: regex, json_schema,
-``response_format`` other than text; a forced ``tool_choice``; logit_bias; n > 1; suffix) are refused
-with a 400 that says so, rather than silently ignored. Both OpenAI endpoints are turned
-into a ``SamplingParamsBody`` first, so every path goes through the same checks.
+``response_format`` other than text; a forced ``tool_choice``; logit_bias; n > 1; the completion's
+fill-in-the-middle ``suffix``) are refused with a 400 that says so, rather than silently ignored. Both
+OpenAI endpoints are turned into a ``SamplingParamsBody`` first, so every path goes through the same checks.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
 
-from backends.engine.types import MAX_TOP_LOGPROBS, GenerateRequest, SamplingParams, SpeculationParams
+from backends.engine.types import (
+    MAX_DRAFT_TOKENS, MAX_TOP_LOGPROBS, PROPOSERS, SCOPE_MAX_CHARS, GenerateRequest, SamplingParams,
+    SpeculationParams,
+)
 from backends.worker.errors import BadRequest
 from backends.worker.requests import (
     ChatCompletionBody, CompletionBody, GenerateBody, SamplingParamsBody, SpeculationOverride,
@@ -72,8 +75,16 @@ def sampling_params(body: SamplingParamsBody, prompt_len: int, limits: Limits, w
     )
 
 
+# what custom_params.speculation takes, quoted in every message about it
+SPECULATION_SHAPE = (f"{{proposer: {'|'.join(PROPOSERS)}, draft_tokens: 1..{MAX_DRAFT_TOKENS}, adaptive: bool, "
+                     f"scope: string of at most {SCOPE_MAX_CHARS} characters}}")
+
+
 def speculation(custom_params: dict[str, Any] | None, default: SpeculationParams, where: str) -> SpeculationParams:
-    """``custom_params.speculation`` merged over the worker's launch default (absent: the default)."""
+    """``custom_params.speculation`` merged over the worker's launch default (absent: the default).
+
+    Only proposer, draft_tokens, adaptive and scope are per request; the n-gram settings (``ngram_*``)
+    always come from the launch default: they are server settings, part of the pair version."""
     raw = (custom_params or {}).get("speculation")
     if raw is None:
         return default
@@ -83,15 +94,17 @@ def speculation(custom_params: dict[str, Any] | None, default: SpeculationParams
     except msgspec.ValidationError as exc:
         text = str(exc)
         path = text.rsplit(" - at `$", 1)[1].rstrip("`") if " - at `$" in text else ""
-        raise BadRequest(f"invalid {field}{path}: {text.split(' - at ')[0]}; expected "
-                         "{proposer: none|ngram|draft_model, draft_tokens: 1..16, adaptive: bool}",
+        raise BadRequest(f"invalid {field}{path}: {text.split(' - at ')[0]}; expected {SPECULATION_SHAPE}",
                          f"{field}{path}") from exc
-    proposer = override.proposer or default.proposer
-    return SpeculationParams(
-        proposer=proposer,
+    _check(override.scope is None or len(override.scope) <= SCOPE_MAX_CHARS, f"{field}.scope",
+           f"must be at most {SCOPE_MAX_CHARS} characters, got {len(override.scope or '')}; send a shorter "
+           "name (the gateway sends the route's name)")
+    return replace(
+        default,
+        proposer=override.proposer or default.proposer,
         draft_tokens=override.draft_tokens or default.draft_tokens,
         adaptive=default.adaptive if override.adaptive is None else override.adaptive,
-        ngram_min=default.ngram_min, ngram_max=default.ngram_max,
+        scope=default.scope if override.scope is None else override.scope,
     )
 
 

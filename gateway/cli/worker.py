@@ -1,8 +1,10 @@
 """`specgate worker`: the embedded speculative engine behind SGLang's HTTP protocol.
 
 Flags follow SGLang's server flags where one exists (``--speculative-algorithm``,
-``--speculative-num-draft-tokens``, ``--max-running-requests``, ``--served-model-name``...), so a
-pool of these workers is configured like a pool of SGLang servers.
+``--speculative-num-draft-tokens``, ``--speculative-ngram-max-match-window-size``, ``--max-running-requests``,
+``--served-model-name``...), so a pool of these workers is configured like a pool of SGLang servers.
+``--speculative-algorithm SUFFIX`` and the ``--speculative-suffix-*`` flags are specgate's (SGLang has no
+suffix decoding; vLLM calls it ``suffix``).
 """
 
 from __future__ import annotations
@@ -37,14 +39,33 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "elsewhere without tripping its circuit breaker)")
     p.add_argument("--draft-layers", type=int, default=8,
                    help="depth of the layer-truncated self-draft used by STANDALONE / proposer draft_model")
-    p.add_argument("--speculative-algorithm", choices=("NGRAM", "STANDALONE"), default=None,
-                   help="default speculation for requests without an override: NGRAM (prompt lookup) or "
-                        "STANDALONE (draft model = the target's first --draft-layers layers); omit for "
-                        "plain decoding")
+    p.add_argument("--speculative-algorithm", choices=("NGRAM", "STANDALONE", "SUFFIX"), default=None,
+                   help="default speculation for requests without an override: NGRAM (prompt lookup), "
+                        "STANDALONE (draft model = the target's first --draft-layers layers) or SUFFIX "
+                        "(suffix decoding over the prompt and earlier outputs; specgate's extension, vLLM's "
+                        "`suffix`); omit for plain decoding")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=4,
                    help="draft tokens per round k (1..16) for the default speculation")
     p.add_argument("--speculative-adaptive", action="store_true",
                    help="let the engine choose k per round (up to --speculative-num-draft-tokens)")
+    p.add_argument("--speculative-ngram-min-match-window-size", type=int, default=1,
+                   help="n-gram lookup: shortest context suffix matched against earlier tokens (SGLang's flag)")
+    p.add_argument("--speculative-ngram-max-match-window-size", type=int, default=12,
+                   help="n-gram lookup: longest context suffix matched (SGLang's flag and default)")
+    p.add_argument("--speculative-ngram-match", choices=("earliest", "latest"), default="earliest",
+                   help="n-gram lookup: draft from the earliest (as transformers' prompt lookup and vLLM) or "
+                        "the latest occurrence of the matched suffix")
+    p.add_argument("--speculative-suffix-max-tree-depth", type=int, default=24,
+                   help="suffix decoding: longest context suffix matched, and longest draft")
+    p.add_argument("--speculative-suffix-max-cached-requests", type=int, default=1000,
+                   help="suffix decoding: earlier responses kept per scope (route) in the global tree")
+    p.add_argument("--speculative-suffix-max-spec-factor", type=float, default=1.0,
+                   help="suffix decoding: draft at most this many tokens per matched token")
+    p.add_argument("--speculative-suffix-min-token-prob", type=float, default=0.1,
+                   help="suffix decoding: stop drafting where a continuation's estimated probability falls "
+                        "below this")
+    p.add_argument("--speculative-suffix-max-scopes", type=int, default=64,
+                   help="suffix decoding: scopes (routes) with a tree; the least recently used is dropped")
     p.add_argument("--served-model-name", default=None,
                    help="model name reported by /v1/models and /server_info (default: the model's name)")
     p.add_argument("--weight-version", default="default", help="weight_version reported in meta_info and info")
@@ -73,7 +94,16 @@ def _run(args: argparse.Namespace) -> int:
             max_queued_requests=args.max_queued_requests, draft_layers=args.draft_layers,
             speculative_algorithm=args.speculative_algorithm,
             speculative_num_draft_tokens=args.speculative_num_draft_tokens,
-            speculative_adaptive=args.speculative_adaptive, served_model_name=args.served_model_name,
+            speculative_adaptive=args.speculative_adaptive,
+            speculative_ngram_min_match_window_size=args.speculative_ngram_min_match_window_size,
+            speculative_ngram_max_match_window_size=args.speculative_ngram_max_match_window_size,
+            speculative_ngram_match=args.speculative_ngram_match,
+            speculative_suffix_max_tree_depth=args.speculative_suffix_max_tree_depth,
+            speculative_suffix_max_cached_requests=args.speculative_suffix_max_cached_requests,
+            speculative_suffix_max_spec_factor=args.speculative_suffix_max_spec_factor,
+            speculative_suffix_min_token_prob=args.speculative_suffix_min_token_prob,
+            speculative_suffix_max_scopes=args.speculative_suffix_max_scopes,
+            served_model_name=args.served_model_name,
             weight_version=args.weight_version, calibrate=not args.no_calibrate, num_threads=args.num_threads)
         app = create_app(settings)
     except (ValueError, ModelNotPrepared) as exc:

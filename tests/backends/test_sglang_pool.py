@@ -141,6 +141,41 @@ def test_per_request_worker_matches_any_algorithm_but_not_another_target():
         "target_revision: declared 'sha256:zzz', worker reports 'sha256:abc'"]
 
 
+SGLANG_NGRAM = PairIdentity.from_info(msgspec.json.decode(  # SGLang's NGRAM server args (its match type is BFS)
+    b'{"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 8, '
+    b'"speculative_ngram_min_match_window_size": 1, "speculative_ngram_max_match_window_size": 12, '
+    b'"speculative_ngram_match_type": "BFS"}', type=ServerInfo), None)
+EMBEDDED = PairIdentity.from_info(ServerInfo(
+    model_path="/models/smollm2", revision="sha256:abc", speculative_algorithm="SUFFIX",
+    specgate_per_request_speculation=True, speculative_ngram_min_match_window_size=1,
+    speculative_ngram_max_match_window_size=4, speculative_ngram_match="latest", speculative_suffix_max_tree_depth=24,
+    speculative_suffix_max_cached_requests=1000, speculative_suffix_max_spec_factor=1.0,
+    speculative_suffix_min_token_prob=0.1, speculative_suffix_max_scopes=64), None)
+
+
+def test_identity_reads_the_draft_params_a_worker_reports():
+    assert EAGLE.draft_params == ()  # the SGLang EAGLE3 fixture reports no n-gram or suffix args
+    assert SGLANG_NGRAM.draft_params == (("max_match_window_size", 12), ("min_match_window_size", 1))
+    assert EMBEDDED.draft_params == (
+        ("match", "latest"), ("max_cached_requests", 1000), ("max_match_window_size", 4), ("max_scopes", 64),
+        ("max_spec_factor", 1.0), ("max_tree_depth", 24), ("min_match_window_size", 1), ("min_token_prob", 0.1))
+
+
+def test_declared_draft_params_are_compared_and_undeclared_ones_are_not():
+    assert pair_mismatches(ExpectedPair(draft_params=(("max_match_window_size", 12),)), SGLANG_NGRAM) == []
+    assert pair_mismatches(ExpectedPair(draft_params=(("max_match_window_size", 12),)), EMBEDDED) == [
+        "draft param max_match_window_size: declared 12, worker reports 4"]
+    # a per-request worker still pins its n-gram and suffix settings at launch: they are compared
+    assert pair_mismatches(ExpectedPair(algorithm="SUFFIX", draft_params=(
+        ("match", "earliest"), ("max_spec_factor", 1), ("max_tree_depth", 16), ("min_token_prob", 0.1))), EMBEDDED) == [
+        "draft param match: declared 'earliest', worker reports 'latest'",
+        "draft param max_tree_depth: declared 16, worker reports 24"]
+    # a worker that does not report a declared param (SGLang has no n-gram match rule, no suffix decoding)
+    assert pair_mismatches(ExpectedPair(draft_params=(("match", "earliest"), ("max_scopes", 64))), SGLANG_NGRAM) == [
+        "draft param match: declared 'earliest', worker reports None",
+        "draft param max_scopes: declared 64, worker reports None"]
+
+
 def test_pool_pair_verified_and_mismatched_workers_not_picked():
     pool = healthy_pool([A, B], expected=ExpectedPair(algorithm="EAGLE3", draft_tokens=4))
     assert pool.snapshot(0.0).pair_verified is None  # identities not read yet

@@ -45,7 +45,7 @@ def test_base_policy_is_valid() -> None:
     ("draft_tokens: 4, pair", "draft_tokens: 0, pair",
      "p.yaml:9:42: pools.ngram.draft_tokens: expected int >= 1, got 0"),
     ("proposer: ngram", "proposer: ngrm",
-     "p.yaml:9:21: pools.ngram.proposer: invalid value 'ngrm'; expected one of: none, ngram, draft_model, "
+     "p.yaml:9:21: pools.ngram.proposer: invalid value 'ngrm'; expected one of: none, ngram, suffix, draft_model, "
      "eagle, eagle3, standalone"),
     ("then: auto}", "then: autoo}",
      "p.yaml:13:27: rules[2] (Rule 'learned').then: invalid value 'autoo'; expected one of: bypass, auto, "
@@ -87,6 +87,31 @@ def test_base_policy_is_valid() -> None:
     ("version: 1", "version: 2", "p.yaml:1:10: version: invalid value 2; expected one of: 1"),
     ("pools:\n", "pools:\n  bad: {proposer: none}\n",
      "p.yaml:8:8: pools.bad: missing required key 'workers'"),
+    ("draft: {kind: ngram}", "draft: {kind: ngram, params: {max_match_window: 4}}",
+     "p.yaml:6:48: pairs.p.draft: kind ngram has no param 'max_match_window'; allowed: min_match_window_size, "
+     "max_match_window_size, match, num_draft_tokens"),
+    ("draft: {kind: ngram}", "draft: {kind: ngram, params: {max_match_window_size: 0}}",
+     "p.yaml:6:48: pairs.p.draft: param max_match_window_size must be an int >= 1, got 0"),
+    ("draft: {kind: ngram}", "draft: {kind: ngram, params: {min_match_window_size: 2.5}}",
+     "p.yaml:6:48: pairs.p.draft: param min_match_window_size must be an int >= 1, got 2.5"),
+    ("draft: {kind: ngram}", "draft: {kind: ngram, params: {min_match_window_size: 5, max_match_window_size: 4}}",
+     "p.yaml:6:48: pairs.p.draft: param min_match_window_size 5 > max_match_window_size 4; swap them"),
+    ("draft: {kind: ngram}", "draft: {kind: ngram, params: {match: first}}",
+     "p.yaml:6:48: pairs.p.draft: param match must be earliest or latest, got 'first'"),
+    ("draft: {kind: ngram}", "draft: {kind: suffix, params: {max_tree_depth: 24, depth: 3}}",
+     "p.yaml:6:48: pairs.p.draft: kind suffix has no param 'depth'; allowed: max_tree_depth, max_cached_requests, "
+     "max_spec_factor, min_token_prob, max_scopes"),
+    ("draft: {kind: ngram}", "draft: {kind: suffix, params: {max_spec_factor: 0}}",
+     "p.yaml:6:48: pairs.p.draft: param max_spec_factor must be a number > 0, got 0"),
+    ("draft: {kind: ngram}", "draft: {kind: suffix, params: {max_spec_factor: true}}",
+     "p.yaml:6:48: pairs.p.draft: param max_spec_factor must be a number > 0, got True"),
+    ("draft: {kind: ngram}", "draft: {kind: suffix, params: {min_token_prob: 1.5}}",
+     "p.yaml:6:48: pairs.p.draft: param min_token_prob must be a number in [0, 1], got 1.5"),
+    ("draft: {kind: ngram}", "draft: {kind: suffix, params: {max_scopes: 0}}",
+     "p.yaml:6:48: pairs.p.draft: param max_scopes must be an int >= 1, got 0"),
+    ("draft: {kind: ngram}", "draft: {kind: suffix}",
+     "p.yaml:9:21: pools.ngram.proposer: proposer ngram cannot run pair 'p' (draft kind suffix); use proposer "
+     "suffix"),
 ])
 def test_exact_error_messages(old: str, new: str, expected: str) -> None:
     assert old in BASE
@@ -121,3 +146,48 @@ def test_two_keyless_routes_and_missing_plain_pool() -> None:
         "p.yaml:8:3: pools: no pool with proposer none, and pool(s) ngram cannot switch speculation off per "
         "request; declare a plain pool (bypass and the safety fallback need one)",
     ]
+
+
+SUFFIX = BASE.replace("draft: {kind: ngram}", "draft: {kind: suffix, params: {max_tree_depth: 24, "
+                      "max_cached_requests: 1000, max_spec_factor: 1.0, min_token_prob: 0.1, max_scopes: 64}}"
+                      ).replace("proposer: ngram", "proposer: suffix")
+
+
+def test_suffix_pair_and_pool_load_with_their_params() -> None:
+    policy = load_policy(SUFFIX, "p.yaml")
+    assert (policy.pools["ngram"].proposer, policy.pairs["p"].draft.kind) == ("suffix", "suffix")
+    assert policy.pairs["p"].draft.params == {"max_tree_depth": 24, "max_cached_requests": 1000,
+                                              "max_spec_factor": 1.0, "min_token_prob": 0.1, "max_scopes": 64}
+    ngram = load_policy(BASE.replace("draft: {kind: ngram}", "draft: {kind: ngram, params: {min_match_window_size: "
+                                     "2, max_match_window_size: 2, match: latest, num_draft_tokens: 8}}"), "p.yaml")
+    assert ngram.pairs["p"].draft.params == {"min_match_window_size": 2, "max_match_window_size": 2,
+                                             "match": "latest", "num_draft_tokens": 8}
+    # kinds without a param list keep free-form params (EAGLE's num_steps, eagle_topk)
+    eagle = BASE.replace("draft: {kind: ngram}", "draft: {kind: eagle3, model: e, params: {num_steps: 3, x: y}}")
+    assert load_policy(eagle.replace("proposer: ngram", "proposer: eagle3"), "p.yaml").pairs["p"].draft.params == {
+        "num_steps": 3, "x": "y"}
+
+
+@pytest.mark.parametrize("old, new", [
+    ("max_match_window_size: 12", "max_match_window_size: 4"),
+    ("match: earliest", "match: latest"),
+    ("match: earliest}", "match: earliest, num_draft_tokens: 8}"),
+])
+def test_a_change_of_ngram_params_is_a_new_pair_version(old: str, new: str) -> None:
+    text = BASE.replace("draft: {kind: ngram}", "draft: {kind: ngram, params: {max_match_window_size: 12, "
+                        "match: earliest}}")
+    assert old in text
+    before, after = load_policy(text, "p.yaml"), load_policy(text.replace(old, new), "p.yaml")
+    assert before.pool_pair_version("ngram") != after.pool_pair_version("ngram")
+    assert before.pool_pair_version("ngram") == load_policy(text, "p.yaml").pool_pair_version("ngram")
+
+
+@pytest.mark.parametrize("old, new", [
+    ("max_tree_depth: 24", "max_tree_depth: 16"), ("max_cached_requests: 1000", "max_cached_requests: 10"),
+    ("max_spec_factor: 1.0", "max_spec_factor: 2.0"), ("min_token_prob: 0.1", "min_token_prob: 0.2"),
+    ("max_scopes: 64", "max_scopes: 8"), (", max_scopes: 64}", "}"),
+])
+def test_a_change_of_suffix_params_is_a_new_pair_version(old: str, new: str) -> None:
+    assert old in SUFFIX
+    assert load_policy(SUFFIX, "p.yaml").pool_pair_version("ngram") != load_policy(
+        SUFFIX.replace(old, new), "p.yaml").pool_pair_version("ngram")

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 
+import msgspec
+
+from backends.sglang.pair import PairIdentity
+from backends.sglang.wire import ServerInfo
+
 REPEAT = "alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta"
 META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version"}
 SPEC_KEYS = {"spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
@@ -191,3 +196,42 @@ def test_served_model_name_and_weight_version(worker_factory, prepared_model):
         assert info["speculative_draft_model_revision"] == prepared_model.revision
         assert w.get("/v1/models").json()["data"][0]["id"] == "smol"
         assert _generate(w, max_new_tokens=2)["meta_info"]["weight_version"] == "v7"
+
+
+DEFAULT_SPEC_ARGS = {
+    "speculative_ngram_min_match_window_size": 1, "speculative_ngram_max_match_window_size": 12,
+    "speculative_ngram_match": "earliest", "speculative_suffix_max_tree_depth": 24,
+    "speculative_suffix_max_cached_requests": 1000, "speculative_suffix_max_spec_factor": 1.0,
+    "speculative_suffix_min_token_prob": 0.1, "speculative_suffix_max_scopes": 64,
+}
+LAUNCHED_SPEC_ARGS = {
+    "speculative_ngram_min_match_window_size": 2, "speculative_ngram_max_match_window_size": 4,
+    "speculative_ngram_match": "latest", "speculative_suffix_max_tree_depth": 16,
+    "speculative_suffix_max_cached_requests": 10, "speculative_suffix_max_spec_factor": 2.5,
+    "speculative_suffix_min_token_prob": 0.25, "speculative_suffix_max_scopes": 3,
+}
+
+
+def test_server_info_reports_ngram_and_suffix_settings_as_server_args(worker, worker_factory):
+    info = worker.get("/server_info").json()
+    assert {key: info[key] for key in DEFAULT_SPEC_ARGS} == DEFAULT_SPEC_ARGS
+    with worker_factory(speculative_algorithm="SUFFIX", **LAUNCHED_SPEC_ARGS) as w:
+        response = w.get("/server_info")
+        info = response.json()
+        assert info["speculative_algorithm"] == "SUFFIX"
+        assert {key: info[key] for key in LAUNCHED_SPEC_ARGS} == LAUNCHED_SPEC_ARGS
+        # the gateway's reading of the same body: the pair identity's draft params, keyed as the policy keys them
+        identity = PairIdentity.from_info(msgspec.json.decode(response.content, type=ServerInfo), None)
+        assert (identity.algorithm, identity.per_request_speculation) == ("SUFFIX", True)
+        assert identity.draft_params == (
+            ("match", "latest"), ("max_cached_requests", 10), ("max_match_window_size", 4), ("max_scopes", 3),
+            ("max_spec_factor", 2.5), ("max_tree_depth", 16), ("min_match_window_size", 2), ("min_token_prob", 0.25))
+
+
+def test_suffix_proposer_with_a_scope_is_served_with_the_plain_greedy_output(worker):
+    plain = _generate(worker)
+    spec = _generate(worker, {"proposer": "suffix", "draft_tokens": 4, "scope": "ide"})
+    assert spec["output_ids"] == plain["output_ids"]
+    meta = spec["meta_info"]
+    assert sum(meta["spec_correct_drafts_histogram"]) == meta["spec_verify_ct"]
+    assert len(meta["spec_proposed_per_position"]) <= 4

@@ -6,6 +6,10 @@ import json
 
 import pytest
 
+from backends.engine.types import SpeculationParams
+from backends.worker.errors import BadRequest
+from backends.worker.translate import speculation
+
 G = "/generate"
 C = "/v1/chat/completions"
 P = "/v1/completions"
@@ -38,6 +42,10 @@ CASES = [
      "sampling_params.custom_params.speculation", "Object contains unknown field `k`"),
     (G, {"text": "hi", "sampling_params": {"custom_params": {"speculation": "ngram"}}},
      "sampling_params.custom_params.speculation", "Expected `object`, got `str`"),
+    (G, {"text": "hi", "sampling_params": {"custom_params": {"speculation": {"proposer": "suffix", "scope": 7}}}},
+     "sampling_params.custom_params.speculation.scope", "Expected `str | null`, got `int`"),
+    (G, {"text": "hi", "sampling_params": {"custom_params": {"speculation": {"ngram_max": 4}}}},
+     "sampling_params.custom_params.speculation", "Object contains unknown field `ngram_max`"),
     (C, {"messages": []}, "messages", "messages is empty"),
     (C, {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "must be one of"),
     (C, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content",
@@ -119,3 +127,47 @@ def test_free_text_response_format_and_unforced_tool_choice_are_served(worker):
         prompt_tokens[name] = answer["usage"]["prompt_tokens"]
     assert prompt_tokens["text"] == prompt_tokens["plain"]
     assert prompt_tokens["auto"] == prompt_tokens["none"] > prompt_tokens["plain"]
+
+
+SHAPE = ("{proposer: none|ngram|draft_model|suffix, draft_tokens: 1..16, adaptive: bool, "
+         "scope: string of at most 128 characters}")
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    (G, {"text": "hi", "sampling_params": {"custom_params": {"speculation": {"scope": "r" * 129}}}},
+     "sampling_params.custom_params.speculation.scope"),
+    (C, {"messages": [{"role": "user", "content": "x"}],
+         "custom_params": {"speculation": {"proposer": "suffix", "scope": "r" * 129}}},
+     "custom_params.speculation.scope"),
+])
+def test_a_scope_over_128_characters_is_a_400_that_says_what_to_send(worker, path, body, param):
+    error = worker.post(path, json=body).json()["error"]
+    assert (error["param"], error["message"]) == (param, f"{param} must be at most 128 characters, got 129; send a "
+                                                         "shorter name (the gateway sends the route's name)")
+
+
+def test_an_unknown_proposer_message_lists_every_proposer_incl_suffix(worker):
+    body = {"text": "hi", "sampling_params": {"custom_params": {"speculation": {"proposer": "eagle"}}}}
+    assert worker.post(G, json=body).json()["error"]["message"] == (
+        f"invalid sampling_params.custom_params.speculation.proposer: Invalid enum value 'eagle'; expected {SHAPE}")
+
+
+LAUNCH = SpeculationParams(proposer="ngram", draft_tokens=6, adaptive=True, ngram_min=2, ngram_max=5,
+                           ngram_match="latest", scope="")
+
+
+def test_override_merges_proposer_and_scope_and_keeps_the_launch_ngram_settings():
+    merged = speculation({"speculation": {"proposer": "suffix", "scope": "ide"}}, LAUNCH, "")
+    assert merged == SpeculationParams(proposer="suffix", draft_tokens=6, adaptive=True, ngram_min=2, ngram_max=5,
+                                       ngram_match="latest", scope="ide")
+    assert speculation({"speculation": {"draft_tokens": 3, "adaptive": False}}, LAUNCH, "") == SpeculationParams(
+        proposer="ngram", draft_tokens=3, adaptive=False, ngram_min=2, ngram_max=5, ngram_match="latest")
+    assert speculation({"speculation": {"scope": "r" * 128}}, LAUNCH, "").scope == "r" * 128
+    assert speculation({"other": 1}, LAUNCH, "") is LAUNCH
+
+
+def test_override_cannot_change_the_server_ngram_settings():
+    with pytest.raises(BadRequest) as info:
+        speculation({"speculation": {"ngram_match": "earliest"}}, LAUNCH, "sampling_params.")
+    assert str(info.value) == ("invalid sampling_params.custom_params.speculation: Object contains unknown field "
+                               f"`ngram_match`; expected {SHAPE}")

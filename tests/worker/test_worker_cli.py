@@ -5,14 +5,21 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import uvicorn
 
+import backends.worker.app
+from backends.engine.types import SpeculationParams, SuffixSettings
 from backends.worker.settings import WorkerSettings
 from gateway.cli import build_parser
 
 EXPECTED = {"--host", "--port", "--model-dir", "--dtype", "--max-running-requests", "--max-total-tokens",
             "--max-queued-requests", "--draft-layers", "--speculative-algorithm",
             "--speculative-num-draft-tokens", "--speculative-adaptive", "--served-model-name",
-            "--weight-version", "--log-level", "--num-threads", "--no-calibrate"}
+            "--weight-version", "--log-level", "--num-threads", "--no-calibrate",
+            "--speculative-ngram-min-match-window-size", "--speculative-ngram-max-match-window-size",
+            "--speculative-ngram-match", "--speculative-suffix-max-tree-depth",
+            "--speculative-suffix-max-cached-requests", "--speculative-suffix-max-spec-factor",
+            "--speculative-suffix-min-token-prob", "--speculative-suffix-max-scopes"}
 
 
 def _worker_parser() -> argparse.ArgumentParser:
@@ -39,7 +46,20 @@ def test_defaults_match_sglang_conventions():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"speculative_num_draft_tokens": 0}, "speculative_num_draft_tokens must be in 1..16, got 0"),
     ({"max_queued_requests": 0}, "max_queued_requests must be >= 1, got 0"),
-    ({"speculative_algorithm": "EAGLE"}, "speculative_algorithm must be one of NGRAM, STANDALONE or None"),
+    ({"speculative_algorithm": "EAGLE"}, "speculative_algorithm must be one of NGRAM, STANDALONE, SUFFIX or None"),
+    ({"speculative_ngram_min_match_window_size": 0},
+     "--speculative-ngram-min-match-window-size must be >= 1, got 0"),
+    ({"speculative_ngram_min_match_window_size": 5, "speculative_ngram_max_match_window_size": 4},
+     "--speculative-ngram-min-match-window-size 5 is above --speculative-ngram-max-match-window-size 4; "
+     "lower the min or raise the max"),
+    ({"speculative_ngram_match": "first"}, "--speculative-ngram-match must be one of earliest, latest, got 'first'"),
+    ({"speculative_suffix_max_tree_depth": 0}, "--speculative-suffix-max-tree-depth must be >= 1, got 0"),
+    ({"speculative_suffix_max_cached_requests": -1}, "--speculative-suffix-max-cached-requests must be >= 1, got -1"),
+    ({"speculative_suffix_max_scopes": 0}, "--speculative-suffix-max-scopes must be >= 1, got 0"),
+    ({"speculative_suffix_max_spec_factor": 0.0}, "--speculative-suffix-max-spec-factor must be a number > 0, got 0.0"),
+    ({"speculative_suffix_max_spec_factor": float("inf")},
+     "--speculative-suffix-max-spec-factor must be a number > 0, got inf"),
+    ({"speculative_suffix_min_token_prob": 1.5}, "--speculative-suffix-min-token-prob must be in [0, 1], got 1.5"),
 ])
 def test_bad_settings_fail_at_startup(kwargs, message):
     with pytest.raises(ValueError) as exc:
@@ -52,3 +72,62 @@ def test_default_speculation_follows_the_launch_flags():
                           speculative_adaptive=True).default_speculation
     assert (spec.proposer, spec.draft_tokens, spec.adaptive) == ("draft_model", 3, True)
     assert WorkerSettings().default_speculation.proposer == "none"
+
+    spec = WorkerSettings(speculative_algorithm="SUFFIX", speculative_num_draft_tokens=8).default_speculation
+    assert (spec.proposer, spec.draft_tokens) == ("suffix", 8)
+
+
+SPEC_FLAGS = ["--speculative-algorithm", "SUFFIX", "--speculative-ngram-min-match-window-size", "2",
+              "--speculative-ngram-max-match-window-size", "5", "--speculative-ngram-match", "latest",
+              "--speculative-suffix-max-tree-depth", "16", "--speculative-suffix-max-cached-requests", "10",
+              "--speculative-suffix-max-spec-factor", "2.5", "--speculative-suffix-min-token-prob", "0.25",
+              "--speculative-suffix-max-scopes", "3"]
+
+
+@pytest.fixture
+def started(monkeypatch) -> list[WorkerSettings]:
+    """`specgate worker` up to the server start: the WorkerSettings it would serve with."""
+    seen: list[WorkerSettings] = []
+    monkeypatch.setattr(backends.worker.app, "create_app", lambda settings: seen.append(settings) or object())
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
+    return seen
+
+
+def test_flag_defaults_are_the_settings_defaults(started):
+    args = build_parser().parse_args(["worker"])
+    assert args.func(args) == 0
+    assert started == [WorkerSettings()]
+    assert WorkerSettings().suffix == SuffixSettings()
+    spec = WorkerSettings().default_speculation
+    assert (spec.ngram_min, spec.ngram_max, spec.ngram_match) == (1, 12, "earliest")
+
+
+def test_ngram_and_suffix_flags_reach_the_engine_config(started):
+    args = build_parser().parse_args(["worker", *SPEC_FLAGS])
+    assert args.func(args) == 0
+    settings = started[0]
+    assert settings.default_speculation == SpeculationParams(proposer="suffix", draft_tokens=4, ngram_min=2,
+                                                             ngram_max=5, ngram_match="latest")
+    assert settings.suffix == SuffixSettings(max_tree_depth=16, max_cached_requests=10, max_spec_factor=2.5,
+                                             min_token_prob=0.25, max_scopes=3)
+
+
+def test_engine_config_carries_the_suffix_and_ngram_settings(prepared_model):
+    from backends.worker.runtime import WorkerRuntime
+
+    settings = WorkerSettings(speculative_algorithm="NGRAM", speculative_ngram_max_match_window_size=6,
+                              speculative_ngram_match="latest", speculative_suffix_max_tree_depth=8)
+    config = WorkerRuntime(settings).engine_config
+    assert config.default_speculation == SpeculationParams(proposer="ngram", ngram_max=6, ngram_match="latest")
+    assert config.suffix == SuffixSettings(max_tree_depth=8)
+
+
+def test_a_bad_flag_value_is_an_error_naming_the_flag(started, capsys):
+    args = build_parser().parse_args(["worker", "--speculative-ngram-min-match-window-size", "13"])
+    assert args.func(args) == 2 and started == []
+    assert capsys.readouterr().out == ("error: --speculative-ngram-min-match-window-size 13 is above "
+                                       "--speculative-ngram-max-match-window-size 12; lower the min or raise "
+                                       "the max\n")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--speculative-ngram-match", "first"])
+    assert "argument --speculative-ngram-match: invalid choice: 'first'" in capsys.readouterr().err
