@@ -22,6 +22,7 @@ from gateway.backend import Backend, pool_state, topology
 from gateway.limits import RouteLimiter, limiters_for
 from gateway.reload import PolicyWatcher, ReloadResult, read_policy
 from gateway.settings import GatewaySettings
+from gateway.telemetry_views import policy_view, pool_views
 from policies.features import referenced_headers
 from policies.schema import Policy
 from policies.snapshot import Snapshot
@@ -49,8 +50,9 @@ class GatewayState:
         self.active = self._build(policy, version, {})
         self.last_reload = ReloadResult(ok=True, at=time.time(), version=version)
         self.learning = LearningState(policy.learning)
-        self.telemetry = Telemetry(policy, debug_text=settings.debug_log_text)
-        self.telemetry.set_policy(policy, version=version, reload_ok=True, error=None)
+        view = policy_view(policy)
+        self.telemetry = Telemetry(view, debug_text=settings.debug_log_text)
+        self.telemetry.set_policy(view, version=version, reload_ok=True, error=None)
         self.backend = Backend(policy, monitor_interval_s=settings.monitor_interval_s,
                                read_timeout_s=settings.upstream_read_timeout_s)
         self.watcher = PolicyWatcher(self.path, version, apply=self.apply_policy,
@@ -105,7 +107,7 @@ class GatewayState:
                 read_timeout_s=self.settings.upstream_read_timeout_s)
             self.spawn(self._swap_backend(old, self.backend))
         self.last_reload = ReloadResult(ok=True, at=time.time(), version=version)
-        self.telemetry.set_policy(policy, version=version, reload_ok=True, error=None)
+        self.telemetry.set_policy(policy_view(policy), version=version, reload_ok=True, error=None)
         self._dirty = True
 
     async def _swap_backend(self, old: Backend, new: Backend) -> None:
@@ -114,7 +116,7 @@ class GatewayState:
 
     def reject_policy(self, result: ReloadResult) -> None:
         self.last_reload = result
-        self.telemetry.set_policy(self.active.policy, version=self.active.version, reload_ok=False,
+        self.telemetry.set_policy(policy_view(self.active.policy), version=self.active.version, reload_ok=False,
                                   error="\n".join(result.errors))
 
     # -- concurrency ---------------------------------------------------------------------------------
@@ -151,8 +153,8 @@ class GatewayState:
             self._dirty = False
             if now - self._pools_pushed >= 1.0:
                 self._pools_pushed = now
-                self.telemetry.set_pools(pools, {n: list(p.workers.values())
-                                                 for n, p in self.backend.pools.items()})
+                self.telemetry.set_pools(pool_views(pools, {n: list(p.workers.values())
+                                                            for n, p in self.backend.pools.items()}))
         return self._snapshot
 
     def learn(self, outcome: Outcome) -> None:

@@ -3,32 +3,28 @@
 It fans each ``RequestRecord`` out to Prometheus counters and histograms, one structured log line, and
 the dashboard's in-memory history. Labels are bounded by the policy in force (:mod:`telemetry.labels`),
 so a client can never create a series. Single event loop, no locks: every method is called from the
-gateway's loop, including ``metrics_response`` (the scrape handler).
+gateway's loop, including ``metrics_response`` (the scrape handler). The policy and the pools come in
+as views (:mod:`telemetry.views`, built by ``gateway/telemetry_views.py``), never the ``Policy`` or the
+pools themselves.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from backends.sglang.pool import PoolSnapshot, WorkerState
-from policies.schema import Policy
 from telemetry.derive import SpecCounts, is_speculative, spec_counts
 from telemetry.labels import LabelSets
 from telemetry.logs import log_request
 from telemetry.metrics import Metrics
 from telemetry.record import RequestRecord
 from telemetry.series import History
-
-
-def policy_digest(policy: Policy) -> str:
-    """Short sha256 of the canonical policy: the version shown until the gateway names one."""
-    return hashlib.sha256(msgspec.json.encode(policy, order="sorted")).hexdigest()[:12]
+from telemetry.views import PolicyView, PoolView, WorkerView
 
 
 def _pair_state(verified: bool | None) -> str:
@@ -38,7 +34,7 @@ def _pair_state(verified: bool | None) -> str:
 class Telemetry:
     """Metrics, logs and dashboard history of one gateway. ``registry``: a private one by default."""
 
-    def __init__(self, policy: Policy, *, debug_text: bool = False,
+    def __init__(self, policy: PolicyView, *, debug_text: bool = False,
                  registry: CollectorRegistry | None = None, history: History | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = Metrics(self.registry)
@@ -47,6 +43,7 @@ class Telemetry:
         self.history = history if history is not None else History()
         self.policy = policy
         self.labels = LabelSets.from_policy(policy)
+        self._proposer_of = {p.name: p.proposer for p in policy.pools}
         self.policy_state: dict[str, Any] = {}
         # (route, slice, pool) -> [accepted per position, reached per position], since start
         self.positions: dict[tuple[str, str, str], list[list[int]]] = {}
@@ -56,7 +53,7 @@ class Telemetry:
         # reused: ``labels()`` costs a lock and validation per call, several per request. The label
         # sets are bounded by the policy, so this stays small.
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        self.set_policy(policy, version=policy_digest(policy), reload_ok=True)
+        self.set_policy(policy, version=policy.digest, reload_ok=True)
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -136,17 +133,16 @@ class Telemetry:
 
     # -- pools and policy --------------------------------------------------------------------------
 
-    def set_pools(self, snapshots: dict[str, PoolSnapshot], workers: dict[str, list[WorkerState]] | None = None,
-                  *, now: float | None = None) -> None:
+    def set_pools(self, pools: Iterable[PoolView], *, now: float | None = None) -> None:
         """Replace every pool and worker gauge with the monitor's latest view (pools the policy does not
         name are exported as ``other``)."""
         m, lab = self.metrics, self.labels
         m.clear_pool_gauges()
         current: list[dict[str, Any]] = []
-        for name, snap in sorted(snapshots.items()):
-            pool = lab.pool(name)
+        for snap in sorted(pools, key=lambda p: p.name):
+            pool = lab.pool(snap.name)
             m.pool_workers.labels(pool).set(snap.workers)
-            m.pool_healthy.labels(pool).set(len(snap.healthy_workers))
+            m.pool_healthy.labels(pool).set(snap.healthy_workers)
             m.pool_running.labels(pool).set(snap.running)
             m.pool_waiting.labels(pool).set(snap.waiting)
             m.pool_in_flight.labels(pool).set(snap.in_flight)
@@ -155,10 +151,9 @@ class Telemetry:
             if snap.accept_length is not None:
                 m.pool_accept_length.labels(pool).set(snap.accept_length)
             m.pool_pair.labels(pool).state(_pair_state(snap.pair_verified))
-            worker_rows = [self._set_worker(pool, w) for w in (workers or {}).get(name, [])]
-            spec = self.policy.pools.get(name)
-            current.append({"pool": pool, "proposer": spec.proposer if spec else "other",
-                            "workers": snap.workers, "healthy_workers": len(snap.healthy_workers),
+            worker_rows = [self._set_worker(pool, w) for w in snap.worker_states]
+            current.append({"pool": pool, "proposer": self._proposer_of.get(snap.name, "other"),
+                            "workers": snap.workers, "healthy_workers": snap.healthy_workers,
                             "running": snap.running, "waiting": snap.waiting, "in_flight": snap.in_flight,
                             "kv_usage": snap.kv_usage, "accept_length": snap.accept_length,
                             "pair": _pair_state(snap.pair_verified), "worker_states": worker_rows})
@@ -167,25 +162,27 @@ class Telemetry:
             row["pool"]: {"running": row["running"], "waiting": row["waiting"], "kv_usage": row["kv_usage"],
                           "healthy_workers": row["healthy_workers"]} for row in current})
 
-    def _set_worker(self, pool: str, worker: WorkerState) -> dict[str, Any]:
+    def _set_worker(self, pool: str, worker: WorkerView) -> dict[str, Any]:
         m = self.metrics
         label = (pool, self.labels.worker(worker.url))
         m.worker_healthy.labels(*label).set(int(worker.healthy))
-        load = worker.load
-        if load is not None:
-            m.worker_running.labels(*label).set(load.running)
-            m.worker_waiting.labels(*label).set(load.waiting)
-            m.worker_kv.labels(*label).set(load.token_usage)
+        if worker.running is not None:
+            m.worker_running.labels(*label).set(worker.running)
+        if worker.waiting is not None:
+            m.worker_waiting.labels(*label).set(worker.waiting)
+        if worker.kv_usage is not None:
+            m.worker_kv.labels(*label).set(worker.kv_usage)
         return {"worker": label[1], "healthy": worker.healthy, "last_error": worker.last_error,
-                "running": load.running if load else None, "waiting": load.waiting if load else None,
-                "kv_usage": load.token_usage if load else None, "mismatches": list(worker.mismatches)}
+                "running": worker.running, "waiting": worker.waiting, "kv_usage": worker.kv_usage,
+                "mismatches": list(worker.mismatches)}
 
-    def set_policy(self, policy: Policy, *, version: str, reload_ok: bool, error: str | None = None) -> None:
+    def set_policy(self, policy: PolicyView, *, version: str, reload_ok: bool, error: str | None = None) -> None:
         """Record a (re)load. ``policy``/``version``: the policy now in force (the old one when the reload
         failed); label sets follow it, so names a new policy drops become ``other`` from now on."""
         m = self.metrics
         self.policy = policy
         self.labels = LabelSets.from_policy(policy)
+        self._proposer_of = {p.name: p.proposer for p in policy.pools}
         m.policy.info({"version": version})
         m.reload_ok.set(1 if reload_ok else 0)
         now = time.time()
@@ -209,10 +206,10 @@ class Telemetry:
             "now": now,
             "started": self.started,
             "policy": {**self.policy_state, "routes": sorted(self.labels.routes),
-                       "slices": sorted(self.labels.slices), "rules": [r.name for r in policy.rules],
-                       "pools": {name: {"proposer": p.proposer, "k": list(p.k_range)}
-                                 for name, p in policy.pools.items()},
-                       "slo": {r: msgspec.to_builtins(policy.route_slo(r)) for r in sorted(self.labels.routes)}},
+                       "slices": sorted(self.labels.slices), "rules": list(policy.rules),
+                       "pools": {p.name: {"proposer": p.proposer, "k": list(p.k_range)} for p in policy.pools},
+                       "slo": {r.name: msgspec.to_builtins(r.slo)
+                               for r in sorted(policy.routes, key=lambda r: r.name)}},
             "series": self.history.export(now),
             "positions": [{"route": r, "slice": s, "pool": p, "accepted": acc, "reached": reached}
                           for (r, s, p), (acc, reached) in sorted(self.positions.items())],

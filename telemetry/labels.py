@@ -1,46 +1,48 @@
 """Bounded label values: every label telemetry exports comes from the policy or from a closed set.
 
 A client controls headers, keys and prompts, never labels: a route, slice, pool, rule or worker the
-current policy does not name is exported as ``other`` (and a record that never reached a pool or rule
-as ``none``), so the number of series is at most the product of the policy's names and the closed
-sets below, whatever the traffic. Hot reload swaps the whole ``LabelSets`` value.
+current policy does not name, and a proposer or exploration kind outside the vocabularies the gateway
+passes in (``PolicyView.proposers``/``explorations``), is exported as ``other`` (and a record that never
+reached a pool or rule as ``none``), so the number of series is at most the product of the policy's
+names and the closed sets, whatever the traffic. Hot reload swaps the whole ``LabelSets`` value.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import get_args
 
-from policies.decide import EXPLORATIONS
-from policies.schema import Policy, Proposer
+from telemetry.views import PolicyView
 
 OTHER = "other"
 NONE = "none"
 # policies.decide uses this rule name when no rule matched
 NO_RULE = "(none)"
 STATUSES = frozenset({"ok", "client_error", "rate_limited", "upstream_error", "aborted", "unavailable"})
-PROPOSERS = frozenset(get_args(Proposer))
 MAX_POSITION = 16  # draft positions exported per position; deeper positions are not broken out
 
 
 @dataclass(frozen=True, slots=True)
 class LabelSets:
-    """The allowed values of each label, taken from one policy."""
+    """The allowed values of each label, taken from one policy view."""
 
     routes: frozenset[str]
     slices: frozenset[str]
     pools: frozenset[str]
     rules: frozenset[str]
     workers: frozenset[str]
+    proposers: frozenset[str]
+    explorations: frozenset[str]
 
     @classmethod
-    def from_policy(cls, policy: Policy) -> LabelSets:
+    def from_policy(cls, policy: PolicyView) -> LabelSets:
         return cls(
-            routes=frozenset(policy.route_names()),
-            slices=frozenset(s.name for s in policy.slices),
-            pools=frozenset(policy.pools),
-            rules=frozenset(r.name for r in policy.rules) | {NO_RULE},
-            workers=frozenset(url for pool in policy.pools.values() for url in pool.workers),
+            routes=frozenset(r.name for r in policy.routes),
+            slices=frozenset(policy.slices),
+            pools=frozenset(p.name for p in policy.pools),
+            rules=frozenset(policy.rules) | {NO_RULE},
+            workers=frozenset(url for pool in policy.pools for url in pool.workers),
+            proposers=policy.proposers,
+            explorations=policy.explorations,
         )
 
     def route(self, value: str) -> str:
@@ -62,14 +64,12 @@ class LabelSets:
     def worker(self, value: str) -> str:
         return value if value in self.workers else OTHER
 
-    @staticmethod
-    def proposer(value: str) -> str:
-        return value if value in PROPOSERS else OTHER
+    def proposer(self, value: str) -> str:
+        return value if value in self.proposers else OTHER
 
     @staticmethod
     def status(value: str) -> str:
         return value if value in STATUSES else OTHER
 
-    @staticmethod
-    def exploration(value: str) -> str:
-        return value if value in EXPLORATIONS else OTHER
+    def exploration(self, value: str) -> str:
+        return value if value in self.explorations else OTHER

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from collections import Counter
 from pathlib import Path
 
@@ -48,4 +49,22 @@ def test_the_product_never_imports_its_benchmarks():
                 if len(words) >= 2 and words[0] in ("import", "from") and (
                         words[1] == "bench" or words[1].startswith("bench.")):
                     offenders.append(f"{path.relative_to(repo)}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+def test_telemetry_imports_no_policy_pool_or_gateway_code():
+    # DESIGN.md: telemetry/ reads records and views (telemetry/views.py, built by gateway/telemetry_views.py),
+    # never the Policy or the pools; every import, including ones inside functions or TYPE_CHECKING blocks
+    repo = TESTS.parent
+    offenders = []
+    for path in (repo / "telemetry").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            if any(name.split(".")[0] in ("policies", "backends", "gateway") for name in names):
+                offenders.append(f"{path.relative_to(repo)}:{node.lineno}: {ast.unparse(node)}")
     assert offenders == []

@@ -18,7 +18,9 @@ from litestar import Litestar, Response, get
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, when run as a script
 
+from gateway.telemetry_views import policy_view  # noqa: E402
 from policies.load import load_policy_file  # noqa: E402
+from policies.schema import Policy  # noqa: E402
 from telemetry import Telemetry  # noqa: E402
 from telemetry.dashboard import router  # noqa: E402
 from telemetry.logs import configure_logging  # noqa: E402
@@ -27,21 +29,20 @@ from tests.telemetry.traffic import pool_state, traffic  # noqa: E402
 POLICY = Path(__file__).with_name("policy.yaml")
 
 
-def build(seed: int = 7, history_s: float = 600.0) -> Telemetry:
-    policy = load_policy_file(POLICY)
-    telemetry = Telemetry(policy)
+def build(policy: Policy, seed: int = 7, history_s: float = 600.0) -> Telemetry:
+    telemetry = Telemetry(policy_view(policy))
     rng = random.Random(seed)
     now = time.time()
     for record in traffic(policy, rng, now - history_s, now):
         telemetry.observe(record)
     t = now - history_s
     while t <= now:
-        telemetry.set_pools(*pool_state(policy, rng, t), now=t)
+        telemetry.set_pools(pool_state(policy, rng), now=t)
         t += 5.0
     return telemetry
 
 
-def app(telemetry: Telemetry) -> Litestar:
+def app(policy: Policy, telemetry: Telemetry) -> Litestar:
     @get("/metrics", sync_to_thread=False)
     def metrics() -> Response[bytes]:
         body, content_type = telemetry.metrics_response()
@@ -52,9 +53,9 @@ def app(telemetry: Telemetry) -> Litestar:
         while True:
             await asyncio.sleep(1.0)
             now = time.time()
-            for record in traffic(telemetry.policy, rng, now - 1.0, now):
+            for record in traffic(policy, rng, now - 1.0, now):
                 telemetry.observe(record)
-            telemetry.set_pools(*pool_state(telemetry.policy, rng, now))
+            telemetry.set_pools(pool_state(policy, rng))
 
     tasks: list[asyncio.Task[None]] = []
     return Litestar(route_handlers=[router(telemetry), metrics],
@@ -67,7 +68,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     configure_logging(json=True, level="critical")
-    uvicorn.run(app(build()), host="127.0.0.1", port=args.port, log_level="warning")
+    policy = load_policy_file(POLICY)
+    uvicorn.run(app(policy, build(policy)), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import yaml
 
 from backends.engine.types import EngineLoad
 from backends.worker.metrics import WorkerMetrics
+from gateway.telemetry_views import policy_view
 from policies.load import load_policy_file
 from telemetry import Telemetry
 from tests.telemetry.traffic import plain_record, pool_state, speculative_record
@@ -34,13 +35,13 @@ def _exprs(node) -> list[str]:
 def _exported_names() -> set[str]:
     import random
 
-    telemetry = Telemetry(POLICY)
+    telemetry = Telemetry(policy_view(POLICY))
     rng = random.Random(3)
     telemetry.observe(speculative_record(rng, request_id="s", route="ide", slice_="code", pool="ngram",
                                          proposer="ngram", rule="code-ngram", k=4, at=0.0, slo_tpot_s=0.03))
     telemetry.observe(plain_record(rng, request_id="p", route="chat", slice_="prose", rule="learned", at=0.0,
                                    slo_tpot_s=0.05))
-    telemetry.set_pools(*pool_state(POLICY, rng, 0.0))
+    telemetry.set_pools(pool_state(POLICY, rng))
     worker = WorkerMetrics("m")
     worker.refresh(EngineLoad(num_running_reqs=1, num_waiting_reqs=0, num_used_tokens=10, max_total_num_tokens=100,
                               max_running_requests=4))

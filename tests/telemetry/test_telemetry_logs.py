@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from gateway.telemetry_views import policy_view
 from policies.load import load_policy_file
 from telemetry import RequestRecord, Telemetry
 from telemetry.logs import configure_logging, mask_secrets
 
-POLICY = load_policy_file(Path(__file__).with_name("policy.yaml"))
+POLICY = policy_view(load_policy_file(Path(__file__).with_name("policy.yaml")))
 PROMPT = "Refactor this function: def add(a, b): return a+b"
 COMPLETION = "def add(a: int, b: int) -> int:"
 KEY = "sk-proj-Zq8vR2mX4nT7kL1pW9sB3dF6gH0jA5cE"

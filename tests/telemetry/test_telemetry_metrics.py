@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from backends.sglang.pool import PoolSnapshot, WorkerLoad, WorkerState
+from gateway.telemetry_views import policy_view
 from policies.load import load_policy, load_policy_file
 from telemetry import RequestRecord, Telemetry
 from telemetry.derive import positions_from_histogram
 from telemetry.logs import configure_logging
 from telemetry.series import History
+from telemetry.views import PoolView, WorkerView
 from tests.telemetry.exposition import lab, only, samples
 
 POLICY = Path(__file__).with_name("policy.yaml")
@@ -30,7 +31,7 @@ def _quiet_logs(tmp_path):
 
 @pytest.fixture
 def policy():
-    return load_policy_file(POLICY)
+    return policy_view(load_policy_file(POLICY))
 
 
 def known_sequence() -> list[RequestRecord]:
@@ -163,21 +164,20 @@ def test_cardinality_is_bounded_under_random_labels(policy):
     assert "sk-" not in text
 
 
-def _snapshot(name: str, urls: list[str], **kw) -> PoolSnapshot:
-    base = dict(workers=len(urls), healthy_workers=tuple(urls), running=3, waiting=1, in_flight=2,
+def _pool(name: str, urls: list[str], workers: tuple[WorkerView, ...] = (), **kw) -> PoolView:
+    base = dict(workers=len(urls), healthy_workers=len(urls), running=3, waiting=1, in_flight=2,
                 kv_usage=0.42, accept_length=2.5, pair_verified=True)
-    return PoolSnapshot(name=name, **{**base, **kw})
+    return PoolView(name=name, worker_states=workers, **{**base, **kw})
 
 
 def test_pool_and_worker_gauges_follow_the_latest_snapshot(policy):
     telemetry = Telemetry(policy)
-    load = WorkerLoad(running=3, waiting=1, token_usage=0.42, max_running_requests=8, accept_length=None, at=0.0)
-    telemetry.set_pools(
-        {"ngram": _snapshot("ngram", ["http://127.0.0.1:30001"], pair_verified=False),
-         "plain": _snapshot("plain", ["http://127.0.0.1:30000"], kv_usage=None, accept_length=None, pair_verified=None),
-         "rogue": _snapshot("rogue", ["http://10.0.0.9:1"])},
-        {"ngram": [WorkerState(url="http://127.0.0.1:30001", healthy=True, load=load),
-                   WorkerState(url="http://evil.example:666", healthy=False)]})
+    telemetry.set_pools([
+        _pool("ngram", ["http://127.0.0.1:30001"], pair_verified=False,
+              workers=(WorkerView(url="http://127.0.0.1:30001", healthy=True, running=3, waiting=1, kv_usage=0.42),
+                       WorkerView(url="http://evil.example:666", healthy=False))),
+        _pool("plain", ["http://127.0.0.1:30000"], kv_usage=None, accept_length=None, pair_verified=None),
+        _pool("rogue", ["http://10.0.0.9:1"])])
     found = samples(telemetry)
     assert only(found, "specgate_pool_running_requests") == {lab(pool="ngram"): 3, lab(pool="plain"): 3,
                                                              lab(pool="other"): 3}
@@ -190,7 +190,7 @@ def test_pool_and_worker_gauges_follow_the_latest_snapshot(policy):
                                                       lab(pool="ngram", worker="other"): 0}
     assert only(found, "specgate_worker_kv_usage_ratio") == {lab(pool="ngram", worker="http://127.0.0.1:30001"): 0.42}
     # a later snapshot without a pool removes its series (no stale gauges)
-    telemetry.set_pools({"plain": _snapshot("plain", ["http://127.0.0.1:30000"], running=0)})
+    telemetry.set_pools([_pool("plain", ["http://127.0.0.1:30000"], running=0)])
     found = samples(telemetry)
     assert only(found, "specgate_pool_running_requests") == {lab(pool="plain"): 0}
     assert only(found, "specgate_worker_healthy") == {}
@@ -210,7 +210,7 @@ def test_policy_version_and_reload_status(policy):
     assert telemetry.dashboard_data()["policy"]["error"] == "rules[2].then: unknown pool 'x'"
     # a policy without route "ide" makes "ide" an unknown label from now on
     text = POLICY.read_text().replace("  - {name: ide, api_keys_env: SPECGATE_TEST_KEYS_IDE, slo: {tpot_ms: 30}}\n", "")
-    telemetry.set_policy(load_policy(text, "policy-without-ide.yaml"), version="v8", reload_ok=True)
+    telemetry.set_policy(policy_view(load_policy(text, "policy-without-ide.yaml")), version="v8", reload_ok=True)
     telemetry.observe(RequestRecord(request_id="x", rule="code-ngram", **IDE_CODE))
     assert only(samples(telemetry), "specgate_requests_total") == {
         lab(route="other", slice="code", pool="ngram", proposer="ngram", rule="code-ngram", status="ok"): 1}

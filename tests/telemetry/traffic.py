@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import random
 
-from backends.sglang.pool import PoolSnapshot, WorkerLoad, WorkerState
 from policies.schema import Policy
 from telemetry.record import RequestRecord
+from telemetry.views import PoolView, WorkerView
 
 # probability that draft position j is accepted given the previous ones were, per slice
 ACCEPT = {"code": (0.85, 0.75, 0.65, 0.55), "prose": (0.55, 0.4, 0.3, 0.2), "tool_call": (0.8, 0.7, 0.6, 0.5)}
@@ -86,22 +86,18 @@ def traffic(policy: Policy, rng: random.Random, start: float, end: float, per_s:
     return records
 
 
-def pool_state(policy: Policy, rng: random.Random, at: float) -> tuple[dict[str, PoolSnapshot], dict[str, list[WorkerState]]]:
-    """Every policy pool with healthy workers and a load that drifts with ``at``."""
-    snapshots: dict[str, PoolSnapshot] = {}
-    workers: dict[str, list[WorkerState]] = {}
+def pool_state(policy: Policy, rng: random.Random) -> list[PoolView]:
+    """Every policy pool with healthy workers and a load drawn from ``rng`` (it drifts call by call)."""
+    views: list[PoolView] = []
     for name, pool in policy.pools.items():
-        states = []
-        for url in pool.workers:
-            load = WorkerLoad(running=rng.randint(0, 8), waiting=rng.randint(0, 3),
-                              token_usage=round(0.3 + 0.25 * rng.random() + (0.2 if name == "ngram" else 0), 3),
-                              max_running_requests=32, accept_length=None, at=at)
-            states.append(WorkerState(url=url, healthy=True, load=load))
-        workers[name] = states
-        snapshots[name] = PoolSnapshot(
-            name=name, workers=len(states), healthy_workers=tuple(w.url for w in states),
-            running=sum(w.load.running for w in states), waiting=sum(w.load.waiting for w in states),
-            in_flight=rng.randint(0, 4), kv_usage=max(w.load.token_usage for w in states),
+        states = tuple(
+            WorkerView(url=url, healthy=True, running=rng.randint(0, 8), waiting=rng.randint(0, 3),
+                       kv_usage=round(0.3 + 0.25 * rng.random() + (0.2 if name == "ngram" else 0), 3))
+            for url in pool.workers)
+        views.append(PoolView(
+            name=name, workers=len(states), healthy_workers=len(states),
+            running=sum(w.running or 0 for w in states), waiting=sum(w.waiting or 0 for w in states),
+            in_flight=rng.randint(0, 4), kv_usage=max(w.kv_usage or 0.0 for w in states),
             accept_length=None if pool.proposer == "none" else round(rng.uniform(1.8, 3.2), 2),
-            pair_verified=None if pool.proposer == "none" else True)
-    return snapshots, workers
+            pair_verified=None if pool.proposer == "none" else True, worker_states=states))
+    return views
