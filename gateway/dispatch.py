@@ -5,6 +5,12 @@ another worker of the decided pool, then on the plain fallback (a pool with prop
 same per-request workers with speculation off); at most ``max_attempts`` tries in all. A worker's
 4xx (the request's own fault) is answered at once. A failed or cancelled attempt's worker slot is
 given back here and its worker request aborted; a successful one's slot goes into the request's ``Holds``.
+
+The gateway owns ``custom_params`` (a client's is refused at parsing, and never forwarded): an attempt on a
+``per_request`` pool carries the plan's ``speculation`` override, and every override, and every attempt
+on a pool whose proposer is ``suffix`` (whose server-mode workers draft by default), carries ``scope`` =
+the request's route. Suffix decoding drafts from a global tree of earlier outputs kept per scope, so the
+scope is what keeps one application's completions out of another's drafts; a client cannot choose it.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from gateway.holds import Holds, Stopwatch, worker_fault
 from gateway.stages import Admitted, Dispatched
 from gateway.state import Active, GatewayState
 from policies.decide import Decision
+from policies.schema import Pool
 
 T = TypeVar("T")
 
@@ -37,6 +44,15 @@ def plan(active: Active, d: Decision) -> list[tuple[str, str, int, dict[str, Any
             per_req = policy.pools[name].speculation == "per_request"
             plan.append((name, "none", 0, {"proposer": "none"} if per_req else None))
     return plan
+
+
+def speculation(pool: Pool, override: dict[str, Any] | None, route: str) -> dict[str, Any] | None:
+    """``custom_params.speculation`` of an attempt on ``pool`` (None: send no ``custom_params``)."""
+    if override is not None:
+        return {**override, "scope": route}
+    if pool.proposer == "suffix":  # a server-mode suffix worker: its launch default, in this route's scope
+        return {"scope": route}
+    return None
 
 
 class NotServed(Exception):
@@ -55,7 +71,9 @@ async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, 
     tried: set[str] = set()
     last: WorkerError | None = None
     attempts = 0
+    pools = admitted.active.policy.pools
     for pool_name, proposer, k, override in plan(admitted.active, decision):
+        spec = speculation(pools[pool_name], override, admitted.route)
         pool = backend.pools.get(pool_name)
         while pool is not None and attempts < state.settings.max_attempts:
             worker = pool.pick(time.monotonic(), exclude=tried)
@@ -66,8 +84,10 @@ async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, 
             attempts += 1
             fwd = dict(admitted.body)
             fwd["rid"] = f"{admitted.arrival.request_id}-{attempts}"
-            if override is not None:
-                fwd["custom_params"] = {"speculation": override}
+            if spec is None:
+                fwd.pop("custom_params", None)
+            else:
+                fwd["custom_params"] = {"speculation": spec}
             pool.acquire(url)
             backend.in_flight += 1
             try:

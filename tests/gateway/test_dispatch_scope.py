@@ -1,0 +1,132 @@
+"""The suffix proposer's scope: every attempt the gateway forwards carries the request's route as
+``custom_params.speculation.scope`` (per-request overrides and server-mode suffix pools alike), never a
+scope a client wrote, so one route's earlier outputs never reach another route's drafts.
+
+``dispatch`` runs for real over real ``WorkerPool`` objects and a real ``decide``; only the worker call
+(``send``) is a recorder, so what is checked is the exact body a worker would receive."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from backends.sglang.errors import WorkerConnectError
+from backends.sglang.pool import WorkerPool
+from backends.worker.settings import WorkerSettings
+from backends.worker.translate import speculation
+from gateway.dispatch import dispatch
+from gateway.errors import ApiError
+from gateway.holds import Stopwatch
+from gateway.requests import ChatRequest, parse_body
+from gateway.stages import Admitted, Arrival
+from policies.decide import Decision, decide
+from policies.features import RequestFeatures
+from policies.load import load_policy
+from policies.snapshot import PoolState, Snapshot, SnapshotData
+
+POLICY = """
+version: 1
+routes:
+  - {name: ide, api_keys_env: KEYS_IDE}
+  - {name: other-route}
+slices: [{name: prose}]
+pairs:
+  ng: {target: {model: m}, draft: {kind: ngram}}
+  sx: {target: {model: m}, draft: {kind: suffix}}
+pools:
+  plain: {proposer: none, workers: ["http://plain:1"], speculation: per_request}
+  ngram: {proposer: ngram, draft_tokens: {min: 1, max: 8}, pair: ng, workers: ["http://embedded:1"],
+          speculation: per_request}
+  suffix: {proposer: suffix, draft_tokens: 8, pair: sx, workers: ["http://embedded:1"], speculation: per_request}
+  suffix-server: {proposer: suffix, draft_tokens: 8, pair: sx, workers: ["http://suffix:1"]}
+  ngram-server: {proposer: ngram, draft_tokens: 4, pair: ng, workers: ["http://ngram:1"]}
+rules:
+  - {name: ngram, when: {headers: {x-pool: ngram}}, then: {pool: ngram, draft_tokens: 4}}
+  - {name: suffix, when: {headers: {x-pool: suffix}}, then: {pool: suffix, draft_tokens: 8}}
+  - {name: suffix-server, when: {headers: {x-pool: suffix-server}}, then: {pool: suffix-server, draft_tokens: 8}}
+  - {name: ngram-server, when: {headers: {x-pool: ngram-server}}, then: {pool: ngram-server, draft_tokens: 4}}
+  - {name: rest, then: bypass}
+"""
+# what a client might try: another route's scope (the gateway refuses it at parsing; dispatch must not
+# forward it even if it got that far)
+FOREIGN = {"speculation": {"scope": "other-route", "proposer": "suffix"}}
+
+
+def _decision(policy, pool: str) -> Decision:
+    features = RequestFeatures(route="ide", headers={"x-pool": pool})
+    return decide(policy, features, Snapshot(SnapshotData(
+        pools={p: PoolState(healthy=True, pair_verified=True) for p in policy.pools})))
+
+
+def _dispatch(policy, decision: Decision, fail: set[str] = frozenset()) -> list[tuple[str, dict[str, Any]]]:
+    """Run ``dispatch`` for a request of route ``ide``; the (worker URL, forwarded body) of every attempt.
+    Workers in ``fail`` refuse the connection (the attempt is retried on the plain fallback)."""
+    pools = {name: WorkerPool(name, spec.workers) for name, spec in policy.pools.items()}
+    for pool in pools.values():
+        for url in pool.workers:
+            pool.workers[url].healthy = True
+    state = SimpleNamespace(backend=SimpleNamespace(pools=pools, client=lambda url: url, in_flight=0),
+                            settings=SimpleNamespace(max_attempts=3, abort_timeout_s=1.0),
+                            spawn=lambda coro: coro.close())
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "custom_params": FOREIGN}
+    admitted = Admitted(arrival=Arrival(request_id="r", endpoint="chat", t0=0.0),
+                        active=SimpleNamespace(policy=policy), route="ide", body=body,
+                        features=RequestFeatures(route="ide"), stream=False, include_usage=False, echo=False,
+                        cost_tokens=0)
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    async def send(url: str, fwd: dict[str, Any]) -> str:
+        sent.append((url, fwd))
+        if url in fail:
+            raise WorkerConnectError(url, "refused")
+        return "ok"
+
+    holds = SimpleNamespace(hold_worker=lambda backend, pool, url: None)
+    asyncio.run(dispatch(state, admitted, decision, holds, Stopwatch(), send))
+    assert body["custom_params"] is FOREIGN  # the admitted body itself is never modified
+    return sent
+
+
+@pytest.mark.parametrize(("pool", "url", "custom_params"), [
+    ("suffix", "http://embedded:1",
+     {"speculation": {"proposer": "suffix", "draft_tokens": 8, "adaptive": False, "scope": "ide"}}),
+    ("suffix-server", "http://suffix:1", {"speculation": {"scope": "ide"}}),
+    ("ngram", "http://embedded:1",
+     {"speculation": {"proposer": "ngram", "draft_tokens": 4, "adaptive": False, "scope": "ide"}}),
+    ("rest", "http://plain:1", {"speculation": {"proposer": "none", "scope": "ide"}}),
+    ("ngram-server", "http://ngram:1", None),  # an SGLang server: the gateway sends it no custom_params
+])
+def test_the_forwarded_scope_is_the_requests_route_never_the_clients(pool, url, custom_params):
+    policy = load_policy(POLICY, "p.yaml")
+    decision = _decision(policy, pool)
+    assert decision.rule == pool
+    [(sent_to, fwd)] = _dispatch(policy, decision)
+    assert sent_to == url and fwd.get("custom_params") == custom_params
+    assert fwd["rid"] == "r-1" and fwd["messages"] == [{"role": "user", "content": "hi"}]
+    if custom_params is not None:  # what the embedded worker makes of it: the route's scope
+        server = WorkerSettings(speculative_algorithm="SUFFIX" if pool == "suffix-server" else None,
+                                speculative_num_draft_tokens=8)
+        spec = speculation(fwd["custom_params"], server.default_speculation, "")
+        assert (spec.proposer, spec.scope) == (decision.proposer, "ide")
+
+
+def test_a_fallback_attempt_keeps_the_routes_scope():
+    policy = load_policy(POLICY, "p.yaml")
+    sent = _dispatch(policy, _decision(policy, "suffix-server"), fail={"http://suffix:1"})
+    assert [(url, fwd["rid"], fwd["custom_params"]) for url, fwd in sent] == [
+        ("http://suffix:1", "r-1", {"speculation": {"scope": "ide"}}),
+        ("http://plain:1", "r-2", {"speculation": {"proposer": "none", "scope": "ide"}}),
+    ]
+
+
+def test_a_client_cannot_send_custom_params():
+    raw = (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
+           b'"custom_params": {"speculation": {"scope": "other-route"}}}')
+    with pytest.raises(ApiError) as exc:
+        parse_body(raw, ChatRequest)
+    assert (exc.value.status, exc.value.param) == (400, "custom_params")
+    assert exc.value.message == ("invalid field `custom_params`: Object contains unknown field `custom_params`; "
+                                 "remove it")
