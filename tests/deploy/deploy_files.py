@@ -22,6 +22,11 @@ POOLS_DIR = K8S / "base" / "pools"
 COMPOSE = DEPLOY / "compose"
 POLICIES = DEPLOY / "policies"
 LAUNCH = ["python3", "-m", "sglang.launch_server"]
+# A server-mode pool's proposer -> the --speculative-algorithm its servers run (None: plain decoding).
+SGLANG_ALGORITHM: dict[str, str | None] = {"none": None, "ngram": "NGRAM", "draft_model": "STANDALONE",
+                                           "standalone": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}
+WORKER_ALGORITHM: dict[str, str | None] = {"none": None, "ngram": "NGRAM", "draft_model": "STANDALONE",
+                                           "suffix": "SUFFIX"}  # `specgate worker`, the embedded engine
 K8S_VERSION = "1.37.0"
 
 
@@ -82,6 +87,31 @@ def parse_launch_args(argv: list[str]) -> dict[str, str | None]:
         else:
             raise AssertionError(f"{flag} is not a server flag of SGLang 0.5.23")
     return flags
+
+
+def sglang_algorithm(name: str, pool: dict[str, Any]) -> str | None:
+    """The --speculative-algorithm of the SGLang servers of policy pool ``name``. A suffix pool is refused with
+    an AssertionError naming the pool and the fix: SGLang has no suffix decoding (vLLM and specgate's worker do)."""
+    if pool["proposer"] == "suffix":
+        raise AssertionError(
+            f"pool '{name}': proposer suffix cannot run on SGLang servers: SGLang has no suffix decoding (no "
+            f"--speculative-algorithm SUFFIX). Serve the pool with specgate's embedded worker (`specgate worker "
+            f"--speculative-algorithm SUFFIX --speculative-num-draft-tokens {pool.get('draft_tokens', 'K')}`, or "
+            f"speculation: per_request), or run vLLM's `suffix` method (--speculative-config "
+            f"'{{\"method\": \"suffix\"}}') outside specgate's pools")
+    return SGLANG_ALGORITHM[pool["proposer"]]
+
+
+def worker_flags(name: str, pool: dict[str, Any]) -> list[str]:
+    """The speculative flags of `specgate worker` for policy pool ``name``: a server-mode pool's speculation is
+    fixed at launch, as on SGLang; a per-request pool's workers are told per request (no flags)."""
+    if pool.get("speculation", "server") == "per_request" or pool["proposer"] == "none":
+        return []
+    algorithm = WORKER_ALGORITHM.get(pool["proposer"])
+    if algorithm is None:
+        raise AssertionError(f"pool '{name}': proposer {pool['proposer']} does not run on specgate's embedded "
+                             f"worker (it runs {', '.join(p for p in WORKER_ALGORITHM if p != 'none')})")
+    return ["--speculative-algorithm", algorithm, "--speculative-num-draft-tokens", str(pool["draft_tokens"])]
 
 
 def k8s_pool_commands() -> dict[str, list[str]]:
