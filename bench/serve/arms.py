@@ -5,6 +5,10 @@ The ``adaptive`` arms run ``deploy/policies/default.yaml`` itself: ``adaptive`` 
 Policy files name the worker ``http://127.0.0.1:30000`` and the converted model's revision; the harness
 serves a copy with the benchmark worker's URL and the prepared model's revision, so a re-converted model
 or a busy port 30000 cannot silently turn every arm into plain decoding.
+
+``suffix`` (suffix decoding, k = 8) is the one arm whose proposer keeps state across requests: its global
+tree of earlier outputs lives in the worker for the whole run, so a later load point or repeat drafts from
+the same prompts' earlier answers (see ``deploy/policies/bench/suffix.yaml``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class Arm:
 
 ARMS: dict[str, Arm] = {
     **{name: Arm(name, BENCH_POLICIES / f"{name}.yaml")
-       for name in ("plain", "ngram-k2", "ngram-k4", "ngram-k8", "draft-k2", "draft-k4")},
+       for name in ("plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4")},
     "adaptive": Arm("adaptive", DEFAULT_POLICY),
     "adaptive-warm": Arm("adaptive-warm", DEFAULT_POLICY, warm=True),
 }

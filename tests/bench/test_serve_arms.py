@@ -1,0 +1,45 @@
+"""The serving benchmark's arms: every arm's policy file is valid and differs from the default policy only
+where its header says (no processes are started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.serve.arms import ARMS, DEFAULT_POLICY, parse_arms, served_policy
+from policies.load import load_policy_file
+from policies.schema import PoolAction
+
+DEFAULT = load_policy_file(DEFAULT_POLICY)
+
+
+def test_the_arms_in_order():
+    assert list(ARMS) == ["plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4",
+                          "adaptive", "adaptive-warm"]
+    assert [a.name for a in parse_arms(["suffix", "ngram-k8", "plain"])] == ["plain", "suffix", "ngram-k8"]
+
+
+@pytest.mark.parametrize("name", [n for n in ARMS if not n.startswith("adaptive")])
+def test_a_fixed_arm_is_the_default_policy_with_its_own_rules(name):
+    """Same SLO, slices, pairs and pools as the default policy (the suffix arm adds its pair and pool)."""
+    policy = load_policy_file(ARMS[name].policy)
+    assert (policy.slo, policy.routes, policy.slices, policy.learning) == (
+        DEFAULT.slo, DEFAULT.routes, DEFAULT.slices, DEFAULT.learning)
+    pools, pairs = ({"suffix"}, {"smollm2-suffix"}) if name == "suffix" else (set(), set())
+    assert {n: p for n, p in policy.pools.items() if n not in pools} == DEFAULT.pools
+    assert {n: p for n, p in policy.pairs.items() if n not in pairs} == DEFAULT.pairs
+    assert set(policy.pools) - set(DEFAULT.pools) == pools and set(policy.pairs) - set(DEFAULT.pairs) == pairs
+    [rule] = policy.rules
+    assert rule.when is None and rule.name == f"bench-{name}"
+
+
+def test_the_suffix_arm_serves_every_request_by_suffix_decoding_with_k8_on_the_embedded_worker(tmp_path):
+    policy = load_policy_file(ARMS["suffix"].policy)
+    pool = policy.pools["suffix"]
+    assert (pool.proposer, pool.speculation, pool.k_range, pool.pair) == ("suffix", "per_request", (1, 8),
+                                                                        "smollm2-suffix")
+    assert policy.pairs["smollm2-suffix"].draft.kind == "suffix"
+    assert policy.pairs["smollm2-suffix"].target == policy.pairs["smollm2-ngram"].target
+    assert policy.rules[0].then == PoolAction(pool="suffix", draft_tokens=8)
+    served = load_policy_file(served_policy(ARMS["suffix"], "http://127.0.0.1:31234", "sha256:abc", tmp_path))
+    assert {w for p in served.pools.values() for w in p.workers} == {"http://127.0.0.1:31234"}
+    assert {p.target.revision for p in served.pairs.values()} == {"sha256:abc"}
