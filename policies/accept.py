@@ -1,7 +1,9 @@
 """Acceptance curve math: from decayed per-position counts to E[P](k).
 
-For draft position j (1-based), ``reached_j`` counts rounds where position j was drafted and drafts
-1..j-1 were all accepted; ``accepted_j`` counts those where draft j was accepted too. The conditional
+For draft position j (1-based), ``reached_j`` counts rounds whose draft budget included position j and
+whose drafts 1..j-1 were all accepted; ``accepted_j`` counts those where draft j was accepted too. A
+position the proposer left undrafted (suffix drafts by match length, n-gram finds no match) counts as
+reached and not accepted: the round got no token there, which is what E[P](k) predicts. The conditional
 acceptance rate, with a prior of ``prior.rounds`` pseudo-rounds accepting with probability
 ``prior.accept`` (so a new pair version starts cautious and unvisited positions fall back to it), is
 

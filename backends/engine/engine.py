@@ -231,7 +231,7 @@ class Engine:
                 slot.adaptive.observe(len(drafts), verdict.accepted)
         elapsed = time.perf_counter() - started
         seq.stats.record(RoundStats(
-            k=len(drafts), accepted=verdict.accepted, committed=len(committed), bonus=verdict.bonus,
+            k=len(drafts), accepted=verdict.accepted, budget=k, committed=len(committed), bonus=verdict.bonus,
             draft_s=proposal.seconds, verify_s=forward.seconds,
             overhead_s=max(0.0, elapsed - proposal.seconds - forward.seconds)))
         seq.stats.completion_tokens = len(seq.output_ids)

@@ -151,6 +151,7 @@ class RoundStats:
 
     k: int  # drafts proposed this round (0: plain step, or the proposer found nothing)
     accepted: int  # n <= k
+    budget: int  # drafts the round asked for (draft length, capped by the tokens left); k <= budget
     committed: int  # tokens actually committed (n + 1, fewer when a stop cut the round)
     bonus: bool  # every draft accepted, extra token drawn from p
     draft_s: float
@@ -172,8 +173,12 @@ class RequestStats:
     # accepted_per_position[j] = rounds in which draft position j+1 was accepted (vLLM's per-position counter)
     accepted_per_position: list[int] = field(default_factory=list)
     proposed_per_position: list[int] = field(default_factory=list)
-    # reached_per_position[j] = rounds in which position j+1 was proposed AND drafts 1..j were accepted,
-    # so the conditional acceptance a_{j+1} = accepted_per_position[j] / reached_per_position[j]
+    # reached_per_position[j] = rounds in which position j+1 was within the round's budget AND drafts 1..j were
+    # accepted, so a_{j+1} = accepted_per_position[j] / reached_per_position[j] is the chance the round gets
+    # one more token at j+1, whether the proposer drafted nothing there or the target rejected the draft.
+    # That is what E[P](k) needs for a proposer that may draft fewer than k (suffix, n-gram without a match);
+    # counting only drafted positions over-predicted such a proposer (its rounds that drafted all k were the
+    # only ones seen at position k). SGLang's histogram gives the same counts (policies/accept.py).
     reached_per_position: list[int] = field(default_factory=list)
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -194,12 +199,13 @@ class RequestStats:
         while len(self.correct_drafts_histogram) <= r.accepted:
             self.correct_drafts_histogram.append(0)
         self.correct_drafts_histogram[r.accepted] += 1
-        while len(self.proposed_per_position) < r.k:
+        while len(self.proposed_per_position) < max(r.k, r.budget):
             self.proposed_per_position.append(0)
             self.accepted_per_position.append(0)
             self.reached_per_position.append(0)
-        for j in range(r.k):
-            self.proposed_per_position[j] += 1
+        for j in range(max(r.k, r.budget)):
+            if j < r.k:
+                self.proposed_per_position[j] += 1
             if j <= r.accepted:
                 self.reached_per_position[j] += 1
             if j < r.accepted:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from backends.engine.types import RequestStats, RoundStats
+
 from policies.decide import decide, explain
 from policies.errors import PolicyError
 from policies.features import RequestFeatures
@@ -102,18 +104,21 @@ def test_suffix_acceptance_is_learned_per_pair_version():
     assert cold.cold and cold.samples == 0
 
 
-@pytest.mark.xfail(strict=True, reason="E[P](k) is built from the conditional curve a_j = accepted_j / reached_j, "
-                   "which counts only rounds that DRAFTED position j; a proposer that drafts fewer than k tokens "
-                   "(suffix by design, n-gram where nothing matches; the engine records k = len(drafts)) is "
-                   "over-predicted. Fix: weigh each a_j by d_j = P(position j drafted | 1..j-1 accepted), which "
-                   "needs per-position counts of rounds that could have drafted j (policies/stats.py, accept.py)")
 def test_a_proposer_that_drafts_fewer_than_k_is_predicted_at_its_observed_accept_length():
     """Half the rounds draft all 8 tokens and accept them, half draft nothing (no match): 5.0 tokens per
-    round were observed; the curve sees a_j = 1 on the rounds that drafted and predicts E[P](8) = 9."""
+    round were observed. The worker counts position j as reached in every round whose budget included it
+    and whose drafts 1..j-1 were accepted (RequestStats.record), so a_1 = 0.5 and E[P](8) = 5; counting
+    only drafted positions gave a_j = 1 and predicted 9."""
     p = policy()
     state = LearningState(p.learning)
     state.record(Outcome(route="default", slice="prose", pool="plain", completion_tokens=301, tpot_s=0.05))
-    short = outcome("suffix", p.pool_pair_version("suffix"), reached=[100] * 8, accepted=[100] * 8)
+    stats = RequestStats()  # the worker's own counting of these rounds
+    for drafted in (8, 0) * 100:
+        stats.record(RoundStats(k=drafted, accepted=drafted, budget=8, committed=drafted + 1, bonus=drafted == 8,
+                                draft_s=0.0, verify_s=0.0, overhead_s=0.0))
+    assert stats.reached_per_position == [200] + [100] * 7 and stats.accepted_per_position == [100] * 8
+    short = outcome("suffix", p.pool_pair_version("suffix"), reached=stats.reached_per_position,
+                    accepted=stats.accepted_per_position)
     state.record(short)
     snap = state.snapshot(0.0, HEALTHY, 1)
     summary, _ = snap.acceptance("default", "prose", "suffix", p.pool_pair_version("suffix"), 100)
