@@ -75,11 +75,22 @@ class PairIdentity(_PairFields, frozen=True, kw_only=True):
             draft_model_path=server.speculative_draft_model_path,
             draft_revision=server.speculative_draft_model_revision,
             algorithm=_algorithm(server.speculative_algorithm),
-            draft_tokens=server.speculative_num_draft_tokens if server.speculative_algorithm else None,
+            draft_tokens=_drafted_per_round(server),
             per_request_speculation=server.specgate_per_request_speculation,
             draft_params=tuple((param, value) for param, arg in sorted(DRAFT_PARAM_ARGS.items())
                                if (value := getattr(server, arg)) is not None),
         )
+
+
+def _drafted_per_round(server: ServerInfo) -> int | None:
+    """The policy's ``draft_tokens`` (tokens drafted per round) from the server's args. SGLang's
+    ``speculative_num_draft_tokens`` counts the tokens one verification scores, the last accepted token
+    (the draft tree's root) included, so a server launched with 8 drafts 7 per round (the deploy kit's
+    policies say so). specgate's embedded worker takes the per-round count itself."""
+    n = server.speculative_num_draft_tokens
+    if not server.speculative_algorithm or n is None:
+        return None
+    return n if server.specgate_per_request_speculation else n - 1
 
 
 def _algorithm(value: str | None) -> str | None:

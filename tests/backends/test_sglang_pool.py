@@ -111,16 +111,16 @@ def test_identity_from_server_and_model_info():
         target_model_path="meta-llama/Llama-3.1-8B-Instruct",
         target_revision="0e9e39f249a16976918f6564b8830bc894c89659", target_weight_version="default",
         draft_model_path="jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B", draft_revision=None,
-        algorithm="EAGLE3", draft_tokens=4)
+        algorithm="EAGLE3", draft_tokens=3)  # its --speculative-num-draft-tokens 4 scores the root + 3 drafts
 
 
 def test_pair_verification_checks_only_declared_fields():
     assert pair_mismatches(ExpectedPair(), EAGLE) == []
-    assert pair_mismatches(ExpectedPair(algorithm="eagle3", draft_tokens=4,
+    assert pair_mismatches(ExpectedPair(algorithm="eagle3", draft_tokens=3,
                                         target_model_path="meta-llama/Llama-3.1-8B-Instruct"), EAGLE) == []
-    assert pair_mismatches(ExpectedPair(target_weight_version="v2", draft_tokens=6), EAGLE) == [
+    assert pair_mismatches(ExpectedPair(target_weight_version="v2", draft_tokens=4), EAGLE) == [
         "target_weight_version: declared 'v2', worker reports 'default'",
-        "draft_tokens: declared 6, worker reports 4"]
+        "draft_tokens: declared 4, worker reports 3"]
     plain = PairIdentity(target_model_path="m", algorithm=None)
     assert pair_mismatches(ExpectedPair(algorithm="none"), plain) == []
     assert pair_mismatches(ExpectedPair(algorithm="NGRAM"), plain) == [
@@ -177,7 +177,7 @@ def test_declared_draft_params_are_compared_and_undeclared_ones_are_not():
 
 
 def test_pool_pair_verified_and_mismatched_workers_not_picked():
-    pool = healthy_pool([A, B], expected=ExpectedPair(algorithm="EAGLE3", draft_tokens=4))
+    pool = healthy_pool([A, B], expected=ExpectedPair(algorithm="EAGLE3", draft_tokens=3))
     assert pool.snapshot(0.0).pair_verified is None  # identities not read yet
     pool.record_identity(A, EAGLE, 0.0)
     assert pool.snapshot(0.0).pair_verified is None
@@ -218,7 +218,7 @@ def test_monitor_feeds_pools_and_ejects_a_dead_worker():
     async def scenario():
         async with ReplayServer(_worker_routes()) as good, ReplayServer(_worker_routes(503)) as sick:
             pool = WorkerPool("eagle3", [good.url, sick.url],
-                              expected=ExpectedPair(algorithm="EAGLE3", draft_tokens=4),
+                              expected=ExpectedPair(algorithm="EAGLE3", draft_tokens=3),
                               settings=PoolSettings(eject_after=2, backoff_s=10.0))
             shared = WorkerPool("plain", [good.url])  # one worker in two pools
             monitor = PoolMonitor([pool, shared], interval_s=3600, identity_interval_s=30.0,
