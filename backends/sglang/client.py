@@ -27,6 +27,7 @@ from backends.sglang.errors import (
 from backends.sglang.h1 import H1Pool
 from backends.sglang.streaming import DONE, DeltaTracker, sse_data
 from backends.sglang.wire import (
+    AbortRequest,
     ChatCompletionChunk,
     ChatCompletionResponse,
     CompletionResponse,
@@ -322,7 +323,8 @@ class SGLangClient:
 
     async def abort(self, rid: str) -> None:
         """``POST /abort_request``: stop a running request (e.g. its client went away)."""
-        await self._request("POST", "/abort_request", json={"rid": rid}, control=True)
+        await self._request("POST", "/abort_request", json=msgspec.to_builtins(AbortRequest(rid=rid)),
+                            control=True)
 
     # -- OpenAI-compatible -------------------------------------------------------------------------
 

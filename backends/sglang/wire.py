@@ -1,87 +1,217 @@
-"""Every wire type of SGLang's HTTP protocol that specgate sends or reads, in one module (STYLE.md #6).
+"""Every message of SGLang's HTTP protocol, one msgspec Struct each, for both sides (STYLE.md #6).
 
-Requests we send are strict and omit unset fields (a real SGLang server rejects unknown keys inside
-``sampling_params``, so we never send keys it would not know). Responses we read are tolerant:
-unknown keys are ignored and every ``spec_*`` field is optional, because SGLang renamed them across
-releases. Field names and shapes were checked against SGLang's source (see
-``tests/fixtures/sglang/README.md`` for the function each shape comes from):
+The client (``client.py``) encodes the requests and decodes the responses with these Structs; specgate's
+embedded worker (``backends/worker/``) decodes the same requests and builds and encodes the same responses.
+A field exists once, so nothing the worker sends can be silently dropped by the client
+(``tests/worker/test_wire_roundtrip.py`` decodes every response the worker produces and checks it).
 
-- ``/generate``: ``srt/entrypoints/http_server.py::generate_request`` returns the dict built in
-  ``srt/managers/tokenizer_manager.py::_handle_batch_output`` (``text``, ``output_ids``, ``meta_info``);
-  spec fields come from ``_calculate_spec_decoding_metrics`` (0.5.x: ``spec_decoding_meta.py``).
-- OpenAI endpoints: ``srt/entrypoints/openai/protocol.py`` (``ChatCompletionResponse``,
-  ``CompletionResponse``, their stream variants, ``SglExt``, ``UsageInfo``, ``ErrorResponse``).
-- ``/v1/loads``: ``srt/entrypoints/v1_loads.py::get_loads``.
+Requests. Defaults are SGLang's own, and a field left at its default is not sent (``omit_defaults``: an
+omitted field and its default mean the same to the server). ``sampling_params`` is closed as in SGLang
+(unknown key: an error; ``custom_params`` is the only free-form place); top-level keys are open, as SGLang
+ignores unknown ones (smg adds ``model``, ``return_bytes``...). Value checks (SGLang's
+``SamplingParams.verify``: bounds, exactly one prompt, messages naming the field) are the server's: the
+worker does them in ``backends/worker/translate.py``, where they become 400s naming the field. Only the
+client's own construction check lives here, in the ``GenerateRequest`` subclass: the worker must not run it
+while decoding (it answers with SGLang's messages and ``param``), and it adds no field.
+
+Responses are tolerant: unknown keys are ignored and optional fields default, because SGLang renames and
+adds fields across releases (every ``spec_*`` field is optional). What goes on the wire is decided per
+field, so the worker's bytes stay what SGLang clients expect:
+- a Struct whose fields are always all sent uses plain defaults (null is sent as null);
+- a Struct with ``omit_defaults=True`` sends a field declared ``= None`` only when set, and a field declared
+  ``= always(x)`` every time (``x`` is only what a reader gets when a body lacks it). Plain defaults other
+  than None are not used there: msgspec omits a value that IS its default, which for ints and strings is
+  an accident of interning (a test checks the rule).
+
+Field names and shapes were checked against SGLang's source (``tests/fixtures/sglang/README.md`` names the
+function each shape comes from): ``/generate``: ``srt/managers/io_struct.py::GenerateReqInput``,
+``srt/sampling/sampling_params.py``, ``tokenizer_manager.py::_handle_batch_output`` (spec fields:
+``_calculate_spec_decoding_metrics``, 0.5.x ``spec_decoding_meta.py``); OpenAI endpoints:
+``srt/entrypoints/openai/protocol.py``; ``/v1/loads``: ``srt/entrypoints/v1_loads.py::get_loads``;
+``/server_info``, ``/model_info``: ``srt/entrypoints/http_server.py``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta, UnsetType
+
+from backends.engine.types import MAX_DRAFT_TOKENS, Proposer
+
+
+def always(default: Any) -> Any:
+    """The default of a field that is always sent, in a Struct whose ``= None`` fields are sent only when set.
+
+    msgspec has no per-field switch (jcrist/msgspec#633): it omits a value that is the field's default, but
+    a factory's default only when the factory is ``list``, ``dict``... and the value an empty one. So a field
+    with a factory of its own is always encoded, null included, and a body without it decodes to ``default``."""
+    if isinstance(default, list):
+        return msgspec.field(default_factory=lambda: list(default))
+    return msgspec.field(default_factory=lambda: default)
+
 
 # --------------------------------------------------------------------------------------------------
-# Requests (what we own: strict, unset fields omitted)
+# Requests
 
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
                      omit_defaults=True):
-    """SGLang ``sampling_params`` (``srt/sampling/sampling_params.py``). ``None`` = server default.
+    """``sampling_params`` (SGLang ``srt/sampling/sampling_params.py``), with SGLang's defaults.
 
-    ``custom_params`` is the only free-form place SGLang allows; specgate puts its per-request
-    speculation override there (``custom_params.speculation = {proposer, draft_tokens}``).
+    ``max_new_tokens: None`` (sent as null) means "up to the context window"; left out, SGLang's 128.
+    ``custom_params`` is the only free-form place SGLang allows; specgate puts its per-request speculation
+    override there (``custom_params.speculation``: ``SpeculationOverride``).
     """
 
-    max_new_tokens: int | None = None
-    min_new_tokens: int | None = None
+    max_new_tokens: int | None = 128
+    min_new_tokens: int = 0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     stop_regex: str | list[str] | None = None
-    ignore_eos: bool | None = None
-    no_stop_trim: bool | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    n: int | None = None
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    temperature: float = 1.0  # < 1e-6 means greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0) disables
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    n: int = 1
     logit_bias: dict[str, float] | None = None
     sampling_seed: int | None = None
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
-    skip_special_tokens: bool | None = None
+    structural_tag: str | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     custom_params: dict[str, Any] | None = None
 
 
-class GenerateRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True,
-                      omit_defaults=True):
-    """Body of ``POST /generate`` (``io_struct.py::GenerateReqInput``): exactly one of text/input_ids."""
+class SpeculationOverride(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``sampling_params.custom_params.speculation`` (or top-level ``custom_params.speculation`` of the OpenAI
+    endpoints): specgate's per-request speculation. A real SGLang server ignores the whole object.
+
+    Any field left out keeps the worker's launch default. ``scope`` (suffix decoding): whose earlier outputs
+    the suffix proposer may draft from; the gateway sends the route's name (its length is checked by the
+    worker, so the message can say what to do). The n-gram and suffix settings are server settings (launch
+    flags, part of the pair version), never per request.
+    """
+
+    proposer: Proposer | None = None
+    draft_tokens: Annotated[int, Meta(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
+    adaptive: bool | None = None
+    scope: str | None = None
+
+
+class GenerateReqInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Body of ``POST /generate`` as a server reads it (SGLang ``io_struct.py::GenerateReqInput``): exactly
+    one of ``text`` / ``input_ids`` / ``input_embeds`` (checked by the server); unknown keys ignored.
+
+    ``logprob_start_len``: -1 = logprobs of output tokens only, else of the prompt too from that position.
+    """
 
     text: str | None = None
     input_ids: list[int] | None = None
+    input_embeds: Any = None
     sampling_params: SamplingParams = SamplingParams()
     rid: str | None = None
     stream: bool = False
-    return_logprob: bool | None = None
-    top_logprobs_num: int | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
     priority: int | None = None
     custom_labels: dict[str, str] | None = None
     routing_key: str | None = None
     log_metrics: bool | None = None
+
+
+class GenerateRequest(GenerateReqInput, frozen=True, kw_only=True, omit_defaults=True):
+    """A ``/generate`` body the client builds: the same fields, checked when built so a malformed request
+    never leaves (a server answers it with its own 400)."""
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("GenerateRequest needs exactly one of `text` or `input_ids`")
 
 
+class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``POST /abort_request``: stop the request ``rid`` (or every request)."""
+
+    rid: str = ""
+    abort_all: bool = False
+
+
+class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ResponseFormat(msgspec.Struct, frozen=True, kw_only=True):
+    """``response_format``: only its type is modelled (a json_schema's schema is not read)."""
+
+    type: str
+
+
+class OpenAIRequestFields(msgspec.Struct, frozen=True, kw_only=True):
+    """Fields shared by /v1/completions and /v1/chat/completions (``protocol.py``), incl. SGLang's
+    extensions (``top_k``, ``min_p``, ``custom_params``, ``return_spec_tokens_details``...). The gateway
+    forwards these bodies as it received them; the worker decodes them with these Structs."""
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    n: int = 1
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    rid: str | None = None
+    custom_params: dict[str, Any] | None = None
+    return_spec_tokens_details: bool = False
+    user: str | None = None
+
+
+class ChatCompletionRequest(OpenAIRequestFields, frozen=True, kw_only=True):
+    messages: list[dict[str, Any]]
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(OpenAIRequestFields, frozen=True, kw_only=True):
+    prompt: str | list[int | str]  # one prompt: text, token ids, or a one-element list of text
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+
 # --------------------------------------------------------------------------------------------------
-# Responses (what we read: tolerant)
+# /generate responses
 
 
-class FinishReason(msgspec.Struct, frozen=True, kw_only=True):
+class FinishReason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """``{"type":"stop","matched":...}`` | ``{"type":"length","length":N}`` |
     ``{"type":"abort","message":...,"status_code":...}`` (``schedule_batch.py::FINISH_*.to_json``)."""
 
@@ -95,7 +225,8 @@ class FinishReason(msgspec.Struct, frozen=True, kw_only=True):
 
 class SpecFields(msgspec.Struct, frozen=True, kw_only=True):
     """Every spec_* name any release used, all optional; ``meta_info`` and ``sglext.spec_tokens_details``
-    carry the same ones (``spec_stats.py`` normalises them)."""
+    carry the same ones (``spec_stats.py`` normalises them). The embedded worker sends the 0.5.x names and
+    its extras, never the aliases."""
 
     # 0.5.x names
     spec_verify_ct: int | None = None
@@ -119,59 +250,57 @@ class SpecFields(msgspec.Struct, frozen=True, kw_only=True):
     spec_verify_s: float | None = None
 
 
-class WorkerSpecFields(msgspec.Struct, frozen=True, kw_only=True):
-    """What specgate's embedded worker sends (``backends/worker/responses.py`` encodes exactly this, in
-    ``meta_info`` and ``sglext.spec_tokens_details``): SGLang 0.5.x's names plus specgate's per-position
-    counters and timings. Declared here, beside the client's ``SpecFields``, so one module models both
-    sides; a test checks that ``SpecFields`` reads every field of it (none is silently dropped)."""
-
-    spec_verify_ct: int
-    spec_accept_length: float
-    spec_accept_rate: float
-    spec_num_correct_drafts: int
-    spec_num_proposed_drafts: int
-    spec_correct_drafts_histogram: list[int]
-    spec_accepted_per_position: list[int]
-    spec_proposed_per_position: list[int]
-    spec_reached_per_position: list[int]
-    spec_draft_s: float
-    spec_verify_s: float
+LogprobEntry = tuple[float | None, int, str | None]
+"""SGLang's ``[logprob, token_id, text]``; text is null unless ``return_text_in_logprobs``."""
 
 
-class MetaInfo(SpecFields, frozen=True, kw_only=True):
-    """``meta_info`` of a /generate response (spec_* fields: ``SpecFields``)."""
+class MetaInfo(SpecFields, frozen=True, kw_only=True, omit_defaults=True):
+    """``meta_info`` of a /generate response (spec_* fields: ``SpecFields``, final chunk only).
+
+    Logprobs (``return_logprob``): one entry per output token, with ``top_logprobs_num`` > 0 its
+    alternatives; ``input_*``: the prompt's from ``logprob_start_len`` (the first prompt token has none).
+    """
 
     id: str
-    finish_reason: FinishReason | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    weight_version: str | None = None
+    finish_reason: FinishReason | None = always(None)  # null until the final chunk
+    prompt_tokens: int = always(0)
+    completion_tokens: int = always(0)
+    cached_tokens: int = always(0)
+    weight_version: str | None = always(None)
     e2e_latency: float | None = None
     num_retractions: int | None = None
     reasoning_tokens: int | None = None
+    output_token_logprobs: list[LogprobEntry] | None = None
+    output_top_logprobs: list[list[LogprobEntry] | None] | None = None
+    input_token_logprobs: list[LogprobEntry] | None = None
+    input_top_logprobs: list[list[LogprobEntry] | None] | None = None
 
 
 class GenerateResponse(msgspec.Struct, frozen=True, kw_only=True):
     """One /generate body, or one streaming chunk. ``text`` is absent with ``skip_tokenizer_init``."""
 
-    meta_info: MetaInfo
     text: str | None = None
     output_ids: list[int] = []
+    meta_info: MetaInfo
 
 
-class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True):
-    """Inner object of ``{"error": {...}}`` (native errors; also OpenAI stream error chunks)."""
+# --------------------------------------------------------------------------------------------------
+# Errors
 
-    message: str = ""
+
+class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Inner object of ``{"error": {...}}``: OpenAI's ``{message, type, param, code}``; SGLang's mid-stream
+    error chunk is ``{message, type, code, retryable}`` (its sender leaves ``param`` UNSET: not sent)."""
+
+    message: str = always("")
     type: str | None = None
+    param: str | None | UnsetType = always(None)
     code: int | str | None = None
-    param: str | None = None
     retryable: bool | None = None
     object: str | None = None
 
 
-class ErrorEnvelope(msgspec.Struct, frozen=True, kw_only=True):
+class ErrorEnvelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Either ``{"error": {...}}`` or OpenAI's flat ``{"object": "error", "message", "type", "code"}``."""
 
     error: ErrorDetail | str | None = None
@@ -195,7 +324,11 @@ class ErrorEnvelope(msgspec.Struct, frozen=True, kw_only=True):
         return None
 
 
-class SpecTokensDetails(SpecFields, frozen=True, kw_only=True):
+# --------------------------------------------------------------------------------------------------
+# OpenAI-compatible responses
+
+
+class SpecTokensDetails(SpecFields, frozen=True, kw_only=True, omit_defaults=True):
     """``sglext.spec_tokens_details`` (``openai/utils.py::spec_tokens_details_from_meta_info``)."""
 
     spec_cap_length: float | None = None
@@ -203,7 +336,7 @@ class SpecTokensDetails(SpecFields, frozen=True, kw_only=True):
     spec_cap_lens_histogram: list[int] | None = None
 
 
-class SglExt(msgspec.Struct, frozen=True, kw_only=True):
+class SglExt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Top-level ``sglext`` of OpenAI responses. With ``n > 1`` spec details are one per choice."""
 
     spec_tokens_details: SpecTokensDetails | list[SpecTokensDetails] | None = None
@@ -211,15 +344,57 @@ class SglExt(msgspec.Struct, frozen=True, kw_only=True):
     routed_experts: str | None = None
 
 
-class Usage(msgspec.Struct, frozen=True, kw_only=True):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
+class Usage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    prompt_tokens: int = always(0)
+    completion_tokens: int = always(0)
+    total_tokens: int = always(0)
     reasoning_tokens: int | None = None
     prompt_tokens_details: dict[str, Any] | None = None
 
 
+class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    """One alternative of a chat token (``protocol.py::TopLogprob``); ``bytes``: the token's exact bytes.
+    A logprob of -inf goes on the wire as null."""
+
+    token: str = ""
+    logprob: float | None = None
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob, frozen=True, kw_only=True):
+    """One chat token with its alternatives (``protocol.py::ChatCompletionTokenLogprob``)."""
+
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChatLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    """``choices[].logprobs`` of chat (``protocol.py::ChoiceLogprobs``)."""
+
+    content: list[TokenLogprob] | None = None
+
+
+class CompletionLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    """``choices[].logprobs`` of /v1/completions (``protocol.py::LogProbs``): one entry per token;
+    ``top_logprobs`` maps each alternative's text to its logprob (null without ``logprobs`` > 0)."""
+
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float | None] | None] | None = None
+    text_offset: list[int] = []
+
+
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """``choices[].message`` of a chat response (every field sent, null included)."""
+
+    role: str | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class DeltaMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``choices[].delta`` of a chat stream chunk: only what this chunk adds (``{}`` on the finishing one)."""
+
     role: str | None = None
     content: str | None = None
     reasoning_content: str | None = None
@@ -229,37 +404,39 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
 class ChatChoice(msgspec.Struct, frozen=True, kw_only=True):
     index: int = 0
     message: ChatMessage = ChatMessage()
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     matched_stop: int | str | None = None
 
 
-class ChatCompletionResponse(msgspec.Struct, frozen=True, kw_only=True):
+class ChatCompletionResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     id: str
-    model: str = ""
-    object: str = "chat.completion"
-    created: int = 0
-    choices: list[ChatChoice] = []
+    object: str = always("chat.completion")
+    created: int = always(0)
+    model: str = always("")
+    choices: list[ChatChoice] = always([])
     usage: Usage | None = None
-    sglext: SglExt | None = None
     metadata: dict[str, Any] | None = None
+    sglext: SglExt | None = None
 
 
 class ChatStreamChoice(msgspec.Struct, frozen=True, kw_only=True):
     index: int = 0
-    delta: ChatMessage = ChatMessage()
+    delta: DeltaMessage = DeltaMessage()
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     matched_stop: int | str | None = None
 
 
-class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True):
+class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One ``chat.completion.chunk``. The last two SGLang sends have ``choices == []``: the
     ``sglext`` chunk (when ``return_spec_tokens_details``) and then the ``usage`` chunk."""
 
     id: str
-    model: str = ""
-    object: str = "chat.completion.chunk"
-    created: int = 0
-    choices: list[ChatStreamChoice] = []
+    object: str = always("chat.completion.chunk")
+    created: int = always(0)
+    model: str = always("")
+    choices: list[ChatStreamChoice] = always([])
     usage: Usage | None = None
     sglext: SglExt | None = None
 
@@ -269,21 +446,26 @@ class CompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
 
     index: int = 0
     text: str = ""
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     matched_stop: int | str | None = None
 
 
-class CompletionResponse(msgspec.Struct, frozen=True, kw_only=True):
+class CompletionResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """``text_completion`` body, and (same shape) each streaming chunk of /v1/completions."""
 
     id: str
-    model: str = ""
-    object: str = "text_completion"
-    created: int = 0
-    choices: list[CompletionChoice] = []
+    object: str = always("text_completion")
+    created: int = always(0)
+    model: str = always("")
+    choices: list[CompletionChoice] = always([])
     usage: Usage | None = None
-    sglext: SglExt | None = None
     metadata: dict[str, Any] | None = None
+    sglext: SglExt | None = None
+
+
+# --------------------------------------------------------------------------------------------------
+# Load and identity
 
 
 class SpeculativeLoad(msgspec.Struct, frozen=True, kw_only=True):
@@ -291,17 +473,17 @@ class SpeculativeLoad(msgspec.Struct, frozen=True, kw_only=True):
     accept_rate: float | None = None
 
 
-class RankLoad(msgspec.Struct, frozen=True, kw_only=True):
+class RankLoad(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One data-parallel rank of ``/v1/loads``."""
 
-    dp_rank: int = 0
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
+    dp_rank: int = always(0)
+    num_running_reqs: int = always(0)
+    num_waiting_reqs: int = always(0)
     num_total_reqs: int | None = None
-    num_used_tokens: int = 0
+    num_used_tokens: int = always(0)
     max_total_num_tokens: int | None = None
     max_running_requests: int | None = None
-    token_usage: float = 0.0
+    token_usage: float = always(0.0)
     gen_throughput: float | None = None
     cache_hit_rate: float | None = None
     utilization: float | None = None
@@ -309,13 +491,13 @@ class RankLoad(msgspec.Struct, frozen=True, kw_only=True):
     memory: dict[str, Any] | None = None
 
 
-class LoadsResponse(msgspec.Struct, frozen=True, kw_only=True):
+class LoadsResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """``GET /v1/loads``. ``timestamp`` is an ISO string (smg breaks on an integer)."""
 
-    loads: list[RankLoad] = []
     timestamp: str | None = None
     version: str | None = None
     dp_rank_count: int | None = None
+    loads: list[RankLoad] = always([])
     aggregate: dict[str, Any] | None = None
 
 
@@ -324,18 +506,21 @@ class InternalState(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """The fields of ``GET /server_info`` that specgate reads (it carries all server args)."""
+    """``GET /server_info``: the server args specgate reads or its worker reports (a real SGLang server
+    sends every server arg; the others are ignored)."""
 
     model_path: str | None = None
-    served_model_name: str | None = None
     tokenizer_path: str | None = None
+    served_model_name: str | None = None
     revision: str | None = None
     weight_version: str | None = None
+    dtype: str | None = None
     context_length: int | None = None
     speculative_algorithm: str | None = None
     speculative_num_steps: int | None = None
     speculative_eagle_topk: int | None = None
     speculative_num_draft_tokens: int | None = None
+    speculative_adaptive: bool | None = None
     speculative_draft_model_path: str | None = None
     speculative_draft_model_revision: str | None = None
     # n-gram lookup: SGLang's NGRAM args (both report the window sizes); the match rule is specgate's
@@ -349,10 +534,13 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     speculative_suffix_min_token_prob: float | None = None
     speculative_suffix_max_scopes: int | None = None
     max_running_requests: int | None = None
+    max_queued_requests: int | None = None
     max_total_num_tokens: int | None = None
     version: str | None = None
-    internal_states: list[InternalState] = []
+    # specgate's embedded worker only
     specgate_per_request_speculation: bool = False
+    specgate_draft_layers: int | None = None
+    internal_states: list[InternalState] = []
 
 
 class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -363,6 +551,32 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     served_model_name: str | None = None
     weight_version: str | None = None
     is_generation: bool | None = None
+    preferred_sampling_params: dict[str, Any] | None = None
+    has_image_understanding: bool | None = None
+    has_audio_understanding: bool | None = None
     model_type: str | None = None
     architectures: list[str] | None = None
 
+
+class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of ``GET /v1/models`` (``protocol.py::ModelCard``); ``owned_by == "sglang"`` marks an
+    SGLang worker for smg."""
+
+    id: str
+    object: str = "model"
+    created: int = 0
+    owned_by: str = "sglang"
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(msgspec.Struct, frozen=True, kw_only=True):
+    object: str = "list"
+    data: list[ModelCard] = []
+
+
+class AbortResponse(msgspec.Struct, frozen=True, kw_only=True):
+    """The embedded worker's answer to ``/abort_request`` (SGLang answers 200 with no body)."""
+
+    aborted: bool

@@ -17,8 +17,8 @@ from litestar.response import Stream
 
 from backends.disconnect import unless_client_leaves
 from backends.engine.types import GenerateRequest
+from backends.sglang import wire
 from backends.worker.errors import WorkerRequestError, error_body, from_decode_error
-from backends.worker.requests import AbortBody, ChatCompletionBody, CompletionBody, GenerateBody
 from backends.worker.responses import OpenAIShaper, generate_body
 from backends.worker.runtime import EngineFactory, WorkerRuntime
 from backends.worker.settings import WorkerSettings
@@ -29,15 +29,15 @@ T = TypeVar("T")
 _JSON = "application/json"
 _DONE = b"data: [DONE]\n\n"
 # Built at import: a body type msgspec cannot decode is a startup error, never a per-request 500.
-_DECODERS = {kind: msgspec.json.Decoder(kind)
-             for kind in (GenerateBody, ChatCompletionBody, CompletionBody, AbortBody)}
+_DECODERS = {kind: msgspec.json.Decoder(kind) for kind in (
+    wire.GenerateReqInput, wire.ChatCompletionRequest, wire.CompletionRequest, wire.AbortRequest)}
 
 
-def _sse(obj: Any) -> bytes:
+def _sse(obj: msgspec.Struct) -> bytes:
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
-def _json(obj: Any, status: int = 200) -> Response:
+def _json(obj: msgspec.Struct, status: int = 200) -> Response:
     return Response(content=msgspec.json.encode(obj), media_type=_JSON, status_code=status)
 
 
@@ -57,8 +57,9 @@ def _stream(chunks: AsyncIterator[bytes]) -> Stream:
 
 def _stream_error(out_message: str, code: int) -> bytes:
     """SGLang's mid-stream error chunk."""
-    return _sse({"error": {"message": out_message, "type": "InternalServerError" if code >= 500 else
-                           "BadRequestError", "code": code, "retryable": code >= 500}})
+    return _sse(wire.ErrorEnvelope(error=wire.ErrorDetail(
+        message=out_message, type="InternalServerError" if code >= 500 else "BadRequestError", param=msgspec.UNSET,
+        code=code, retryable=code >= 500)))
 
 
 def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = None) -> Litestar:
@@ -67,7 +68,7 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
 
     @post("/generate", status_code=200)
     async def generate(request: Request) -> Response | Stream:
-        body = await _decode(request, GenerateBody)
+        body = await _decode(request, wire.GenerateReqInput)
         bridge = runtime.ready_bridge()
         req = generate_request(body, bridge.engine.tokenizer, runtime.limits)
         prompt_tokens, version = len(req.input_ids), settings.weight_version
@@ -76,7 +77,7 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
 
         prompt_from = body.logprob_start_len if req.prompt_logprobs else None
 
-        def shape(out: Any) -> dict:
+        def shape(out: Any) -> wire.GenerateResponse:
             return generate_body(out, prompt_tokens, version, req.logprobs, texts, prompt_from)
 
         if not body.stream:
@@ -125,27 +126,27 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
 
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response | Stream:
-        body = await _decode(request, ChatCompletionBody)
+        body = await _decode(request, wire.ChatCompletionRequest)
         req = chat_request(body, runtime.ready_bridge().engine.tokenizer, runtime.limits)
         return await openai(request, req, body, chat=True)
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response | Stream:
-        body = await _decode(request, CompletionBody)
+        body = await _decode(request, wire.CompletionRequest)
         tokenizer = runtime.ready_bridge().engine.tokenizer
         req = completion_request(body, tokenizer, runtime.limits)
         return await openai(request, req, body, chat=False, echo=echo_text(body, req, tokenizer))
 
     @post("/abort_request", status_code=200)
     async def abort_request(request: Request) -> Response:
-        body = await _decode(request, AbortBody)
+        body = await _decode(request, wire.AbortRequest)
         bridge = runtime.ready_bridge()
         if body.abort_all:
             for rid in list(bridge.active):
                 bridge.abort(rid)
-            return _json({"aborted": True})
+            return _json(wire.AbortResponse(aborted=True))
         # SGLang answers 200 whether or not the rid is still running (it may just have finished)
-        return _json({"aborted": bridge.abort(body.rid)})
+        return _json(wire.AbortResponse(aborted=bridge.abort(body.rid)))
 
     @get(["/health", "/health_generate"])
     async def health(request: Request) -> Response:
@@ -194,7 +195,8 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
     )
 
 
-async def _answer(request: Request, events: AsyncIterator[Any], shape: Callable[[Any], dict]) -> Response:
+async def _answer(request: Request, events: AsyncIterator[Any], shape: Callable[[Any], msgspec.Struct]
+                  ) -> Response:
     """A non-streamed answer. A client that disconnects first cancels the wait, which aborts the
     engine request (``EngineBridge._drain``) so its running slot and KV blocks are freed at once."""
     async def finished() -> Any:
@@ -214,7 +216,7 @@ def _is_error(out: Any) -> bool:
         (out.finish_reason.status_code or 0) >= 500
 
 
-def _finished_json(out: Any, body: dict) -> Response:
+def _finished_json(out: Any, body: msgspec.Struct) -> Response:
     """A non-streamed answer: 500 in the error shape when the engine failed the request."""
     if _is_error(out):
         return _json(error_body(out.finish_reason.message or "internal error", "InternalServerError", 500), 500)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from backends.sglang.wire import ErrorDetail, ErrorEnvelope
+
 
 class WorkerRequestError(Exception):
     """A request the worker refuses; ``status`` is the HTTP status to answer with."""
@@ -20,7 +22,7 @@ class WorkerRequestError(Exception):
         self.message = message
         self.param = param
 
-    def body(self) -> dict:
+    def body(self) -> ErrorEnvelope:
         return error_body(self.message, self.error_type, self.status, self.param)
 
 
@@ -40,8 +42,8 @@ class NotReady(WorkerRequestError):
     error_type = "ServiceUnavailable"
 
 
-def error_body(message: str, error_type: str, code: int, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+def error_body(message: str, error_type: str, code: int, param: str | None = None) -> ErrorEnvelope:
+    return ErrorEnvelope(error=ErrorDetail(message=message, type=error_type, param=param, code=code))
 
 
 def from_decode_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> BadRequest:

@@ -1,4 +1,5 @@
-"""Logprobs in SGLang's and OpenAI's shapes, from the engine's ``TokenLogprob`` (one per output id).
+"""Logprobs in SGLang's and OpenAI's shapes (``backends/sglang/wire.py``: ``MetaInfo``'s entries,
+``ChatLogprobs``, ``CompletionLogprobs``), from the engine's ``TokenLogprob`` (one per output id).
 
 - ``/generate`` (SGLang ``meta_info``): ``output_token_logprobs`` = ``[[logprob, token_id, text], ...]``
   and, with ``top_logprobs_num`` > 0, ``output_top_logprobs`` = one such list per token; ``text`` is None
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.engine.types import TokenLogprob
+from backends.sglang import wire
 
 
 class TokenTexts:
@@ -46,11 +48,11 @@ class TokenTexts:
 
 def sglang_meta(logprobs: Sequence[TokenLogprob], top: int, texts: TokenTexts | None,
                 side: str = "output") -> dict[str, Any]:
-    """``meta_info`` fields of one ``side`` (output, or input: the prompt's); ``texts`` None leaves each
-    entry's text None (``return_text_in_logprobs``)."""
+    """``wire.MetaInfo`` fields of one ``side`` (output, or input: the prompt's), as keyword arguments;
+    ``texts`` None leaves each entry's text None (``return_text_in_logprobs``)."""
 
-    def entry(logprob: float | None, token_id: int) -> list[Any]:
-        return [logprob, token_id, texts.text(token_id) if texts is not None else None]
+    def entry(logprob: float | None, token_id: int) -> wire.LogprobEntry:
+        return (logprob, token_id, texts.text(token_id) if texts is not None else None)
 
     meta: dict[str, Any] = {f"{side}_token_logprobs": [entry(lp.logprob, lp.token_id) for lp in logprobs]}
     if top:
@@ -59,24 +61,29 @@ def sglang_meta(logprobs: Sequence[TokenLogprob], top: int, texts: TokenTexts | 
     return meta
 
 
-def chat_logprobs(logprobs: Sequence[TokenLogprob], texts: TokenTexts) -> dict[str, Any]:
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+def chat_logprobs(logprobs: Sequence[TokenLogprob], texts: TokenTexts) -> wire.ChatLogprobs:
+    def top(token_id: int, logprob: float) -> wire.TopLogprob:
         raw, text = texts.get(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(raw)}
+        return wire.TopLogprob(token=text, logprob=logprob, bytes=list(raw))
 
-    return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
-                        for lp in logprobs]}
+    def token(lp: TokenLogprob) -> wire.TokenLogprob:
+        raw, text = texts.get(lp.token_id)
+        return wire.TokenLogprob(token=text, logprob=lp.logprob, bytes=list(raw),
+                                 top_logprobs=[top(t, v) for t, v in lp.top])
+
+    return wire.ChatLogprobs(content=[token(lp) for lp in logprobs])
 
 
 def completion_logprobs(logprobs: Sequence[TokenLogprob], texts: TokenTexts, top: int,
-                        offset: int) -> dict[str, Any]:
+                        offset: int) -> wire.CompletionLogprobs:
     """``offset``: characters of text before the first of these tokens (earlier stream chunks)."""
     tokens = [texts.text(lp.token_id) for lp in logprobs]
     starts = []
     for token in tokens:
         starts.append(offset)
         offset += len(token)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [None if lp.logprob is None else {texts.text(t): v for t, v in lp.top}
-                             for lp in logprobs] if top else None,
-            "text_offset": starts}
+    return wire.CompletionLogprobs(
+        tokens=tokens, token_logprobs=[lp.logprob for lp in logprobs],
+        top_logprobs=[None if lp.logprob is None else {texts.text(t): v for t, v in lp.top}
+                      for lp in logprobs] if top else None,
+        text_offset=starts)

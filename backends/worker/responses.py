@@ -1,4 +1,5 @@
-"""Response bodies in SGLang's shapes: /generate meta_info and the OpenAI objects with ``sglext``.
+"""Response bodies as SGLang's wire Structs (``backends/sglang/wire.py``, the ones the client decodes):
+/generate's ``meta_info`` and the OpenAI objects with ``sglext``.
 
 The spec_* numbers come from the engine's ``RequestStats`` (counters); rates are derived here with the
 formulas SGLang uses (``tokenizer_manager.py::_calculate_spec_decoding_metrics``):
@@ -17,14 +18,14 @@ from typing import Any
 import msgspec
 
 from backends.engine.types import RequestOutput, RequestStats, TokenLogprob
-from backends.sglang.wire import WorkerSpecFields
+from backends.sglang import wire
 from backends.worker.logprobs import TokenTexts, chat_logprobs, completion_logprobs, sglang_meta
 
 
 def spec_fields(stats: RequestStats) -> dict[str, Any]:
-    """SGLang's spec_* meta_info fields plus specgate's per-position counters and timings, as the one
-    ``WorkerSpecFields`` Struct the client side reads them with (``backends/sglang/wire.py``)."""
-    return msgspec.structs.asdict(WorkerSpecFields(
+    """SGLang 0.5.x's spec_* fields plus specgate's per-position counters and timings, as keyword arguments
+    of ``wire.MetaInfo`` and ``wire.SpecTokensDetails`` (both carry ``wire.SpecFields``)."""
+    return msgspec.structs.asdict(wire.SpecFields(
         spec_verify_ct=stats.verify_ct, spec_accept_length=stats.accept_length,
         spec_accept_rate=stats.num_correct_drafts / stats.num_proposed_drafts if stats.num_proposed_drafts else 0.0,
         spec_num_correct_drafts=stats.num_correct_drafts, spec_num_proposed_drafts=stats.num_proposed_drafts,
@@ -35,65 +36,56 @@ def spec_fields(stats: RequestStats) -> dict[str, Any]:
         spec_draft_s=stats.draft_s, spec_verify_s=stats.verify_s))
 
 
-def spec_tokens_details(stats: RequestStats) -> dict[str, Any]:
-    """``sglext.spec_tokens_details`` (SGLang ``openai/utils.py::spec_tokens_details_from_meta_info``)."""
-    spec = spec_fields(stats)
-    return {
-        "spec_accept_rate": spec["spec_accept_rate"],
-        "spec_accept_length": spec["spec_accept_length"],
-        "spec_cap_length": 0.0,
-        "spec_block_accept_length": 0.0,
-        "spec_num_correct_drafts": spec["spec_num_correct_drafts"],
-        "spec_num_proposed_drafts": spec["spec_num_proposed_drafts"],
-        "spec_verify_ct": spec["spec_verify_ct"],
-        "spec_correct_drafts_histogram": spec["spec_correct_drafts_histogram"],
-        "spec_cap_lens_histogram": [],
-        **{k: v for k, v in spec.items() if k not in _SGLANG_DETAIL_KEYS},
-    }
+def spec_tokens_details(stats: RequestStats) -> wire.SpecTokensDetails:
+    """``sglext.spec_tokens_details`` (SGLang ``openai/utils.py::spec_tokens_details_from_meta_info``); the
+    capped-length fields are SGLang's for tree drafts, which the embedded engine never builds."""
+    return wire.SpecTokensDetails(**spec_fields(stats), spec_cap_length=0.0, spec_block_accept_length=0.0,
+                                  spec_cap_lens_histogram=[])
 
 
-_SGLANG_DETAIL_KEYS = frozenset({"spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
-                                 "spec_num_proposed_drafts", "spec_verify_ct", "spec_correct_drafts_histogram"})
+def finish_reason(out: RequestOutput) -> wire.FinishReason | None:
+    reason = out.finish_reason
+    if reason is None:
+        return None
+    return wire.FinishReason(type=reason.type, matched=reason.matched, length=reason.length,
+                             message=reason.message, status_code=reason.status_code)
 
 
 def meta_info(out: RequestOutput, prompt_tokens: int, weight_version: str, logprobs: int | None = None,
-              texts: TokenTexts | None = None, prompt_from: int | None = None) -> dict[str, Any]:
+              texts: TokenTexts | None = None, prompt_from: int | None = None) -> wire.MetaInfo:
     """``logprobs``: the request's alternatives per token (None: not asked); ``texts``: name each token
     in them (``return_text_in_logprobs``); ``prompt_from``: the prompt's too, from this position."""
-    meta: dict[str, Any] = {
-        "id": out.rid,
-        "finish_reason": out.finish_reason.to_dict() if out.finish_reason else None,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": len(out.output_ids),
-        "cached_tokens": 0,
-        "weight_version": weight_version,
-    }
+    extra: dict[str, Any] = {}
     if logprobs is not None:
-        meta.update(sglang_meta(out.logprobs, logprobs, texts))
+        extra.update(sglang_meta(out.logprobs, logprobs, texts))
         if prompt_from is not None and out.prompt_logprobs:
-            meta.update(sglang_meta(out.prompt_logprobs[prompt_from:], logprobs, texts, side="input"))
+            extra.update(sglang_meta(out.prompt_logprobs[prompt_from:], logprobs, texts, side="input"))
     if out.finished:
-        meta["e2e_latency"] = out.stats.e2e_s
-        meta.update(spec_fields(out.stats))
-    return meta
+        extra.update(e2e_latency=out.stats.e2e_s, **spec_fields(out.stats))
+    return wire.MetaInfo(id=out.rid, finish_reason=finish_reason(out), prompt_tokens=prompt_tokens,
+                         completion_tokens=len(out.output_ids), cached_tokens=0, weight_version=weight_version,
+                         **extra)
 
 
 def generate_body(out: RequestOutput, prompt_tokens: int, weight_version: str, logprobs: int | None = None,
-                  texts: TokenTexts | None = None, prompt_from: int | None = None) -> dict[str, Any]:
+                  texts: TokenTexts | None = None, prompt_from: int | None = None) -> wire.GenerateResponse:
     """One /generate object (the whole response, or one cumulative stream chunk)."""
-    return {"text": out.text, "output_ids": list(out.output_ids),
-            "meta_info": meta_info(out, prompt_tokens, weight_version, logprobs, texts, prompt_from)}
+    return wire.GenerateResponse(text=out.text, output_ids=list(out.output_ids),
+                                 meta_info=meta_info(out, prompt_tokens, weight_version, logprobs, texts, prompt_from))
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
+    return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                      total_tokens=prompt_tokens + completion_tokens)
 
 
 def _finish(out: RequestOutput) -> tuple[str | None, Any]:
     if out.finish_reason is None:
         return None, None
     return out.finish_reason.type, out.finish_reason.matched
+
+
+Body = wire.ChatCompletionResponse | wire.ChatCompletionChunk | wire.CompletionResponse
 
 
 class OpenAIShaper:
@@ -121,7 +113,7 @@ class OpenAIShaper:
         """A completions stream echoing with logprobs sends its first chunk once the prompt is scored."""
         return not self.chat and bool(self.echo) and self.logprobs is not None
 
-    def _logprobs(self, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+    def _logprobs(self, entries: Sequence[TokenLogprob]) -> Any:
         """The choice's ``logprobs`` for these tokens (None when not asked for)."""
         if self.logprobs is None or self.texts is None:
             return None
@@ -129,69 +121,62 @@ class OpenAIShaper:
             return chat_logprobs(entries, self.texts)
         body = completion_logprobs(entries, self.texts, self.logprobs, self.sent_chars)
         if entries:
-            self.sent_chars = body["text_offset"][-1] + len(body["tokens"][-1])
+            self.sent_chars = body.text_offset[-1] + len(body.tokens[-1])
         return body
 
-    def _envelope(self, chunk: bool, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
-        return {"id": self.rid, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+    def _choice(self, text: str, entries: Sequence[TokenLogprob], out: RequestOutput | None, *,
+                chunk: bool) -> Any:
+        """One choice: ``text`` is the message (chat), the delta (chat chunk) or the text (completions)."""
+        reason, matched = _finish(out) if out is not None else (None, None)
+        logprobs = self._logprobs(entries)
+        if not self.chat:
+            return wire.CompletionChoice(text=text, logprobs=logprobs, finish_reason=reason, matched_stop=matched)
+        if not chunk:
+            return wire.ChatChoice(message=wire.ChatMessage(role="assistant", content=text), logprobs=logprobs,
+                                   finish_reason=reason, matched_stop=matched)
+        return wire.ChatStreamChoice(delta=wire.DeltaMessage(content=text or None), logprobs=logprobs,
+                                     finish_reason=reason, matched_stop=matched)
 
-    def response(self, out: RequestOutput) -> dict[str, Any]:
-        reason, matched = _finish(out)
-        choice: dict[str, Any] = {"index": 0}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": out.text, "reasoning_content": None,
-                                 "tool_calls": None}
-        else:
-            choice["text"] = self.echo + out.text
+    def _chunk(self, choices: list[Any], **fields: Any) -> Body:
+        kind = wire.ChatCompletionChunk if self.chat else wire.CompletionResponse
+        return kind(id=self.rid, created=self.created, model=self.model, choices=choices, **fields)
+
+    def response(self, out: RequestOutput) -> Body:
         entries = (*(out.prompt_logprobs if self.echo else ()), *out.logprobs)
-        choice.update({"logprobs": self._logprobs(entries), "finish_reason": reason, "matched_stop": matched})
-        body = self._envelope(False, [choice])
-        body["usage"] = usage(self.prompt_tokens, len(out.output_ids))
-        body["metadata"] = {"weight_version": self.weight_version}
-        if self.spec_details:
-            body["sglext"] = {"spec_tokens_details": spec_tokens_details(out.stats)}
-        return body
+        kind = wire.ChatCompletionResponse if self.chat else wire.CompletionResponse
+        return kind(id=self.rid, created=self.created, model=self.model,
+                    choices=[self._choice(self.echo + out.text, entries, out, chunk=False)],
+                    usage=usage(self.prompt_tokens, len(out.output_ids)),
+                    metadata={"weight_version": self.weight_version},
+                    sglext=wire.SglExt(spec_tokens_details=spec_tokens_details(out.stats)) if self.spec_details
+                    else None)
 
-    def first_chunk(self, out: RequestOutput | None = None) -> dict[str, Any] | None:
+    def first_chunk(self, out: RequestOutput | None = None) -> Body | None:
         """Chat streams open with the assistant role (OpenAI's first chunk); completions only with the
         echoed prompt (with its logprobs: ``out`` is the first event, see :attr:`echo_waits`)."""
         if not self.chat:
             if not self.echo:
                 return None
-            scored = self._logprobs(out.prompt_logprobs) if out is not None else None
-            return self._envelope(True, [{"index": 0, "text": self.echo, "logprobs": scored, "finish_reason": None,
-                                          "matched_stop": None}])
-        return self._envelope(True, [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None, "matched_stop": None}])
+            return self._chunk([self._choice(self.echo, out.prompt_logprobs if out is not None else (), None,
+                                             chunk=True)])
+        return self._chunk([wire.ChatStreamChoice(delta=wire.DeltaMessage(role="assistant", content=""))])
 
-    def chunk(self, out: RequestOutput) -> dict[str, Any] | None:
+    def chunk(self, out: RequestOutput) -> Body | None:
         """The text added since the last chunk; None when nothing new and not finished."""
         text = out.text
         delta = text[len(self.sent_text):] if text.startswith(self.sent_text) else text
         self.sent_text = text
         if not delta and not out.finished:
             return None
-        reason, matched = _finish(out)
-        choice: dict[str, Any] = {"index": 0}
-        if self.chat:
-            choice["delta"] = {"content": delta} if delta else {}
-        else:
-            choice["text"] = delta
         new = out.logprobs[self.sent_logprobs:]
         self.sent_logprobs = len(out.logprobs)
-        choice.update({"logprobs": self._logprobs(new), "finish_reason": reason, "matched_stop": matched})
-        return self._envelope(True, [choice])
+        return self._chunk([self._choice(delta, new, out, chunk=True)])
 
-    def tail_chunks(self, out: RequestOutput, include_usage: bool) -> list[dict[str, Any]]:
+    def tail_chunks(self, out: RequestOutput, include_usage: bool) -> list[Body]:
         """After the finishing chunk: the ``sglext`` chunk, then the usage chunk (SGLang's order)."""
         tail = []
         if self.spec_details:
-            chunk = self._envelope(True, [])
-            chunk["sglext"] = {"spec_tokens_details": spec_tokens_details(out.stats)}
-            tail.append(chunk)
+            tail.append(self._chunk([], sglext=wire.SglExt(spec_tokens_details=spec_tokens_details(out.stats))))
         if include_usage:
-            chunk = self._envelope(True, [])
-            chunk["usage"] = usage(self.prompt_tokens, len(out.output_ids))
-            tail.append(chunk)
+            tail.append(self._chunk([], usage=usage(self.prompt_tokens, len(out.output_ids))))
         return tail

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from backends.engine.config import EngineConfig
 from backends.engine.engine import Engine
 from backends.engine.model_store import load_prepared
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
+from backends.sglang import wire
 from backends.worker.bridge import EngineBridge
 from backends.worker.errors import NotReady
 from backends.worker.logprobs import TokenTexts
@@ -135,80 +135,57 @@ class WorkerRuntime:
         self._generated_at = time.monotonic()
 
     # -- info endpoints ---------------------------------------------------------------------------
-    def loads(self) -> dict[str, Any]:
+    def loads(self) -> wire.LoadsResponse:
         load = self.ready_bridge().engine.load()
-        return {
-            "timestamp": datetime.now(timezone.utc).isoformat(),
-            "version": _version(),
-            "dp_rank_count": 1,
-            "loads": [{
-                "dp_rank": 0,
-                "num_running_reqs": load.num_running_reqs,
-                "num_waiting_reqs": load.num_waiting_reqs,
-                "num_total_reqs": load.num_running_reqs + load.num_waiting_reqs,
-                "num_used_tokens": load.num_used_tokens,
-                "max_total_num_tokens": load.max_total_num_tokens,
-                "max_running_requests": load.max_running_requests,
-                "token_usage": load.token_usage,
-                "gen_throughput": self.metrics.gen_throughput(),
-                "cache_hit_rate": 0.0,
-                "utilization": load.num_running_reqs / load.max_running_requests,
-                "speculative": {"accept_length": self.metrics.avg_accept_length,
-                                "accept_rate": self.metrics.avg_accept_rate},
-            }],
-        }
+        return wire.LoadsResponse(
+            timestamp=datetime.now(timezone.utc).isoformat(), version=_version(), dp_rank_count=1,
+            loads=[wire.RankLoad(
+                dp_rank=0, num_running_reqs=load.num_running_reqs, num_waiting_reqs=load.num_waiting_reqs,
+                num_total_reqs=load.num_running_reqs + load.num_waiting_reqs, num_used_tokens=load.num_used_tokens,
+                max_total_num_tokens=load.max_total_num_tokens, max_running_requests=load.max_running_requests,
+                token_usage=load.token_usage, gen_throughput=self.metrics.gen_throughput(), cache_hit_rate=0.0,
+                utilization=load.num_running_reqs / load.max_running_requests,
+                speculative=wire.SpeculativeLoad(accept_length=self.metrics.avg_accept_length,
+                                                 accept_rate=self.metrics.avg_accept_rate),
+            )],
+        )
 
-    def server_info(self) -> dict[str, Any]:
+    def server_info(self) -> wire.ServerInfo:
         s = self.settings
         engine = self.ready_bridge().engine
         spec = s.default_speculation
         algorithm = PROPOSER_ALGORITHM[spec.proposer]
         draft_path = f"{self.model_path}#layers={s.draft_layers}" if spec.proposer == "draft_model" else None
-        return {
-            "model_path": self.model_path,
-            "tokenizer_path": self.model_path,
-            "served_model_name": self.served_model_name,
-            "revision": self.revision,
-            "weight_version": s.weight_version,
-            "dtype": s.dtype,
-            "context_length": engine.context_length,
-            "speculative_algorithm": algorithm,
-            "speculative_num_steps": spec.draft_tokens if algorithm else None,
-            "speculative_eagle_topk": 1 if algorithm else None,
-            "speculative_num_draft_tokens": spec.draft_tokens if algorithm else None,  # k drafts per round
-            "speculative_adaptive": spec.adaptive if algorithm else False,
-            "speculative_draft_model_path": draft_path,
-            "speculative_draft_model_revision": self.revision if draft_path else None,
+        return wire.ServerInfo(
+            model_path=self.model_path, tokenizer_path=self.model_path, served_model_name=self.served_model_name,
+            revision=self.revision, weight_version=s.weight_version, dtype=s.dtype,
+            context_length=engine.context_length,
+            speculative_algorithm=algorithm,
+            speculative_num_steps=spec.draft_tokens if algorithm else None,
+            speculative_eagle_topk=1 if algorithm else None,
+            speculative_num_draft_tokens=spec.draft_tokens if algorithm else None,  # k drafts per round
+            speculative_adaptive=spec.adaptive if algorithm else False,
+            speculative_draft_model_path=draft_path,
+            speculative_draft_model_revision=self.revision if draft_path else None,
             # n-gram and suffix settings: server settings (part of the pair version) even per request
             **s.speculation_args(),
-            "max_running_requests": s.max_running_requests,
-            "max_queued_requests": s.max_queued_requests,
-            "max_total_num_tokens": s.max_total_tokens,
-            "version": _version(),
-            "specgate_per_request_speculation": True,
-            "specgate_draft_layers": s.draft_layers,
-            "internal_states": [{"avg_spec_accept_length": self.metrics.avg_accept_length}],
-        }
+            max_running_requests=s.max_running_requests, max_queued_requests=s.max_queued_requests,
+            max_total_num_tokens=s.max_total_tokens, version=_version(),
+            specgate_per_request_speculation=True, specgate_draft_layers=s.draft_layers,
+            internal_states=[wire.InternalState(avg_spec_accept_length=self.metrics.avg_accept_length)],
+        )
 
-    def model_info(self) -> dict[str, Any]:
-        return {
-            "model_path": self.model_path,
-            "tokenizer_path": self.model_path,
-            "served_model_name": self.served_model_name,
-            "weight_version": self.settings.weight_version,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "model_type": self.model_type,
+    def model_info(self) -> wire.ModelInfo:
+        return wire.ModelInfo(
+            model_path=self.model_path, tokenizer_path=self.model_path, served_model_name=self.served_model_name,
+            weight_version=self.settings.weight_version, is_generation=True, preferred_sampling_params=None,
+            has_image_understanding=False, has_audio_understanding=False, model_type=self.model_type,
             # the GGUF-converted config carries no architectures: name the class actually loaded
-            "architectures": self.architectures or [type(self.ready_bridge().engine.runner.model).__name__],
-        }
+            architectures=self.architectures or [type(self.ready_bridge().engine.runner.model).__name__],
+        )
 
-    def models(self) -> dict[str, Any]:
+    def models(self) -> wire.ModelList:
         engine = self.ready_bridge().engine
-        return {"object": "list", "data": [{
-            "id": self.served_model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "sglang", "root": self.served_model_name, "parent": None,
-            "max_model_len": engine.context_length,
-        }]}
+        return wire.ModelList(data=[wire.ModelCard(
+            id=self.served_model_name, created=int(time.time()), owned_by="sglang", root=self.served_model_name,
+            parent=None, max_model_len=engine.context_length)])

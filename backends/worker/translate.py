@@ -4,7 +4,9 @@ Value checks follow SGLang's ``SamplingParams.verify`` (same bounds, messages na
 SGLang accepts but the embedded engine does not implement (constrained decoding: regex, json_schema,
 ``response_format`` other than text; a forced ``tool_choice``; logit_bias; n > 1; the completion's
 fill-in-the-middle ``suffix``) are refused with a 400 that says so, rather than silently ignored. Both
-OpenAI endpoints are turned into a ``SamplingParamsBody`` first, so every path goes through the same checks.
+OpenAI endpoints are turned into SGLang's ``sampling_params`` first, so every path goes through the same checks.
+The bodies are the wire Structs the client sends (``backends/sglang/wire.py``); their checks live here, where
+a refusal becomes a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -20,11 +22,8 @@ from backends.engine.types import (
     MAX_DRAFT_TOKENS, MAX_TOP_LOGPROBS, PROPOSERS, SCOPE_MAX_CHARS, GenerateRequest, SamplingParams,
     SpeculationParams,
 )
+from backends.sglang import wire
 from backends.worker.errors import BadRequest
-from backends.worker.requests import (
-    ChatCompletionBody, CompletionBody, GenerateBody, SamplingParamsBody, SpeculationOverride,
-    _OpenAIFields,
-)
 
 _UNSUPPORTED = ("stop_regex", "json_schema", "regex", "ebnf", "structural_tag", "logit_bias")
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -43,7 +42,7 @@ def _check(ok: bool, field: str, message: str) -> None:
         raise BadRequest(f"{field} {message}", field)
 
 
-def sampling_params(body: SamplingParamsBody, prompt_len: int, limits: Limits, where: str) -> SamplingParams:
+def sampling_params(body: wire.SamplingParams, prompt_len: int, limits: Limits, where: str) -> SamplingParams:
     """Validate like SGLang and convert; ``where`` prefixes field names in messages."""
     for name in _UNSUPPORTED:
         _check(getattr(body, name) is None, f"{where}{name}",
@@ -90,7 +89,7 @@ def speculation(custom_params: dict[str, Any] | None, default: SpeculationParams
         return default
     field = f"{where}custom_params.speculation"
     try:
-        override = msgspec.convert(raw, SpeculationOverride)
+        override = msgspec.convert(raw, wire.SpeculationOverride)
     except msgspec.ValidationError as exc:
         text = str(exc)
         path = text.rsplit(" - at `$", 1)[1].rstrip("`") if " - at `$" in text else ""
@@ -121,7 +120,7 @@ def _rid(rid: str | None) -> str:
     return rid or uuid.uuid4().hex
 
 
-def generate_request(body: GenerateBody, tokenizer: Any, limits: Limits) -> GenerateRequest:
+def generate_request(body: wire.GenerateReqInput, tokenizer: Any, limits: Limits) -> GenerateRequest:
     if body.input_embeds is not None:
         raise BadRequest("input_embeds is not supported by the specgate embedded engine; send text or "
                          "input_ids", "input_embeds")
@@ -146,7 +145,7 @@ def generate_request(body: GenerateBody, tokenizer: Any, limits: Limits) -> Gene
                     prompt_logprobs=logprobs is not None and body.logprob_start_len >= 0)
 
 
-def _request(input_ids: list[int], params: SamplingParamsBody, rid: str | None, limits: Limits,
+def _request(input_ids: list[int], params: wire.SamplingParams, rid: str | None, limits: Limits,
              where: str, logprobs: int | None = None, prompt_logprobs: bool = False) -> GenerateRequest:
     if len(input_ids) >= limits.context_length:
         raise BadRequest(f"the prompt has {len(input_ids)} tokens but the model's context window is "
@@ -159,10 +158,10 @@ def _request(input_ids: list[int], params: SamplingParamsBody, rid: str | None, 
     )
 
 
-def _openai_sampling(body: _OpenAIFields, max_tokens: int | None) -> SamplingParamsBody:
+def _openai_sampling(body: wire.OpenAIRequestFields, max_tokens: int | None) -> wire.SamplingParams:
     """OpenAI names -> SGLang's sampling_params (SGLang's ``to_sampling_params`` mapping)."""
     try:
-        return SamplingParamsBody(
+        return wire.SamplingParams(
             max_new_tokens=max_tokens, min_new_tokens=body.min_tokens,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
@@ -177,7 +176,7 @@ def _openai_sampling(body: _OpenAIFields, max_tokens: int | None) -> SamplingPar
         raise BadRequest(str(exc)) from exc
 
 
-def completion_request(body: CompletionBody, tokenizer: Any, limits: Limits) -> GenerateRequest:
+def completion_request(body: wire.CompletionRequest, tokenizer: Any, limits: Limits) -> GenerateRequest:
     _check(not body.suffix, "suffix", "(fill-in-the-middle) is not supported by the specgate embedded engine; "
            "remove it")
     _check(body.best_of in (None, 1), "best_of", f"must be 1 on the specgate embedded engine, got {body.best_of}")
@@ -200,7 +199,7 @@ def completion_request(body: CompletionBody, tokenizer: Any, limits: Limits) -> 
                     prompt_logprobs=body.echo and logprobs is not None)
 
 
-def echo_text(body: CompletionBody, request: GenerateRequest, tokenizer: Any) -> str:
+def echo_text(body: wire.CompletionRequest, request: GenerateRequest, tokenizer: Any) -> str:
     """What ``echo: true`` puts before the completion: the prompt as sent (token ids decoded)."""
     if not body.echo:
         return ""
@@ -230,7 +229,7 @@ def _message_text(index: int, message: dict[str, Any]) -> dict[str, str]:
     return {"role": "system" if role == "developer" else role, "content": content}
 
 
-def chat_prompt(body: ChatCompletionBody, tokenizer: Any) -> list[int]:
+def chat_prompt(body: wire.ChatCompletionRequest, tokenizer: Any) -> list[int]:
     """Render ``messages`` with the model's chat template.
 
     Tools: the model has no tool parser. If its template renders ``tools`` they are passed to it;
@@ -255,7 +254,7 @@ def chat_prompt(body: ChatCompletionBody, tokenizer: Any) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _check_unforced(body: ChatCompletionBody) -> None:
+def _check_unforced(body: wire.ChatCompletionRequest) -> None:
     """Refuse what the engine would have to force (constrained decoding, a required tool call) rather than
     answer free text the client did not ask for; SGLang servers with a grammar backend do these."""
     kind = body.response_format.type if body.response_format is not None else None
@@ -266,7 +265,7 @@ def _check_unforced(body: ChatCompletionBody) -> None:
            "'auto' or 'none', or remove it")
 
 
-def chat_request(body: ChatCompletionBody, tokenizer: Any, limits: Limits) -> GenerateRequest:
+def chat_request(body: wire.ChatCompletionRequest, tokenizer: Any, limits: Limits) -> GenerateRequest:
     _check_unforced(body)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     _check(body.top_logprobs is None or body.logprobs, "top_logprobs", "needs logprobs: true; set it or "

@@ -163,23 +163,55 @@ def test_generate_request_encodes_only_what_is_set():
 
 
 def test_the_client_reads_every_spec_field_the_embedded_worker_sends():
-    """One module models both sides: a field the worker's Struct gains must be read by the client's
-    (before, the worker's spec_proposed_per_position was silently dropped)."""
-    import msgspec
-
+    """One Struct models both sides: the worker encodes ``MetaInfo`` and the client decodes it (before, the
+    worker's spec_proposed_per_position was silently dropped). Every response: tests/worker/test_wire_roundtrip.py."""
+    from backends.engine.types import RequestStats
     from backends.sglang.spec_stats import spec_stats_from
-    from backends.sglang.wire import MetaInfo, SpecFields, WorkerSpecFields
+    from backends.sglang.wire import MetaInfo
+    from backends.worker.responses import spec_fields
 
-    assert set(WorkerSpecFields.__struct_fields__) <= set(SpecFields.__struct_fields__)
-    sent = WorkerSpecFields(
-        spec_verify_ct=4, spec_accept_length=2.5, spec_accept_rate=0.5, spec_num_correct_drafts=6,
-        spec_num_proposed_drafts=12, spec_correct_drafts_histogram=[1, 1, 0, 2],
-        spec_accepted_per_position=[3, 2, 1], spec_proposed_per_position=[4, 4, 4], spec_reached_per_position=[4, 3, 2],
-        spec_draft_s=0.01, spec_verify_s=0.02)
-    meta = msgspec.json.decode(msgspec.json.encode({"id": "r", **msgspec.structs.asdict(sent)}), type=MetaInfo)
+    sent = spec_fields(RequestStats(
+        completion_tokens=10, verify_ct=4, num_correct_drafts=6, num_proposed_drafts=12,
+        correct_drafts_histogram=[1, 1, 0, 2], accepted_per_position=[3, 2, 1], proposed_per_position=[4, 4, 4],
+        reached_per_position=[4, 3, 2], draft_s=0.01, verify_s=0.02))
+    raw = msgspec.json.encode(MetaInfo(id="r", **sent))
+    meta = msgspec.json.decode(raw, type=MetaInfo)
+    assert {k for k, v in sent.items() if v is not None} <= set(msgspec.json.decode(raw))
+    assert msgspec.to_builtins(meta) == msgspec.json.decode(raw)
     stats = spec_stats_from(meta)
     assert stats is not None
     assert (stats.accepted_per_position, stats.proposed_per_position, stats.reached_per_position) == (
         (3, 2, 1), (4, 4, 4), (4, 3, 2))
     assert (stats.verify_ct, stats.num_correct_drafts, stats.num_proposed_drafts, stats.histogram) == (
         4, 6, 12, (1, 1, 0, 2))
+    assert (stats.accept_length, stats.accept_rate, stats.draft_s, stats.verify_s) == (2.5, 0.5, 0.01, 0.02)
+
+
+REQUESTS = {"SamplingParams", "SpeculationOverride", "GenerateReqInput", "GenerateRequest", "AbortRequest",
+            "StreamOptions", "ResponseFormat", "OpenAIRequestFields", "ChatCompletionRequest", "CompletionRequest"}
+
+
+def test_sparse_responses_default_only_to_none_or_always():
+    """In a response Struct that omits unset fields, a plain default other than None would be omitted or not
+    by an accident of identity (msgspec omits a value that IS the default; small ints and short strings are
+    shared objects), so such fields are ``= None`` (sent when set) or ``= always(x)`` (always sent)."""
+    from backends.sglang import wire
+
+    kinds = [k for k in vars(wire).values() if isinstance(k, type) and issubclass(k, msgspec.Struct)
+             and k.__module__ == wire.__name__ and k.__name__ not in REQUESTS]
+    assert {"MetaInfo", "ChatCompletionChunk", "RankLoad", "ErrorDetail", "ModelList"} <= {k.__name__ for k in kinds}
+    plain = [f"{kind.__name__}.{field.name} = {field.default!r}"
+             for kind in kinds if kind.__struct_config__.omit_defaults
+             for field in msgspec.structs.fields(kind)
+             if field.default not in (None, msgspec.NODEFAULT)]
+    assert plain == []
+
+
+def test_always_fields_are_sent_null_and_zero_included_and_default_when_read():
+    from backends.sglang.wire import MetaInfo
+
+    assert msgspec.json.decode(msgspec.json.encode(MetaInfo(id="r", cached_tokens=0))) == {
+        "id": "r", "finish_reason": None, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
+        "weight_version": None}
+    read = msgspec.json.decode(b'{"id": "r"}', type=MetaInfo)
+    assert (read.finish_reason, read.cached_tokens, read.spec_verify_ct) == (None, 0, None)
