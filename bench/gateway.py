@@ -87,10 +87,11 @@ def _policy(worker: str, tmp: Path) -> Path:
 
 
 @contextlib.contextmanager
-def gateways(worker: str, model: str, tmp: Path, which: list[str]
+def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | None = None
              ) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
     """Start each requested gateway in front of ``worker``; yields (name -> chat completions URL,
-    name -> the gateway's process id, for its CPU time)."""
+    name -> the gateway's process id, for its CPU time). ``tree``: run specgate's gateway from that
+    checkout (put first on its PYTHONPATH), e.g. an older commit for a before/after comparison."""
     urls = {"direct": f"{worker}/v1/chat/completions"}
     pids: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
@@ -98,7 +99,8 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str]
             port = free_port()
             pids["specgate"] = stack.enter_context(running(
                 [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
-                 "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-{port}.log")).pid
+                 "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-{port}.log",
+                env={"PYTHONPATH": str(tree.resolve())} if tree else None)).pid
             urls["specgate"] = f"http://127.0.0.1:{port}/v1/chat/completions"
         if "smg" in which:
             port, prom = free_port(), free_port()
@@ -151,7 +153,7 @@ def run_worker_set(label: str, worker: str, model: str, which: list[str], args: 
     real = label == "real"
     duration = args.real_duration if real else args.duration
     rows = []
-    with gateways(worker, model, tmp, which) as (urls, pids):
+    with gateways(worker, model, tmp, which, args.gateway_tree) as (urls, pids):
         for name, url in urls.items():
             if real:  # one request warms the engine; a 1 s wrk window would not finish one
                 httpx.post(url, json=body, timeout=300, headers={"Authorization": f"Bearer {BENCH_KEY}"})
@@ -220,6 +222,9 @@ def main() -> None:
                         help="seconds per real-engine measurement (must exceed one request's latency)")
     parser.add_argument("--real-concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--skip-instant", action="store_true", help="only the real-engine rows")
+    parser.add_argument("--gateway-tree", type=Path, default=None,
+                        help="run specgate's gateway from this checkout (e.g. `git worktree add /tmp/before REV`), "
+                             "to compare commits side by side")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--markdown", type=Path, default=None, help="write the table as Markdown")
     args = parser.parse_args()
