@@ -161,8 +161,10 @@ class MatchedDrafts(SequenceProposer):
 class DraftMatches:
     """One teacher-forced draft pass over a request. ``matches[i]``: the draft's processed argmax given
     ``prompt + output[:i]`` is ``output[i]``. ``margins[i]``: its top logit minus the runner-up (>= 0; 0 is
-    a tie, broken towards the lower id as torch.argmax does): where it is within float rounding (~1e-5 for
-    fp32 logits of this size) the engine's incremental forwards may pick the other token."""
+    a tie, broken towards the lower id as torch.argmax does): where it is within float rounding the engine's
+    incremental forwards may pick the other token. Measured on SmolLM2 in fp32 (self-draft of 8 and 20
+    layers, 48 positions): teacher-forced and incremental logits differ by at most 7.3e-5 (logits up to
+    ~80), so a margin under 1e-3 is a near tie."""
 
     matches: tuple[bool, ...]
     margins: tuple[float, ...]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.engine.counterfactual import Recorded, mean_accept_length, replay
+from backends.engine.counterfactual import Recorded, from_trace, mean_accept_length, replay
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 from tests.engine.engine_helpers import RoundLog, run_all
 
@@ -151,10 +151,31 @@ def test_draft_model_replay_runs_the_rounds_the_engine_ran(real_model, real_toke
             engine_rounds.append([(r.k, r.accepted) for r in log.of(out)])
             stops = engine.eos_ids if not sampling.ignore_eos else frozenset()
             matched = draft_matches(engine.draft_runner, prompt, out.output_ids, sampling, stops)
-            near += matched.near_ties(1e-4)
+            near += matched.near_ties(1e-3)
             records.append(Recorded(prompt=prompt, output=out.output_ids, max_new_tokens=limit))
             flags.append(matched.matches)
         replayed = replay(records, SpeculationParams(proposer="draft_model", draft_tokens=k), matches=flags)
         assert [list(zip(r.drafted, r.accepted)) for r in replayed] == engine_rounds, f"k={k}, {near} near ties"
         if layers == 20:  # the comparison covered rounds that accepted drafts
             assert sum(sum(r.accepted) for r in replayed) > 0
+
+
+def test_from_trace_takes_greedy_records_and_the_pair_asked_for():
+    from policies.features import RequestFeatures
+    from policies.trace import Sampling, Served, TraceRequest
+
+    def traced(rid: str, temperature: float = 0.0, flags: dict | None = None) -> TraceRequest:
+        return TraceRequest(id=rid, arrival_s=0.0, route="app", features=RequestFeatures(),
+                            sampling=Sampling(temperature=temperature, max_new_tokens=5),
+                            served=Served(proposer="none", draft_tokens=0, finish="length"),
+                            draft_matches={"0123456789ab": "101"} if flags is None else flags,
+                            prompt_ids=[1, 2], output_ids=[3, 4, 5])
+
+    records, matches = from_trace([traced("a")], pair="0123456789ab")
+    assert records == [Recorded(prompt=(1, 2), output=(3, 4, 5), max_new_tokens=5, scope="app")]
+    assert matches == [(True, False, True)]
+    assert from_trace([traced("a")]) == (records, None)
+    with pytest.raises(ValueError, match="request 'b': temperature 0.7 has no exact counterfactual"):
+        from_trace([traced("a"), traced("b", 0.7)])
+    with pytest.raises(ValueError, match="request 'a': no draft_matches for pair ba9876543210"):
+        from_trace([traced("a")], pair="ba9876543210")
