@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -196,3 +196,26 @@ def served_body(body: dict[str, Any], max_new_tokens: int) -> dict[str, Any]:
     served = {k: v for k, v in body.items() if k not in ("max_completion_tokens", "custom_params", "stream",
                                                          "stream_options")}
     return {**served, "temperature": 0.0, "max_tokens": limit}
+
+
+def from_trace(requests: Iterable[TraceRequest], pair: str | None = None,
+               ) -> tuple[list, list[tuple[bool, ...]] | None]:
+    """Trace records as replay input (backends/engine/counterfactual.py): a Recorded per request (its suffix scope is its
+    route, as the gateway scopes suffix pools) and, with ``pair`` (a pair version in the trace's header),
+    each request's draft match flags. Only greedy requests have an exact counterfactual."""
+    from backends.engine.counterfactual import Recorded  # torch: imported when replay input is built
+
+    records: list[Recorded] = []
+    matches: list[tuple[bool, ...]] | None = [] if pair is not None else None
+    for request in requests:
+        if not request.sampling.greedy:
+            raise ValueError(f"request {request.id!r}: temperature {request.sampling.temperature} has no exact "
+                             "counterfactual (greedy requests only)")
+        records.append(Recorded(prompt=tuple(request.prompt_ids), output=tuple(request.output_ids),
+                                max_new_tokens=request.sampling.max_new_tokens, scope=request.route))
+        if matches is not None:
+            flags = request.draft_matches.get(pair)  # type: ignore[arg-type]
+            if flags is None:
+                raise ValueError(f"request {request.id!r}: no draft_matches for pair {pair}")
+            matches.append(tuple(flag == "1" for flag in flags))
+    return records, matches

@@ -40,7 +40,6 @@ from backends.engine.types import SamplingParams, SpeculationParams, SuffixSetti
 
 if TYPE_CHECKING:
     from backends.engine.runner import ModelRunner
-    from policies.trace import TraceRequest
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -209,27 +208,6 @@ def draft_matches(runner: ModelRunner, prompt: Sequence[int], output: Sequence[i
         if state is not None:
             state.commit(history)
     return DraftMatches(tuple(matches), tuple(margins))
-
-
-def from_trace(requests: Iterable[TraceRequest], pair: str | None = None,
-               ) -> tuple[list[Recorded], list[tuple[bool, ...]] | None]:
-    """Trace records (policies/trace.py) as replay input: a Recorded per request (its suffix scope is its
-    route, as the gateway scopes suffix pools) and, with ``pair`` (a pair version in the trace's header),
-    each request's draft match flags. Only greedy requests have an exact counterfactual."""
-    records: list[Recorded] = []
-    matches: list[tuple[bool, ...]] | None = [] if pair is not None else None
-    for request in requests:
-        if not request.sampling.greedy:
-            raise ValueError(f"request {request.id!r}: temperature {request.sampling.temperature} has no exact "
-                             "counterfactual (greedy requests only)")
-        records.append(Recorded(prompt=tuple(request.prompt_ids), output=tuple(request.output_ids),
-                                max_new_tokens=request.sampling.max_new_tokens, scope=request.route))
-        if matches is not None:
-            flags = request.draft_matches.get(pair)  # type: ignore[arg-type]
-            if flags is None:
-                raise ValueError(f"request {request.id!r}: no draft_matches for pair {pair}")
-            matches.append(tuple(flag == "1" for flag in flags))
-    return records, matches
 
 
 def mean_accept_length(results: Sequence[Replayed]) -> float:

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends.engine.counterfactual import Recorded, from_trace, mean_accept_length, replay
+from backends.engine.counterfactual import Recorded, mean_accept_length, replay
+from gateway.trace_build import from_trace
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 from tests.engine.engine_helpers import RoundLog, run_all
 

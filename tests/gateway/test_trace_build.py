@@ -9,7 +9,8 @@ import stat
 
 import pytest
 
-from backends.engine.counterfactual import from_trace, replay
+from backends.engine.counterfactual import replay
+from gateway.trace_build import from_trace
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 from gateway.cli import main
 from gateway.trace_build import (
