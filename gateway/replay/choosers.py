@@ -1,0 +1,215 @@
+"""Who serves a simulated request: a fixed option (an arm), or a policy through the gateway's real code.
+
+:class:`PolicyChooser` runs ``policies.decide.decide`` on snapshots of a real ``policies.stats.LearningState``
+at the simulated time, rebuilt as ``gateway/state.py`` rebuilds them (at most every ``snapshot_max_age_s``,
+sooner after an outcome), counts explorations in flight as the gateway does, and feeds the learner the
+``Outcome`` the gateway would build (``gateway/stages.outcome``: streamed, so TTFT and TPOT; the mean
+concurrency over the request's life; the worker's per-position counts). Policies are pure, so this is the
+code that runs in production, on another clock. Each pool's worker URL is one simulated worker; pools that
+name the same URL share it (the default policy's three pools are one embedded worker).
+
+:class:`Prices` turns (request, option) into a :class:`~gateway.replay.profile.Profile`, memoized for the
+exact options and recomputed per run for suffix (its tree depends on the order) and for sampled requests
+(drawn per run, labelled estimated).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from gateway.replay.book import PLAIN, Option, RoundBook
+from gateway.replay.profile import Profile, profile
+from policies.decide import decide, exploration_key
+from policies.snapshot import PoolState
+from policies.stats import LearningState, Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What served a request: the option's label (``plain``, ``ngram-k4``), and for a policy its decision."""
+
+    option: Option
+    pool: str = ""
+    rule: str = ""
+    slice: str = ""  # the policy's slice (the trace's own label is the request's)
+    exploration: str | None = None
+    exploring: str | None = None  # policies.decide.exploration_key of the decision (counted in flight)
+    estimated: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.option.label
+
+
+class Prices:
+    """Profiles of (request, option) on one cost model. ``context_length`` caps the KV reservation as the
+    worker's ``Sequence.reserved_tokens`` does."""
+
+    def __init__(self, book: RoundBook, costs, prefill_chunk: int = 256, context_length: int = 8192,
+                 per_worker: dict | None = None) -> None:
+        self.book, self.costs, self.per_worker = book, costs, dict(per_worker or {})
+        self.prefill_chunk, self.context_length = prefill_chunk, context_length
+        self._memo: dict[tuple[int, Option, int], Profile] = {}
+
+    def costs_of(self, worker: str):
+        """The cost model of a worker (``--costs URL=FILE``), else the default one."""
+        return self.per_worker.get(worker, self.costs)
+
+    def reserve(self, i: int, option: Option) -> int:
+        r = self.book.requests[i]
+        return min(len(r.prompt_ids) + r.sampling.max_new_tokens, self.context_length) + option.k + 1
+
+    def profile(self, i: int, option: Option, run: RunState) -> tuple[Profile, bool]:
+        """(profile, estimated). Exact and memoized unless suffix or a sampled request."""
+        r = self.book.requests[i]
+        costs = self.costs_of(run.worker_of)
+        estimated = not r.sampling.greedy
+        if estimated and option.proposer != "none":
+            rounds = self.book.estimated_rounds(i, option, run.rng)
+        elif option.proposer == "suffix":
+            rounds = self.book.suffix_rounds(i, option, run.suffix_store(run.worker_of))
+        else:
+            key = (i, option, id(costs))
+            hit = self._memo.get(key)
+            if hit is None:
+                hit = self._memo[key] = profile(costs, len(r.prompt_ids), len(r.output_ids), option,
+                                                self.book.rounds(i, option), self.prefill_chunk)
+            return hit, estimated
+        return profile(costs, len(r.prompt_ids), len(r.output_ids), option, rounds,
+                       self.prefill_chunk), estimated
+
+
+class RunState:
+    """What one simulation run owns: the rng of estimated rounds and one suffix store per worker."""
+
+    def __init__(self, seed: int, suffix_settings=None) -> None:
+        self.rng = random.Random(f"estimated:{seed}")
+        self.suffix_settings = suffix_settings
+        self._stores: dict[str, object] = {}
+        self.worker_of = ""
+
+    def suffix_store(self, worker: str):
+        store = self._stores.get(worker)
+        if store is None:
+            from backends.engine.proposers.suffix import SuffixStore
+            from backends.engine.types import SuffixSettings
+
+            store = self._stores[worker] = SuffixStore(self.suffix_settings or SuffixSettings())
+        return store
+
+
+class FixedChooser:
+    """Every request served by one option on one worker (an arm of the serving benchmark)."""
+
+    def __init__(self, option: Option, prices: Prices, seed: int) -> None:
+        prices.book.check(option)
+        self.option, self.prices, self.run = option, prices, RunState(seed)
+        self.worker = "worker"
+        self.run.worker_of = self.worker
+
+    def workers(self) -> list[str]:
+        return [self.worker]
+
+    def choose(self, i: int, t: float, sim) -> tuple[Choice, str, Profile, int]:
+        prof, estimated = self.prices.profile(i, self.option, self.run)
+        return Choice(self.option, estimated=estimated), self.worker, prof, self.prices.reserve(i, self.option)
+
+    def finished(self, served, prof: Profile, t: float, sim) -> None:
+        pass
+
+
+class PolicyChooser:
+    """A policy file, deciding with the gateway's real ``decide()`` and learning as the gateway learns."""
+
+    def __init__(self, policy, prices: Prices, seed: int, snapshot_max_age_s: float = 0.1) -> None:
+        from policies.compiled import compiled
+
+        self.policy, self.prices = policy, prices
+        self.run = RunState(seed)
+        self.rng = random.Random(seed)
+        self.learning = LearningState(policy.learning)
+        self.pair_versions = compiled(policy).pair_versions
+        self.max_age = snapshot_max_age_s
+        self.exploring: dict[str, int] = {}
+        self._snapshot, self._at, self._dirty = None, float("-inf"), False
+        header = prices.book.trace.header
+        for name, pool in policy.pools.items():
+            if pool.adaptive:
+                raise ValueError(f"pool {name}: adaptive pools (the worker picks k per round) are not modelled "
+                                 "by replay yet; replay the policy without it, or with a fixed draft length")
+            pair = policy.pairs.get(pool.pair) if pool.pair else None
+            if pool.proposer == "draft_model" and pair is not None:
+                prices.book.check(Option("draft_model", 1, self.pair_versions[name]))
+        self._verified = {name: self._pair_ok(name, header.revision) for name in policy.pools}
+
+    def _pair_ok(self, name: str, revision: str) -> bool | None:
+        pool = self.policy.pools[name]
+        pair = self.policy.pairs.get(pool.pair) if pool.pair else None
+        if pair is None:
+            return True if pool.proposer == "none" else None
+        return pair.target.revision in (None, revision)
+
+    def workers(self) -> list[str]:
+        return list(dict.fromkeys(url for pool in self.policy.pools.values() for url in pool.workers))
+
+    def _pools(self, sim) -> dict[str, PoolState]:
+        states = {}
+        for name, pool in self.policy.pools.items():
+            running = waiting = 0
+            usage = 0.0
+            for url in pool.workers:
+                s = sim.workers[url].scheduler
+                running += len(s.running)
+                waiting += len(s.waiting) + len(sim.workers[url].inbox)
+                usage = max(usage, s.reserved / s.max_total_tokens)
+            states[name] = PoolState(healthy=True, pair_verified=self._verified[name], running=running,
+                                     waiting=waiting, kv_usage=usage, workers_healthy=len(pool.workers))
+        return states
+
+    def snapshot(self, t: float, sim):
+        age = t - self._at
+        if self._snapshot is None or age >= self.max_age or (self._dirty and age >= self.max_age / 2):
+            self._snapshot = self.learning.snapshot(t, self._pools(sim), sim.in_flight + 1)
+            self._at, self._dirty = t, False
+        return self._snapshot
+
+    def choose(self, i: int, t: float, sim) -> tuple[Choice, str, Profile, int]:
+        request = self.prices.book.requests[i]
+        d = decide(self.policy, request.features, self.snapshot(t, sim), rng=self.rng,
+                   exploring=self.exploring.keys())
+        key = exploration_key(d)
+        if key is not None:
+            self.exploring[key] = self.exploring.get(key, 0) + 1
+        option = PLAIN
+        if not d.bypass and d.proposer != "none" and d.draft_tokens > 0:
+            pair = self.pair_versions.get(d.pool, "") if d.proposer == "draft_model" else ""
+            option = Option(d.proposer, d.draft_tokens, pair)
+        urls = self.policy.pools[d.pool].workers
+        url = min(urls, key=lambda u: len(sim.workers[u].scheduler.running) + len(sim.workers[u].scheduler.waiting))
+        self.run.worker_of = url
+        prof, estimated = self.prices.profile(i, option, self.run)
+        choice = Choice(option, pool=d.pool, rule=d.rule, slice=d.slice, exploration=d.exploration,
+                        exploring=key, estimated=estimated)
+        return choice, url, prof, self.prices.reserve(i, option)
+
+    def finished(self, served, prof: Profile, t: float, sim) -> None:
+        c: Choice = served.choice
+        request = self.prices.book.requests[served.index]
+        key = c.exploring
+        if key is not None:
+            n = self.exploring.get(key, 0) - 1
+            if n > 0:
+                self.exploring[key] = n
+            else:
+                self.exploring.pop(key, None)
+        speculative = c.option.proposer != "none"
+        self.learning.record(Outcome(
+            route=request.route, slice=c.slice, pool=c.pool, pair_version=self.pair_versions.get(c.pool, ""),
+            proposer=c.option.proposer, draft_tokens=c.option.k,
+            completion_tokens=prof.tokens, verify_ct=prof.verify_ct, correct_drafts_histogram=list(prof.histogram),
+            accepted_per_position=list(prof.accepted_per_position) if speculative else None,
+            reached_per_position=list(prof.reached_per_position) if speculative else None,
+            ttft_s=served.ttft, tpot_s=served.tpot, e2e_s=served.e2e, concurrency=round(served.concurrency),
+            draft_s=prof.draft_s, verify_s=prof.verify_s, timestamp=t))
+        self._dirty = True

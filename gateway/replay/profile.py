@@ -1,0 +1,73 @@
+"""A request's timeline on the embedded engine under one option: the durations of its scheduling units
+and the per-request statistics the worker reports, from its rounds and the cost model.
+
+The engine (backends/engine/engine.py) gives every running sequence one unit per turn: a prefill chunk
+(``prefill_chunk`` prompt tokens, the last prompt token excepted: the first round feeds it) or one round.
+A round drafts (the proposer's time), feeds ``[last token, d_1..d_k]`` to the target in one forward at
+the sequence's cached length, and pays a fixed overhead (sampling, verification, commit). So a unit's
+seconds do not depend on the other sequences (one sequence per forward), and a request's units are
+computed once per option and reused at every load and seed. An engine that batches sequences into one
+forward (issue 27) breaks this: its step cost depends on the batch, and this module must then price
+steps, not units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.replay.book import Option, Rounds
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """``units``: seconds of each unit in order (prefill chunks, then rounds); ``first``: the index of the
+    first round (its end is the first token). The rest is what the worker reports for the request
+    (RequestStats: per-position counts include the positions a round's budget asked for)."""
+
+    units: tuple[float, ...]
+    first: int
+    tokens: int
+    verify_ct: int
+    accepted: int  # drafts accepted, all rounds
+    histogram: tuple[int, ...]
+    accepted_per_position: tuple[int, ...]
+    reached_per_position: tuple[int, ...]
+    draft_s: float
+    verify_s: float
+
+
+def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rounds,
+            prefill_chunk: int) -> Profile:
+    """The timeline of one request (``costs``: a policies.costmodel.CostModel)."""
+    units: list[float] = []
+    target, done = prompt_len - 1, 0
+    while True:  # the engine's _prefill: one chunk per turn, at least one turn (even for a 1-token prompt)
+        end = min(target, done + prefill_chunk)
+        units.append(costs.prefill_s(end - done, done) if end > done else 0.0)
+        done = end
+        if done == target:
+            break
+    first = len(units)
+    drafted_t, accepted_t, budgets = rounds
+    width = max((max(d, b) for d, b in zip(drafted_t, budgets)), default=0)
+    hist = [0] * (max(accepted_t, default=0) + 1)
+    acc_pp, reach_pp = [0] * width, [0] * width
+    draft_total = verify_total = 0.0
+    committed = 0
+    for drafted, accepted, budget in zip(drafted_t, accepted_t, budgets):
+        context = prompt_len - 1 + committed  # cached positions when the round's forward runs
+        draft = costs.draft_s(option.proposer, max(drafted, 1), context) if budget > 0 else 0.0
+        verify = costs.forward_s(drafted + 1, context)
+        units.append(draft + verify + costs.overhead_s)
+        draft_total += draft
+        verify_total += verify
+        hist[accepted] += 1
+        for j in range(max(drafted, budget)):
+            if j <= accepted:
+                reach_pp[j] += 1
+            if j < accepted:
+                acc_pp[j] += 1
+        committed = min(output_len, committed + accepted + 1)
+    return Profile(units=tuple(units), first=first, tokens=output_len, verify_ct=len(accepted_t),
+                   accepted=sum(accepted_t), histogram=tuple(hist), accepted_per_position=tuple(acc_pp),
+                   reached_per_position=tuple(reach_pp), draft_s=draft_total, verify_s=verify_total)

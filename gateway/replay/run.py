@@ -1,0 +1,158 @@
+"""The sweep behind ``specgate replay``: every contender (a fixed arm or a policy file) at every load and
+seed, simulated (gateway/replay/sim.py), in parallel worker processes.
+
+Seeds vary what is random in serving: the order of an interleaved stream (seed-shuffled), the Poisson
+gaps, the policy's exploration draws and the estimated rounds of sampled requests. A fixed arm with exact
+rounds under closed-loop clients in by-slice order has nothing random, so it runs once and its result
+stands for every seed (said in the report: its interval is zero).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.replay.book import PLAIN, Option, RoundBook
+from gateway.replay.choosers import Choice, FixedChooser, PolicyChooser, Prices
+from gateway.replay.sim import Load, Served, Simulation
+
+MIXES = ("interleaved", "by-slice")
+_ARM = re.compile(r"^(?P<proposer>ngram|suffix|draft(?P<layers>\d+)?)-k(?P<k>\d+)$")
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    option: Option | None = None  # an arm
+    policy: object = None  # a policies.schema.Policy
+    path: str = ""
+
+    @property
+    def is_policy(self) -> bool:
+        return self.policy is not None
+
+
+def parse_arm(name: str, book: RoundBook) -> Contender:
+    """``plain``, ``ngram-k4``, ``suffix-k8``, ``draft-k4`` (the trace's self-draft pair; ``draft20-k4`` picks
+    the 20-layer one when the trace carries several)."""
+    if name == "plain":
+        return Contender(name, PLAIN)
+    match = _ARM.match(name)
+    if match is None or not 1 <= int(match["k"]) <= 16:
+        raise ValueError(f"--arms: {name!r} is not an arm; use plain, ngram-kN, suffix-kN, draft-kN or draftL-kN "
+                         "(L layers of the self-draft), N in 1..16")
+    k, proposer = int(match["k"]), match["proposer"]
+    if proposer in ("ngram", "suffix"):
+        return Contender(name, Option(proposer, k))
+    pairs = {v: p for v, p in book.trace.header.pairs.items() if p.draft.kind == "layer_truncated"}
+    if match["layers"]:
+        pairs = {v: p for v, p in pairs.items() if p.draft.layers == int(match["layers"])}
+    if len(pairs) != 1:
+        have = ", ".join(f"{p.draft.layers} layers ({v})" for v, p in book.trace.header.pairs.items()) or "none"
+        raise ValueError(f"--arms {name}: the trace carries {len(pairs)} matching self-draft pairs (it has: {have}); "
+                         "name the layers (draft8-k4), or rebuild the trace with --draft-layers N")
+    option = Option("draft_model", k, next(iter(pairs)))
+    book.check(option)
+    return Contender(name, option)
+
+
+def blocks(book: RoundBook, mix: str, seed: int) -> list[list[int]]:
+    """The arrival order: one seed-shuffled stream of every request (interleaved), or one block per slice
+    label in the trace's order (by-slice, as the serving benchmark's cells)."""
+    indices = [i for i, r in enumerate(book.requests) if r.output_ids]
+    if mix == "interleaved":
+        random.Random(f"order:{seed}").shuffle(indices)
+        return [indices]
+    by: dict[str, list[int]] = {}
+    for i in indices:
+        by.setdefault(book.requests[i].slice, []).append(i)
+    return list(by.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    contender: int
+    load: str
+    seed: int
+
+
+def seedless(contender: Contender, load: Load, mix: str, book: RoundBook) -> bool:
+    """Whether the contender's result at ``load`` is the same for every seed."""
+    return (not contender.is_policy and contender.option.proposer != "suffix" and mix == "by-slice"
+            and load.rate is None and all(r.sampling.greedy for r in book.requests))
+
+
+_CONTEXT: dict = {}
+
+
+def _run(job: Job) -> tuple[Job, list[Served]]:
+    c = _CONTEXT
+    contender = c["contenders"][job.contender]
+    prices: Prices = c["prices"]
+    load = Load.parse(job.load)
+    chooser = (PolicyChooser(contender.policy, prices, job.seed) if contender.is_policy
+               else FixedChooser(contender.option, prices, job.seed))
+    book = prices.book
+    sim = Simulation(chooser, load, blocks(book, c["mix"], job.seed), job.seed, max_running=c["max_running"],
+                     max_total_tokens=c["max_total_tokens"], arrival_of=lambda i: book.requests[i].arrival_s)
+    served = sim.run()
+    return job, served
+
+
+def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str], seeds: int, mix: str, *,
+          max_running: int, max_total_tokens: int, processes: int = 1, progress=None
+          ) -> dict[tuple[str, str, int], list[Served]]:
+    """(contender name, load, seed) -> served requests. ``progress(done, total)`` after each job."""
+    if mix not in MIXES:
+        raise ValueError(f"--mix: {mix!r}; use one of {', '.join(MIXES)}")
+    book = prices.book
+    jobs, copies = [], []
+    for n, contender in enumerate(contenders):
+        for label in loads:
+            load = Load.parse(label)
+            if seedless(contender, load, mix, book):
+                jobs.append(Job(n, label, 0))
+                copies.append((contender.name, label))
+            else:
+                jobs += [Job(n, label, s) for s in range(seeds)]
+    _CONTEXT.update(contenders=list(contenders), prices=prices, mix=mix, max_running=max_running,
+                    max_total_tokens=max_total_tokens)
+    results: dict[tuple[str, str, int], list[Served]] = {}
+    done = 0
+    if processes > 1 and len(jobs) > 1:
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            for job, served in pool.imap_unordered(_run, jobs, chunksize=max(1, len(jobs) // (processes * 8))):
+                results[(contenders[job.contender].name, job.load, job.seed)] = served
+                done += 1
+                if progress:
+                    progress(done, len(jobs))
+    else:
+        for job in jobs:
+            job, served = _run(job)
+            results[(contenders[job.contender].name, job.load, job.seed)] = served
+            done += 1
+            if progress:
+                progress(done, len(jobs))
+    for name, label in copies:
+        for s in range(1, seeds):
+            results[(name, label, s)] = results[(name, label, 0)]
+    return dict(sorted(results.items()))
+
+
+def load_policy(path: str | Path):
+    """A policy file, refused with ``policy check``'s own errors when invalid."""
+    from policies.errors import PolicyError
+    from policies.load import load_policy_file
+
+    try:
+        return load_policy_file(path)
+    except PolicyError as exc:
+        raise ValueError(f"--policy {path}: invalid policy (specgate policy check {path}):\n"
+                         + "\n".join(exc.errors)) from None
+
+
+__all__ = ["Choice", "Contender", "RoundBook", "blocks", "load_policy", "parse_arm", "sweep"]

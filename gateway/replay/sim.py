@@ -1,0 +1,222 @@
+"""The discrete-event simulation of one load point: clients, the gateway's choice, the embedded workers.
+
+Events, in time order (ties: finishes, then arrivals, then engine turns, then by creation):
+- **arrival**: a client's request reaches the gateway; the chooser decides (a fixed option, or the
+  policy's real ``decide()`` on a snapshot of the real learner at the simulated time) and hands it to that
+  pool's worker;
+- **turn**: one worker runs ``Engine.step``: intake of what arrived, admission by the worker's own
+  ``Scheduler`` (running cap, KV reservation, FIFO), then one unit (prefill chunk or round) per running
+  sequence, one after another, each priced by the cost model (:mod:`gateway.replay.profile`);
+- **finish**: the answer's last token; the chooser learns (the gateway's Outcome), a closed-loop client
+  sends its next request at that instant.
+
+A turn runs whole when it starts: arrivals during it wait for the next intake, as in the engine, and its
+finishes are queued at their own times, so nothing decided later in simulated time is seen earlier.
+Deterministic: the same book, chooser, load, order and seed give the same result.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from backends.engine.scheduler import Scheduler
+from gateway.replay.profile import Profile
+
+FINISH, ARRIVAL, TURN = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """``c4``: 4 closed-loop clients; ``p0.5``: Poisson arrivals at 0.5/s; ``trace``: the recorded times."""
+
+    label: str
+    concurrency: int | None = None
+    rate: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Load:
+        if text == "trace":
+            return cls(text)
+        kind, value = text[:1], text[1:]
+        try:
+            if kind == "c" and int(value) >= 1:
+                return cls(text, concurrency=int(value))
+            if kind == "p" and float(value) > 0:
+                return cls(text, rate=float(value))
+        except ValueError:
+            pass
+        raise ValueError(f"--loads: {text!r} is not a load; use cN (N closed-loop clients, e.g. c4), pR (Poisson "
+                         "arrivals at R requests/s, e.g. p0.5) or trace (the trace's own arrival times)")
+
+
+@dataclass(slots=True)
+class Flight:
+    """One request in a simulated worker. ``reserved_tokens`` and ``status`` are what the worker's
+    Scheduler reads and writes."""
+
+    index: int
+    profile: Profile
+    reserved_tokens: int
+    arrival: float
+    choice: object
+    status: object = None
+    pos: int = 0
+    ttft: float | None = None
+    area: float = 0.0  # the gateway's busy area at arrival (mean concurrency)
+
+
+@dataclass(slots=True)
+class Worker:
+    name: str
+    scheduler: Scheduler
+    inbox: list[Flight] = field(default_factory=list)
+    turn_pending: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One simulated request as a client and the gateway saw it."""
+
+    index: int
+    arrival: float
+    ttft: float
+    e2e: float
+    tokens: int
+    verify_ct: int
+    accepted: int
+    choice: object
+    concurrency: float
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.e2e - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+class Simulation:
+    """One run: ``blocks`` of request indices (one block per slice with ``--mix by-slice``, each starting
+    when the previous one has finished, as the serving benchmark's cells; one block when interleaved).
+    ``chooser`` (gateway/replay/choosers.py) decides, profiles and learns."""
+
+    def __init__(self, chooser, load: Load, blocks: Sequence[Sequence[int]], seed: int, *,
+                 max_running: int, max_total_tokens: int, arrival_of: Callable[[int], float] | None = None) -> None:
+        self.chooser, self.load, self.blocks, self.seed = chooser, load, blocks, seed
+        self.workers = {name: Worker(name, Scheduler(max_running, max_total_tokens, 1 << 30))
+                        for name in chooser.workers()}
+        self.arrival_of = arrival_of
+        self.now = 0.0
+        self.in_flight = 0
+        self._area, self._area_t = 0.0, 0.0
+        self._events: list = []
+        self._n = 0
+        self.served: list[Served] = []
+
+    # -- the gateway's concurrency, as gateway/state.py integrates it --------------------------------
+    def busy_area(self, now: float) -> float:
+        return self._area + self.in_flight * (now - self._area_t)
+
+    def _in_flight(self, delta: int, now: float) -> None:
+        self._area, self._area_t = self.busy_area(now), now
+        self.in_flight += delta
+
+    def _push(self, t: float, kind: int, item: object) -> None:
+        self._n += 1
+        heapq.heappush(self._events, (t, kind, self._n, item))
+
+    def run(self) -> list[Served]:
+        start = 0.0
+        for block in self.blocks:
+            self._feed(block, start)
+            self._drain()
+            start = self.now
+        return self.served
+
+    def _feed(self, block: Sequence[int], start: float) -> None:
+        """Schedule the block's arrivals (open loop, trace times) or its first clients (closed loop)."""
+        load = self.load
+        if load.concurrency is not None:
+            self._queue = deque(block)
+            for _ in range(min(load.concurrency, len(block))):
+                self._push(start, ARRIVAL, self._queue.popleft())
+            return
+        self._queue = deque()
+        if load.rate is None:
+            assert self.arrival_of is not None
+            first = min(self.arrival_of(i) for i in block)
+            for i in block:
+                self._push(start + self.arrival_of(i) - first, ARRIVAL, i)
+            return
+        rng = random.Random(f"{self.seed}:{load.label}")  # the serving benchmark's draw, per cell
+        at = start
+        for i in block:
+            self._push(at, ARRIVAL, i)
+            at += rng.expovariate(load.rate)
+
+    def _drain(self) -> None:
+        events = self._events
+        while events:
+            t, kind, _, item = heapq.heappop(events)
+            self.now = t
+            if kind == ARRIVAL:
+                self._arrive(item, t)
+            elif kind == TURN:
+                self._turn(item, t)
+            else:
+                self._finish(item, t)
+
+    def _arrive(self, index: int, t: float) -> None:
+        choice, worker_name, profile, reserve = self.chooser.choose(index, t, self)
+        flight = Flight(index=index, profile=profile, reserved_tokens=reserve, arrival=t, choice=choice,
+                        area=self.busy_area(t))
+        self._in_flight(+1, t)
+        worker = self.workers[worker_name]
+        worker.scheduler.check(flight)  # a request that can never fit is refused, as the worker refuses it
+        worker.inbox.append(flight)
+        if not worker.turn_pending:
+            worker.turn_pending = True
+            self._push(t, TURN, worker)
+
+    def _turn(self, worker: Worker, t: float) -> None:
+        """One ``Engine.step`` at ``t``, and the next ones at once while no event comes before them (the
+        same result as queueing each turn, without a heap round trip per turn: at c1 a turn is one unit)."""
+        scheduler, events = worker.scheduler, self._events
+        running = scheduler.running
+        while True:
+            if worker.inbox:
+                scheduler.waiting.extend(worker.inbox)
+                worker.inbox.clear()
+            if scheduler.waiting:
+                scheduler.admit()
+            finished = False
+            for flight in list(running):
+                units = flight.profile.units
+                t += units[flight.pos]
+                flight.pos += 1
+                if flight.pos == flight.profile.first + 1:
+                    flight.ttft = t - flight.arrival
+                if flight.pos == len(units):
+                    scheduler.remove(flight)
+                    self._push(t, FINISH, flight)
+                    finished = True
+            if not (running or scheduler.waiting):
+                worker.turn_pending = False
+                return
+            if finished or (events and events[0][0] <= t):
+                self._push(t, TURN, worker)
+                return
+
+    def _finish(self, flight: Flight, t: float) -> None:
+        e2e = t - flight.arrival
+        area = self.busy_area(t) - flight.area
+        self._in_flight(-1, t)
+        p = flight.profile
+        served = Served(index=flight.index, arrival=flight.arrival, ttft=flight.ttft if flight.ttft is not None
+                        else e2e, e2e=e2e, tokens=p.tokens, verify_ct=p.verify_ct, accepted=p.accepted,
+                        choice=flight.choice, concurrency=area / e2e if e2e > 0 else 1.0)
+        self.served.append(served)
+        self.chooser.finished(served, flight.profile, t, self)
+        if self.load.concurrency is not None and self._queue:
+            self._push(t, ARRIVAL, self._queue.popleft())
