@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--seeds", type=int, default=10, help="seeds per load (order, arrivals, exploration)")
     parser.add_argument("--mix", choices=("interleaved", "by-slice"), default="interleaved",
                         help="one stream of every slice (a front door), or one block per slice label")
+    parser.add_argument("--ngram", nargs=3, default=None, metavar=("MIN", "MAX", "MATCH"),
+                        help="the workers' n-gram settings (--speculative-ngram-min/max-match-window-size, "
+                             "--speculative-ngram-match); default the worker's: 1 12 earliest")
     parser.add_argument("--max-running-requests", type=int, default=16, help="the worker's (specgate worker's default)")
     parser.add_argument("--max-total-tokens", type=int, default=65536, help="the worker's KV capacity")
     parser.add_argument("--prefill-chunk", type=int, default=256, help="the worker's prompt tokens per turn")
@@ -85,7 +88,7 @@ def _replay(args: argparse.Namespace) -> int:
                 default = model
         if default is None:
             default = next(iter(per_worker.values()))
-        book = RoundBook(trace)
+        book = RoundBook(trace, ngram=(int(args.ngram[0]), int(args.ngram[1]), args.ngram[2]) if args.ngram else None)
         contenders: list[Contender] = []
         policies = []
         for path in args.policy:
@@ -104,7 +107,7 @@ def _replay(args: argparse.Namespace) -> int:
     if not any(r.output_ids for r in trace.requests):
         return _fail(f"{args.trace}: no request with output tokens to replay")
 
-    first = contenders[-1].policy if policies else None
+    first = next((c.policy for c in contenders if c.is_policy), None)
     slo_default = first.slo if first is not None else None
     slo_ms = (args.slo_ttft_ms or (slo_default.ttft_ms if slo_default and slo_default.ttft_ms else 2000.0),
               args.slo_tpot_ms or (slo_default.tpot_ms if slo_default and slo_default.tpot_ms else 150.0))

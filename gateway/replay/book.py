@@ -13,6 +13,7 @@ measured on the greedy requests of the same slice (:meth:`RoundBook.estimated_ro
 from __future__ import annotations
 
 import random
+import struct
 from dataclasses import dataclass
 
 from policies.trace import Trace, TraceRequest
@@ -51,7 +52,14 @@ def _budgets(rounds: tuple[tuple[int, ...], tuple[int, ...]], output_len: int, m
 class RoundBook:
     """Rounds per (request index, option), memoized. ``trace``: a read trace (policies.trace.read_trace)."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, ngram: tuple[int, int, str] | None = None) -> None:
+        """``ngram``: the workers' (min, max, match) n-gram settings (``--speculative-ngram-*``); default the
+        worker's defaults."""
+        from backends.engine.types import SpeculationParams
+
+        spec = SpeculationParams()
+        self.ngram = ngram or (spec.ngram_min, spec.ngram_max, spec.ngram_match)
+        SpeculationParams(ngram_min=self.ngram[0], ngram_max=self.ngram[1], ngram_match=self.ngram[2])  # checks
         self.trace = trace
         self.requests: list[TraceRequest] = trace.requests
         self._memo: dict[tuple[int, Option], Rounds] = {}
@@ -108,31 +116,42 @@ class RoundBook:
     def _ngram_positions(self, i: int) -> tuple[list[int], list[int]]:
         """For every output position p: how many tokens the n-gram proposer drafts there (at most
         ``NGRAM_SPAN``) and how many of them lead the committed output. The proposer's draft is a function of
-        the context alone (``NgramProposer``: the continuation of the longest earlier match, up to k tokens),
-        and the draft for k is the first k tokens of the draft for more, so one proposal per position serves
-        every k and every round boundary: ``rounds`` then only walks the positions (tests/gateway/
-        test_replay_book.py checks it against ``counterfactual.replay_request``, which runs the proposer
-        round by round)."""
+        the context alone (``NgramProposer``: the continuation of the occurrence of the longest suffix of n in
+        [min, max] tokens that ends before the last token, its earliest or its latest occurrence, up to k
+        tokens), and the draft for k is the first k tokens of the draft for more, so one proposal per
+        position serves every k and every round boundary; ``rounds`` then only walks the positions.
+        The occurrence is found with ``bytes.find``/``rfind`` over the ids packed 4 bytes each (C speed; the
+        proposer's dict index costs ~6 ms per request in Python), at a 4-byte-aligned offset.
+        tests/gateway/test_replay_book.py checks the result against ``counterfactual.replay_request``, which
+        runs the engine's own proposer round by round."""
         hit = self._ngram.get(i)
         if hit is None:
-            from backends.engine.counterfactual import GREEDY
-            from backends.engine.proposers.ngram import NgramProposer
-            from backends.engine.types import SpeculationParams
-
-            spec = SpeculationParams()  # the worker's defaults (ngram_min/max/match)
-            proposer = NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_match)
+            low, high, match = self.ngram
             request = self.requests[i]
             output = request.output_ids
-            context = list(request.prompt_ids)
+            ids = [*request.prompt_ids, *output]
+            data = struct.pack(f"<{len(ids)}I", *ids)
+            find = data.find if match == "earliest" else data.rfind
             lens, runs = [], []
             for p in range(len(output)):
-                draft = proposer.propose(context, NGRAM_SPAN, GREEDY, None, None).tokens
-                run = 0
-                while run < len(draft) and p + run < len(output) and draft[run] == output[p + run]:
-                    run += 1
-                lens.append(len(draft))
+                size = len(request.prompt_ids) + p  # the context: prompt + output[:p]
+                follow = -1
+                for n in range(min(high, size), low - 1, -1):
+                    needle = data[4 * (size - n):4 * size]
+                    at = find(needle, 0, 4 * (size - 1))  # occurrences ending before the last token
+                    while at >= 0 and at % 4:
+                        at = (data.find(needle, at + 1, 4 * (size - 1)) if match == "earliest"
+                              else data.rfind(needle, 0, at + 4 * n - 1))
+                    if at >= 0:
+                        follow = at // 4 + n
+                        break
+                length = run = 0
+                if follow >= 0:
+                    length = min(NGRAM_SPAN, size - follow)
+                    while run < length and p + run < len(output) and ids[follow + run] == output[p + run]:
+                        run += 1
+                lens.append(length)
                 runs.append(run)
-                context.append(output[p])
             hit = self._ngram[i] = (lens, runs)
         return hit
 
@@ -166,15 +185,29 @@ class RoundBook:
 
     def position_rates(self, slice_: str, option: Option) -> list[float]:
         """Conditional acceptance per draft position (accepted_j / reached_j) of ``option`` over the greedy
-        requests of ``slice_`` (the trace's label): what a sampled request's rounds are drawn from."""
+        requests of ``slice_`` (the trace's label): what a sampled request's rounds are drawn from. Reached as
+        the worker counts it (RequestStats.reached_per_position): position j within the round's budget and
+        drafts 1..j-1 accepted, whether or not the proposer drafted there (counting only drafted positions
+        over-predicts a proposer that may draft fewer, n-gram and suffix). Suffix's rounds come from one
+        store fed every request in trace order (its drafts depend on what came before)."""
         key = (slice_, option)
         if key not in self._rates:
             reached, accepted = [0] * option.k, [0] * option.k
+            store = None
+            if option.proposer == "suffix":
+                from backends.engine.proposers.suffix import SuffixStore
+
+                store = SuffixStore()
             for i, r in enumerate(self.requests):
-                if r.slice != slice_ or not r.sampling.greedy:
+                counted = r.slice == slice_ and r.sampling.greedy
+                if store is not None:  # every request feeds the tree, in order
+                    rounds = self.suffix_rounds(i, option, store)
+                elif counted:
+                    rounds = self.rounds(i, option)
+                if not counted:
                     continue
-                for drafted, acc, _ in zip(*self.rounds(i, option)):
-                    for j in range(min(drafted, acc + 1)):
+                for _, acc, budget in zip(*rounds):
+                    for j in range(min(budget, acc + 1)):
                         reached[j] += 1
                         accepted[j] += j < acc
             if not any(reached):

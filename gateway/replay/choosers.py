@@ -48,9 +48,14 @@ class Prices:
 
     def __init__(self, book: RoundBook, costs, prefill_chunk: int = 256, context_length: int = 8192,
                  per_worker: dict | None = None) -> None:
-        self.book, self.costs, self.per_worker = book, costs, dict(per_worker or {})
+        from gateway.replay.profile import CachedCosts
+
+        self.book, self.costs = book, CachedCosts(costs)
+        self.per_worker = {url: CachedCosts(model) for url, model in (per_worker or {}).items()}
         self.prefill_chunk, self.context_length = prefill_chunk, context_length
         self._memo: dict[tuple[int, Option, int], Profile] = {}
+        # suffix rounds of a fixed arm, by the stream order that filled its tree (RunState.order)
+        self._suffix: dict[tuple, object] = {}
 
     def costs_of(self, worker: str):
         """The cost model of a worker (``--costs URL=FILE``), else the default one."""
@@ -68,7 +73,12 @@ class Prices:
         if estimated and option.proposer != "none":
             rounds = self.book.estimated_rounds(i, option, run.rng)
         elif option.proposer == "suffix":
-            rounds = self.book.suffix_rounds(i, option, run.suffix_store(run.worker_of))
+            key = (run.order, run.worker_of, i, option)
+            rounds = self._suffix.get(key) if run.order is not None else None
+            if rounds is None:
+                rounds = self.book.suffix_rounds(i, option, run.suffix_store(run.worker_of))
+                if run.order is not None:
+                    self._suffix[key] = rounds
         else:
             key = (i, option, id(costs))
             hit = self._memo.get(key)
@@ -83,7 +93,11 @@ class Prices:
 class RunState:
     """What one simulation run owns: the rng of estimated rounds and one suffix store per worker."""
 
-    def __init__(self, seed: int, suffix_settings=None) -> None:
+    def __init__(self, seed: int, suffix_settings=None, order: object = None) -> None:
+        """``order``: a key of the stream order when every request reaches the suffix tree in that order
+        whatever the load (a fixed arm under closed-loop or Poisson arrivals: the worker admits FIFO in
+        arrival order), so its suffix rounds are shared between loads; None when they cannot be."""
+        self.order = order
         self.rng = random.Random(f"estimated:{seed}")
         self.suffix_settings = suffix_settings
         self._stores: dict[str, object] = {}
@@ -102,9 +116,9 @@ class RunState:
 class FixedChooser:
     """Every request served by one option on one worker (an arm of the serving benchmark)."""
 
-    def __init__(self, option: Option, prices: Prices, seed: int) -> None:
+    def __init__(self, option: Option, prices: Prices, seed: int, order: object = None) -> None:
         prices.book.check(option)
-        self.option, self.prices, self.run = option, prices, RunState(seed)
+        self.option, self.prices, self.run = option, prices, RunState(seed, order=order)
         self.worker = "worker"
         self.run.worker_of = self.worker
 

@@ -94,9 +94,10 @@ def _run(job: Job) -> tuple[Job, list[Served]]:
     contender = c["contenders"][job.contender]
     prices: Prices = c["prices"]
     load = Load.parse(job.load)
-    chooser = (PolicyChooser(contender.policy, prices, job.seed) if contender.is_policy
-               else FixedChooser(contender.option, prices, job.seed))
     book = prices.book
+    order = (c["mix"], job.seed if c["mix"] == "interleaved" else 0) if load.label != "trace" else None
+    chooser = (PolicyChooser(contender.policy, prices, job.seed) if contender.is_policy
+               else FixedChooser(contender.option, prices, job.seed, order))
     sim = Simulation(chooser, load, blocks(book, c["mix"], job.seed), job.seed, max_running=c["max_running"],
                      max_total_tokens=c["max_total_tokens"], arrival_of=lambda i: book.requests[i].arrival_s)
     served = sim.run()
@@ -119,13 +120,15 @@ def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str],
                 copies.append((contender.name, label))
             else:
                 jobs += [Job(n, label, s) for s in range(seeds)]
+    # one contender's runs together, seed-major: a process reuses its profiles and per-seed suffix rounds
+    jobs.sort(key=lambda j: (j.contender, j.seed, loads.index(j.load)))
     _CONTEXT.update(contenders=list(contenders), prices=prices, mix=mix, max_running=max_running,
                     max_total_tokens=max_total_tokens)
     results: dict[tuple[str, str, int], list[Served]] = {}
     done = 0
     if processes > 1 and len(jobs) > 1:
         with multiprocessing.get_context("fork").Pool(processes) as pool:
-            for job, served in pool.imap_unordered(_run, jobs, chunksize=max(1, len(jobs) // (processes * 8))):
+            for job, served in pool.imap_unordered(_run, jobs, chunksize=max(1, min(len(loads) * seeds, -(-len(jobs) // processes)))):
                 results[(contenders[job.contender].name, job.load, job.seed)] = served
                 done += 1
                 if progress:

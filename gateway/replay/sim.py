@@ -75,6 +75,7 @@ class Worker:
     scheduler: Scheduler
     inbox: list[Flight] = field(default_factory=list)
     turn_pending: bool = False
+    free_at: float = 0.0  # when its last turn's work ended: a request arriving earlier waits for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +178,7 @@ class Simulation:
         worker.inbox.append(flight)
         if not worker.turn_pending:
             worker.turn_pending = True
-            self._push(t, TURN, worker)
+            self._push(max(t, worker.free_at), TURN, worker)
 
     def _turn(self, worker: Worker, t: float) -> None:
         """One ``Engine.step`` at ``t``, and the next ones at once while no event comes before them (the
@@ -202,7 +203,7 @@ class Simulation:
                     self._push(t, FINISH, flight)
                     finished = True
             if not (running or scheduler.waiting):
-                worker.turn_pending = False
+                worker.turn_pending, worker.free_at = False, t
                 return
             if finished or (events and events[0][0] <= t):
                 self._push(t, TURN, worker)

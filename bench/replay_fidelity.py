@@ -1,0 +1,114 @@
+"""Timing fidelity of replay: predict a serving-benchmark run's fixed arms and compare, cell by cell.
+
+    python -m bench.replay_fidelity --trace TRACE --costs COSTS [--run docs/runs/full/merged/serve.json.gz]
+
+TRACE must hold the run's requests: ``specgate trace build --workloads ../shared/workloads --per-slice 16
+--max-new-tokens 64 --seed 0 --max-prompt-chars 6000 --draft-layers 8`` draws the same seeded sample as
+``specgate bench serve --preset full`` (checked here, by id). COSTS is a cost model of this machine
+(``specgate trace calibrate``). Each fixed arm of the run is replayed the way the benchmark served it: one
+worker with the run's ``--max-running-requests``, one block per slice in the benchmark's order, the run's
+loads (closed loop, or Poisson with the benchmark's own seeded gaps), and p50 TPOT and TTFT per (arm, load,
+slice) are printed beside the measured ones. The issue's bar (issue 25): predicted p50 TPOT within +-10%
+of the measured cell at c1 and within +-20% at other loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from gateway.replay.book import RoundBook
+from gateway.replay.choosers import Prices
+from gateway.replay.report import percentile
+from gateway.replay.run import parse_arm, sweep
+from policies.costmodel import load_cost_model
+from policies.trace import read_trace
+
+FIXED = ("plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tolerance(load: str) -> float:
+    return 0.10 if load == "c1" else 0.20
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.replay_fidelity", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--trace", type=Path, required=True)
+    parser.add_argument("--costs", type=Path, required=True)
+    parser.add_argument("--run", type=Path, default=REPO / "docs/runs/full/merged/serve.json.gz")
+    parser.add_argument("--loads", nargs="+", default=None, help="default: the run's")
+    parser.add_argument("--arms", nargs="+", default=None, help="default: the run's fixed arms")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--ngram", nargs=3, default=[1, 4, "latest"], metavar=("MIN", "MAX", "MATCH"),
+                        help="the run's n-gram rule: docs/runs/full ran at 0c93c07, whose proposer took the latest "
+                             "occurrence of n in 1..4 (issue 32 changed it to the earliest, n in 1..12)")
+    parser.add_argument("--json", type=Path, default=None, help="write the table as JSON")
+    args = parser.parse_args(argv)
+
+    run = json.loads(gzip.open(args.run).read() if args.run.suffix == ".gz" else args.run.read_text())
+    trace = read_trace(args.trace)
+    costs = load_cost_model(args.costs, revision=trace.header.revision)
+    wanted = {s: [w["id"] for w in items] for s, items in run["workloads"].items()}
+    have: dict[str, list[str]] = {}
+    for r in trace.requests:
+        have.setdefault(r.slice, []).append(r.id)
+    if have != wanted:
+        print("error: the trace does not hold the run's requests in the run's order (per slice); build it with "
+              "the command in this module's docstring", file=sys.stderr)
+        return 1
+    loads = args.loads or run["settings"]["loads"]
+    arms = [a for a in (args.arms or run["settings"]["arms"]) if a in FIXED]
+    book = RoundBook(trace, ngram=(int(args.ngram[0]), int(args.ngram[1]), args.ngram[2]))  # type: ignore[arg-type]
+    contenders = [parse_arm("suffix-k8" if a == "suffix" else a, book) for a in arms]
+    prices = Prices(book, costs)
+    results = sweep(prices, contenders, loads, 1, "by-slice", max_running=run["settings"]["max_running_requests"],
+                    max_total_tokens=65536, processes=args.processes)
+    index = {i: r for i, r in enumerate(trace.requests)}
+    rows, inside, total = [], 0, 0
+    print("| arm | load | slice | TPOT p50 measured ms | predicted | ratio | within | TTFT p50 measured ms | predicted |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for arm, contender in zip(arms, contenders):
+        for load in loads:
+            served = results[(contender.name, load, 0)]
+            for slice_, cell in run["arms"][arm]["cells"].get(load, {}).items():
+                mine = [s for s in served if index[s.index].slice == slice_]
+                tpot = percentile([s.tpot * 1e3 for s in mine if s.tpot], 50)
+                ttft = percentile([s.ttft * 1e3 for s in mine], 50)
+                measured = cell["tpot_ms"]["p50"]
+                ratio = tpot / measured if tpot and measured else None
+                ok = ratio is not None and abs(ratio - 1) <= tolerance(load)
+                inside += ok
+                total += ratio is not None
+                rows.append({"arm": arm, "load": load, "slice": slice_, "tpot_measured_ms": measured,
+                             "tpot_predicted_ms": tpot, "ratio": ratio, "within": ok,
+                             "ttft_measured_ms": cell["ttft_ms"]["p50"], "ttft_predicted_ms": ttft})
+                print(f"| {arm} | {load} | {slice_} | {measured:.1f} | {tpot:.1f} | {ratio:.3f} | {'yes' if ok else 'NO'} "
+                      f"| {cell['ttft_ms']['p50']:.0f} | {ttft:.0f} |")
+    same = different = 0
+    for r in run["requests"]:
+        if r["arm"] in arms and r["ok"] and r.get("verify_rounds") is not None and r["load"] in loads:
+            i = next(i for i, t in index.items() if t.id == r["item"])
+            mine = next(s for s in results[(contenders[arms.index(r["arm"])].name, r["load"], 0)] if s.index == i)
+            same += mine.verify_ct == r["verify_rounds"]
+            different += mine.verify_ct != r["verify_rounds"]
+    print(f"\ntarget forwards per request, replayed vs the run's verify_rounds: {same} equal, {different} different")
+    print(f"{inside} of {total} cells within the bar (+-10% at c1, +-20% elsewhere)")
+    for load in loads:
+        ratios = [r["ratio"] for r in rows if r["load"] == load and r["ratio"]]
+        if ratios:
+            print(f"{load}: median predicted/measured {statistics.median(ratios):.3f}, range "
+                  f"{min(ratios):.3f}-{max(ratios):.3f}, within {sum(r['within'] for r in rows if r['load'] == load)}"
+                  f"/{len(ratios)}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
