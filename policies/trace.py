@@ -150,19 +150,22 @@ _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`")
 _MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`")
 
 
-def _explain(error: msgspec.ValidationError) -> str:
+def _explain(error: msgspec.ValidationError, unknown: str = f"unknown field (trace format {FORMAT})") -> str:
     """msgspec's "Expected `int`, got `str` - at `$.served.rounds[0][1]`" as "field served.rounds[0][1]:
-    expected `int`, got `str`" (``__post_init__`` messages already start with their field)."""
+    expected `int`, got `str`". ``__post_init__`` messages already start with their field, relative to their
+    Struct: a nested one's path is put in front. ``unknown``: what an unknown field is called (the cost model
+    file, policies/costmodel.py, reuses this with its own format)."""
     text = str(error)
     path, what = "", text
     if match := _AT.match(text):
         path, what = match["path"], match["what"]
     if match := _UNKNOWN.match(what) or _MISSING.match(what):
         name = f"{path}.{match['name']}" if path else match["name"]
-        problem = f"unknown field (trace format {FORMAT})" if match.re is _UNKNOWN else "missing (a required field)"
+        problem = unknown if match.re is _UNKNOWN else "missing (a required field)"
         return f"field {name}: {problem}"
     if what.startswith("field "):
-        return what
+        inner = what.removeprefix("field ")
+        return f"field {path}{'' if inner.startswith('[') else '.'}{inner}" if path else what
     if path:
         return f"field {path}: {what[0].lower()}{what[1:]}"
     return what

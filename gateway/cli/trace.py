@@ -1,7 +1,8 @@
-"""`specgate trace build`: record requests as a replay trace (docs/replay.md).
+"""`specgate trace build`: record requests as a replay trace; `specgate trace calibrate`: measure the cost
+model that times them in replay (docs/replay.md).
 
-Exit codes: 0 written; 1 the input (requests file, workloads, policy pairs) cannot be traced; 2 usage or
-the model is not prepared.
+Exit codes: 0 written; 1 the input (requests file, workloads, policy pairs, calibration settings) cannot
+be used; 2 usage or the model is not prepared.
 """
 
 from __future__ import annotations
@@ -45,6 +46,43 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="prepared model directory (default: $SPECGATE_MODEL_DIR or the model cache)")
     build.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     build.set_defaults(func=_build)
+    _register_calibrate(actions)
+
+
+def _register_calibrate(actions: argparse._SubParsersAction) -> None:
+    from backends.engine.calibrate import DEFAULT_CONTEXTS, DEFAULT_PREFILL_TOKENS, DEFAULT_WIDTHS, PROPOSERS
+
+    calibrate = actions.add_parser(
+        "calibrate", help="measure the replay cost model (forward, prefill, draft and overhead seconds)",
+        description="Time the embedded engine's target forwards by width (tokens fed: k + 1) and context length, "
+                    "prefill chunks, each proposer's drafting and the per-round overhead (medians after a "
+                    "warm-up), write the cost model replay times rounds with, and set real rounds (plain and "
+                    "ngram k = 4) beside the model's prediction. Measure on a quiet machine: the file is what "
+                    "replay believes this machine does.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    calibrate.add_argument("--out", type=Path, required=True, help="the cost model file (JSON; replaced if it exists)")
+    calibrate.add_argument("--model-dir", type=Path, default=None,
+                           help="prepared model directory (default: $SPECGATE_MODEL_DIR or the model cache)")
+    calibrate.add_argument("--num-threads", type=int, default=None,
+                           help="torch intra-op threads (default: torch's, as `specgate worker` runs; give the "
+                                "worker's value if it sets one)")
+    calibrate.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                           help="the weights' dtype, as the worker's --dtype")
+    calibrate.add_argument("--repeats", type=int, default=5, help="timed repeats per point (the median is kept)")
+    calibrate.add_argument("--contexts", type=int, nargs="+", default=list(DEFAULT_CONTEXTS),
+                           help="context lengths (tokens cached) to measure at; span the prompts replay will see")
+    calibrate.add_argument("--widths", type=int, nargs="+", default=list(DEFAULT_WIDTHS),
+                           help="tokens fed per forward (k + 1); others interpolate")
+    calibrate.add_argument("--prefill-tokens", type=int, nargs="+", default=list(DEFAULT_PREFILL_TOKENS),
+                           help="prefill chunk sizes to measure (the engine's chunk is 256)")
+    calibrate.add_argument("--proposers", nargs="+", choices=PROPOSERS, default=list(PROPOSERS),
+                           help="proposers whose drafting to time")
+    calibrate.add_argument("--draft-layers", type=int, default=8,
+                           help="the self-draft's layers (draft_model), as the worker's --draft-layers")
+    calibrate.add_argument("--text", type=Path, default=None,
+                           help="a text file whose token ids are fed (default: Python's argparse source, real "
+                                "code; ngram and suffix timings depend a little on the text)")
+    calibrate.set_defaults(func=_calibrate)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -103,3 +141,74 @@ def _build(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.out}: {summary.describe(pairs)}")
     return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from backends.engine.model_store import ModelNotPrepared, load_prepared
+
+    try:
+        model = load_prepared(args.model_dir)
+    except ModelNotPrepared as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.repeats < 1 or min(args.widths) < 1 or min(args.contexts) < 0 or min(args.prefill_tokens) < 1:
+        print("error: --repeats, --widths and --prefill-tokens must be at least 1, --contexts at least 0",
+              file=sys.stderr)
+        return 2
+    if not args.out.parent.is_dir():
+        print(f"error: --out {args.out}: directory {args.out.parent} does not exist", file=sys.stderr)
+        return 2
+
+    from backends.engine.calibrate import calibrate, default_text, describe_hardware, self_check
+    from backends.engine.config import EngineConfig
+    from backends.engine.engine import Engine
+    from policies.costmodel import write_cost_model
+
+    try:
+        text = args.text.read_text(encoding="utf-8") if args.text is not None else default_text()
+    except (OSError, ValueError) as exc:
+        print(f"error: --text: {exc}", file=sys.stderr)
+        return 1
+    engine = Engine(EngineConfig(model_path=str(model.path), dtype=args.dtype, calibrate=False,
+                                 num_threads=args.num_threads, draft_layers=args.draft_layers))
+    ids = engine.tokenizer.encode(text, add_special_tokens=False)
+    hardware = describe_hardware(args.dtype)
+    print(f"calibrating {model.name} ({model.revision}) on {hardware}: contexts {sorted(set(args.contexts))}, "
+          f"widths {sorted(set(args.widths))}, {args.repeats} repeats", file=sys.stderr)
+    try:
+        cost = calibrate(engine, ids, model=model.name, revision=model.revision, contexts=args.contexts,
+                         widths=args.widths, prefill_tokens=args.prefill_tokens, repeats=args.repeats,
+                         proposers=args.proposers, draft_layers=args.draft_layers, hardware=hardware,
+                         progress=lambda line: print(f"  {line}", file=sys.stderr))
+    except ValueError as exc:
+        print(f"error: {exc} (nothing written)", file=sys.stderr)
+        return 1
+    write_cost_model(args.out, cost)
+    print(f"{args.out}: cost model of {model.name} ({model.revision}) on {hardware}")
+    for line in _summary(cost):
+        print(f"  {line}")
+    print("self-check, real rounds beside round_s (predicted / measured, median per round; wall: from one "
+          "round's output to the next):")
+    for arm in self_check(engine, cost, ids):
+        print(f"  {arm.arm}: {arm.rounds} rounds, predicted {1e3 * arm.predicted_s:.2f} ms, measured "
+              f"{1e3 * arm.measured_s:.2f} ms (ratio {arm.ratio:.2f}), wall {1e3 * arm.wall_s:.2f} ms (ratio "
+              f"{arm.wall_ratio:.2f})")
+    return 0
+
+
+def _summary(cost) -> list[str]:
+    ms = lambda seconds: f"{1e3 * seconds:.2f} ms"  # noqa: E731
+    low, high = cost.forward[0].context[0], cost.forward[0].context[-1]
+    lines = [f"forward, width {w}: {ms(cost.forward_s(w, low))} at context {low}, {ms(cost.forward_s(w, high))} "
+             f"at {high}" for w in (1, 9)]
+    chunk = cost.prefill.tokens[-1]
+    lines.append(f"prefill, {chunk} tokens: {ms(cost.prefill_s(chunk, 0))} at context 0, "
+                 f"{ms(cost.prefill_s(chunk, cost.prefill.context[-1]))} at {cost.prefill.context[-1]}")
+    for name, draft in cost.draft.items():
+        per_token = (f", {ms(draft.token(draft.context[0] if draft.context else 0))} per token at context "
+                     f"{draft.context[0] if draft.context else 0} to {ms(draft.token(draft.context[-1]))} at "
+                     f"{draft.context[-1]}" if draft.context else "")
+        lines.append(f"draft {name}: {1e6 * draft.call_s:.1f} us per call{per_token}; once per request "
+                     f"{1e6 * draft.setup_token_s:.1f} us per prompt token")
+    lines.append(f"overhead: {ms(cost.overhead_s)} per round")
+    return lines

@@ -1,0 +1,314 @@
+"""The replay cost model: seconds of every step a simulated engine takes (issue 25, docs/replay.md).
+
+Replay knows exactly which forwards a policy would have run (the counterfactuals); only their time needs a
+model. A forward's time depends on what it holds, so the model is a table of measurements, never a formula
+fitted to a guess: per batch size a :class:`Grid` of seconds by tokens fed per sequence (1 for a plain
+step, k + 1 for a verify round) and context length (tokens cached before the forward); a grid for prefill
+chunks; per proposer the draft's cost (a fixed cost per call, plus a cost per drafted token that may grow
+with the context, as a draft model's does); and the per-round overhead outside both (sampling, verification,
+commit). A round of proposer P with k drafts at context L costs ``draft_s(P, k, L) + forward_s(k + 1, L) +
+overhead_s``.
+
+One file per pool: ``specgate trace calibrate`` measures the embedded engine; a pool on GPUs gets a file
+filled from SGLang's ``bench_one_batch`` (docs/replay.md says how). Between measured points values are
+interpolated linearly; outside them a cost only grows (see :meth:`Grid.at`), so replay never predicts a
+forward cheaper than one that was measured next to it. ``revision`` ties the file to the target weights it
+was measured on, as a trace header does.
+
+Pure (msgspec and the stdlib): the simulator runs the gateway's policy code, which imports no torch.
+Errors name the file and the field and say what to do, like the trace and policy files (:class:`CostModelError`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from bisect import bisect_right
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from policies.trace import _explain
+
+FORMAT = 1
+_UNKNOWN_FIELD = f"unknown field (cost model format {FORMAT})"
+
+
+def _line(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """``ys`` at ``x``: linear between the two measured points around ``x``. Outside ``[xs[0], xs[-1]]``
+    the line through the two nearest points where it rises away from the grid, else the nearest point's
+    value: a cost never falls below the one measured at the nearest point."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
+    x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+    value = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    if x < x0:
+        return max(value, y0)
+    if x > x1:
+        return max(value, y1)
+    return value
+
+
+def _ascending(name: str, values: Sequence[float], least: float, what: str) -> None:
+    if not values:
+        raise ValueError(f"field {name}: empty; give at least one {what}")
+    for i, value in enumerate(values):
+        if value < least:
+            raise ValueError(f"field {name}[{i}]: {value}; {what} must be >= {least}")
+        if i and value <= values[i - 1]:
+            raise ValueError(f"field {name}[{i}]: {value} after {values[i - 1]}; list {what} in ascending "
+                             "order, each once")
+
+
+def _seconds(name: str, value: float, *, zero: bool = False) -> None:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(f"field {name}: {value}; seconds must be finite and {bound} (remeasure it)")
+
+
+class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Measured seconds of one forward by tokens fed per sequence and context length before it.
+    ``seconds[i][j]`` is the forward feeding ``tokens[i]`` tokens after ``context[j]`` cached ones."""
+
+    tokens: list[int]  # ascending, >= 1
+    context: list[int]  # ascending, >= 0
+    seconds: list[list[float]]  # [len(tokens)][len(context)], > 0
+
+    def __post_init__(self) -> None:
+        _ascending("tokens", self.tokens, 1, "tokens fed per sequence")
+        _ascending("context", self.context, 0, "context lengths")
+        if len(self.seconds) != len(self.tokens):
+            raise ValueError(f"field seconds: {len(self.seconds)} rows for {len(self.tokens)} tokens; give one "
+                             "row per entry of tokens")
+        for i, row in enumerate(self.seconds):
+            if len(row) != len(self.context):
+                raise ValueError(f"field seconds[{i}]: {len(row)} values for {len(self.context)} contexts; give "
+                                 "one value per entry of context")
+            for j, value in enumerate(row):
+                _seconds(f"seconds[{i}][{j}]", value)
+
+    def at(self, tokens: float, context: float) -> float:
+        """Seconds at (tokens, context). Bilinear inside the grid: along ``context`` in every row, then along
+        ``tokens``. Outside it, per axis, linear extrapolation from the two nearest points when that rises
+        away from the grid, else the nearest point's value: never below the value measured at the nearest
+        point (a shorter context or a narrower forward than any measured costs what the nearest measured
+        one did; a longer or wider one grows with the end segment's slope)."""
+        column = [_line(self.context, row, context) for row in self.seconds]
+        return _line(self.tokens, column, tokens)
+
+
+class DraftCost(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A proposer's cost for one propose call drafting k tokens at context L: ``call_s + k * token(L)``.
+    Model-free proposers (ngram, suffix) have only ``call_s``; a draft model runs one forward per drafted
+    token, whose cost grows with the context: ``token_s`` per entry of ``context`` (interpolated linearly,
+    clamped at the ends), or one value for any context when ``context`` is empty.
+
+    ``setup_token_s``: seconds per prompt token, once per request: what the proposer spends on the prompt
+    before its first draft (ngram indexes it, suffix builds its prompt tree, a draft model prefills its own
+    cache in one forward: on this CPU that is seconds for a long prompt, all of it in the request's TTFT)."""
+
+    call_s: float = 0.0
+    context: list[int] = []
+    token_s: list[float] = []
+    setup_token_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _seconds("call_s", self.call_s, zero=True)
+        _seconds("setup_token_s", self.setup_token_s, zero=True)
+        if self.context:
+            _ascending("context", self.context, 0, "context lengths")
+            if len(self.token_s) != len(self.context):
+                raise ValueError(f"field token_s: {len(self.token_s)} values for {len(self.context)} contexts; "
+                                 "give one value per entry of context")
+        elif len(self.token_s) > 1:
+            raise ValueError(f"field token_s: {len(self.token_s)} values without context; give one value, or "
+                             "the contexts they were measured at")
+        for i, value in enumerate(self.token_s):
+            _seconds(f"token_s[{i}]", value, zero=True)
+
+    def token(self, context: float) -> float:
+        if not self.token_s:
+            return 0.0
+        if not self.context:
+            return self.token_s[0]
+        clamped = min(max(context, self.context[0]), self.context[-1])
+        return _line(self.context, self.token_s, clamped)
+
+
+class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Seconds of every step of one pool's engine. ``forward[b]`` is the target forward (plain step or
+    verify) with ``batch[b]`` sequences, each at the grid's tokens and context; ``prefill`` one prefill
+    chunk of one sequence; ``draft`` per proposer; ``overhead_s`` per round, outside draft and forward."""
+
+    format: Literal[1]
+    model: str
+    revision: str  # the target weights' sha256 ("sha256:..."), as a trace header's
+    hardware: str = ""
+    source: str = ""  # "specgate trace calibrate", "sglang bench_one_batch", ...
+    created: str = ""  # ISO 8601, UTC
+    batch: list[int] = msgspec.field(default_factory=lambda: [1])
+    forward: list[Grid]
+    prefill: Grid
+    draft: dict[str, DraftCost] = {}
+    overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.revision:
+            raise ValueError("field revision: empty; give the target weights' revision (specgate model info) "
+                             "so a replay can check the model it times")
+        _ascending("batch", self.batch, 1, "batch sizes")
+        if len(self.forward) != len(self.batch):
+            raise ValueError(f"field forward: {len(self.forward)} grids for {len(self.batch)} batch sizes "
+                             f"{self.batch}; give one grid per entry of batch")
+        if "none" in self.draft:
+            raise ValueError("field draft.none: proposer none drafts nothing; remove the entry")
+        _seconds("overhead_s", self.overhead_s, zero=True)
+
+    def forward_s(self, tokens: int, context: int, batch: int = 1) -> float:
+        """One target forward of ``batch`` sequences, each feeding ``tokens`` after ``context`` cached ones.
+        Between two measured batch sizes: linear. Below the smallest: the smallest's grid (a smaller batch
+        is assumed no cheaper). Above the largest: ``batch / largest`` times the largest's value, as if the
+        forward ran that many times over: exact for the embedded engine, which runs one sequence per forward
+        (its file holds batch [1]), and an upper bound on a GPU, whose forward grows slower until it
+        saturates; measure the batch sizes a pool serves. Sequences at different contexts: pass their
+        mean (a forward's attention work grows about linearly with each sequence's context)."""
+        _check_query(tokens=tokens, context=context, batch=batch)
+        sizes = self.batch
+        if batch >= sizes[-1]:
+            return self.forward[-1].at(tokens, context) * batch / sizes[-1]
+        if batch <= sizes[0]:
+            return self.forward[0].at(tokens, context)
+        i = bisect_right(sizes, batch) - 1
+        low, high = self.forward[i].at(tokens, context), self.forward[i + 1].at(tokens, context)
+        return low + (high - low) * (batch - sizes[i]) / (sizes[i + 1] - sizes[i])
+
+    def prefill_s(self, tokens: int, context: int) -> float:
+        """One prefill chunk of ``tokens`` after ``context`` cached ones (the caller splits a prompt into
+        chunks as the engine does: ``prefill_chunk`` tokens per forward, the last prompt token left for the
+        first round)."""
+        _check_query(tokens=tokens, context=context)
+        return self.prefill.at(tokens, context)
+
+    def draft_s(self, proposer: str, k: int, context: int) -> float:
+        """One propose call drafting ``k`` tokens from a committed context of ``context`` tokens; 0 for
+        proposer none or k = 0 (no call)."""
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        if proposer == "none" or k == 0:
+            return 0.0
+        cost = self._draft(proposer)
+        return cost.call_s + k * cost.token(context)
+
+    def setup_s(self, proposer: str, prompt_tokens: int) -> float:
+        """Once per request, before its first draft (on top of that round's ``draft_s``): what the proposer
+        spends on a prompt of ``prompt_tokens`` tokens; 0 for proposer none."""
+        return 0.0 if proposer == "none" else prompt_tokens * self._draft(proposer).setup_token_s
+
+    def _draft(self, proposer: str) -> DraftCost:
+        cost = self.draft.get(proposer)
+        if cost is None:
+            known = ", ".join(sorted(self.draft)) or "none"
+            raise ValueError(f"the cost model has no draft cost for proposer {proposer!r} (it has: {known}); "
+                             f"recalibrate with that proposer (specgate trace calibrate) or add draft.{proposer}")
+        return cost
+
+    def round_s(self, proposer: str, k: int, context: int) -> float:
+        """One round at batch 1: the draft, the target forward of the last committed token and the k drafts,
+        and the overhead. Proposer none is a plain step: k must be 0."""
+        if proposer == "none" and k != 0:
+            raise ValueError(f"proposer none is a plain step: k must be 0, got {k}")
+        return self.draft_s(proposer, k, context) + self.forward_s(k + 1, context) + self.overhead_s
+
+
+def _check_query(**values: int) -> None:
+    least = {"tokens": 1, "context": 0, "batch": 1}
+    for name, value in values.items():
+        if value < least[name]:
+            raise ValueError(f"{name} must be >= {least[name]}, got {value}")
+
+
+class CostModelError(ValueError):
+    """A cost model file that cannot be used: ``FILE: field PATH: what is wrong; what to do``."""
+
+
+_DECODERS = {".json": msgspec.json.decode, ".yaml": msgspec.yaml.decode, ".yml": msgspec.yaml.decode}
+
+
+def _field_error(exc: msgspec.ValidationError, raw: Any) -> str:
+    """``_explain``, with a draft entry's name in its path (msgspec writes dict values as ``draft[...]``)."""
+    message = _explain(exc, _UNKNOWN_FIELD)
+    if "draft[...]" in message and isinstance(raw, dict) and isinstance(raw.get("draft"), dict):
+        for name, entry in raw["draft"].items():
+            try:
+                msgspec.convert(entry, DraftCost)
+            except msgspec.ValidationError as inner:
+                text = _explain(inner, _UNKNOWN_FIELD)
+                if text.startswith("field "):
+                    return f"field draft.{name}.{text.removeprefix('field ')}"
+                return f"field draft.{name}: {text[0].lower()}{text[1:]}"
+    if message.startswith("field format:"):
+        message += f"; this specgate reads cost model format {FORMAT}"
+    return message
+
+
+def load_cost_model(path: str | Path, *, revision: str | None = None) -> CostModel:
+    """Read and check a cost model file (JSON, or YAML by its suffix). ``revision``: the target weights
+    the replay runs; a model measured on other weights is refused."""
+    path = Path(path)
+    decode = _DECODERS.get(path.suffix.lower())
+    if decode is None:
+        raise CostModelError(f"{path}: unknown suffix {path.suffix!r}; name the file .json, .yaml or .yml")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CostModelError(f"{path}: cannot read ({exc.strerror}); write one with specgate trace calibrate") \
+            from None
+    try:
+        model = decode(data, type=CostModel)
+    except msgspec.ValidationError as exc:
+        try:
+            raw = decode(data)
+        except msgspec.DecodeError:
+            raw = None
+        raise CostModelError(f"{path}: {_field_error(exc, raw)}") from None
+    except msgspec.DecodeError as exc:
+        kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
+        raise CostModelError(f"{path}: malformed {kind} ({exc})") from None
+    if revision is not None and model.revision != revision:
+        raise CostModelError(f"{path}: field revision: the cost model was calibrated for model revision "
+                             f"{model.revision}, this model is {revision}; recalibrate (specgate trace calibrate) "
+                             "on this model")
+    return model
+
+
+def _pretty(value: Any, indent: int = 0) -> str:
+    """JSON with one key per line and each list of numbers (a grid row) on one line."""
+    pad = " " * indent
+    if isinstance(value, dict) and value:
+        items = [f"{pad}  {json.dumps(key)}: {_pretty(item, indent + 2)}" for key, item in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    if isinstance(value, list) and any(isinstance(item, (dict, list)) for item in value):
+        items = [f"{pad}  {_pretty(item, indent + 2)}" for item in value]
+        return "[\n" + ",\n".join(items) + f"\n{pad}]"
+    return json.dumps(value)
+
+
+def write_cost_model(path: str | Path, model: CostModel) -> None:
+    """Write ``model`` as JSON, readable and editable by hand; whole or not at all (a temporary file beside
+    ``path``, renamed over it)."""
+    path = Path(path)
+    text = _pretty(msgspec.to_builtins(model)) + "\n"
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # measurements, not user content: readable like any config file
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,95 @@
+"""`specgate trace calibrate` (backends/engine/calibrate.py) on the tiny random engine: a complete, valid cost
+model whose axes are the ones asked for, written and read back equal; rounds recovered one for one from a
+real request; the self-check; and the command line's argument errors (no model run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.engine.calibrate import calibrate, default_text, run_rounds, self_check
+from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
+from gateway.cli import build_parser, main
+from policies.costmodel import load_cost_model, write_cost_model
+
+REVISION = "sha256:" + "00" * 32
+
+
+@pytest.fixture(scope="module")
+def text_ids(real_tokenizer):
+    return real_tokenizer.encode(default_text(), add_special_tokens=False)
+
+
+def test_calibrate_measures_every_part_of_the_model(tiny_engine, text_ids, tmp_path):
+    lines: list[str] = []
+    cost = calibrate(tiny_engine, text_ids, model="tiny", revision=REVISION, contexts=(64, 8), widths=(1, 5, 3),
+                     prefill_tokens=(16, 4), repeats=1, draft_layers=1, hardware="test", progress=lines.append)
+    assert (cost.model, cost.revision, cost.hardware, cost.source) == ("tiny", REVISION, "test",
+                                                                        "specgate trace calibrate")
+    assert cost.batch == [1] and len(cost.forward) == 1
+    forward = cost.forward[0]
+    assert (forward.tokens, forward.context) == ([1, 3, 5], [8, 64])
+    assert (cost.prefill.tokens, cost.prefill.context) == ([4, 16], [0, 8, 64])
+    seconds = [s for grid in (forward, cost.prefill) for row in grid.seconds for s in row]
+    assert len(seconds) == 6 + 6 and all(0 < s < 10 for s in seconds)
+    assert set(cost.draft) == {"ngram", "suffix", "draft_model"}
+    assert cost.draft["ngram"].call_s > 0 and cost.draft["suffix"].call_s > 0
+    assert cost.draft["ngram"].token_s == [] and cost.draft["suffix"].token_s == []
+    draft = cost.draft["draft_model"]
+    assert draft.context == [8, 64] and all(s > 0 for s in draft.token_s) and draft.call_s >= 0
+    assert cost.draft["ngram"].setup_token_s > 0 and cost.draft["suffix"].setup_token_s > 0  # index the prompt
+    assert draft.setup_token_s >= 0  # its prefill: on the tiny model barely more than a step
+    assert cost.overhead_s > 0
+    assert cost.round_s("draft_model", 4, 30) > cost.round_s("none", 0, 30) > 0
+    assert len(lines) == 3 + 2 + 3 + 1  # forwards at 0, 8, 64; ngram; suffix; draft at 8, 64, first; overhead
+    path = tmp_path / "cost.json"
+    write_cost_model(path, cost)
+    assert load_cost_model(path, revision=REVISION) == cost
+
+
+def test_calibrate_refuses_what_it_cannot_measure(tiny_engine, text_ids):
+    with pytest.raises(ValueError, match=r"^context 500 plus 17 tokens exceeds the model's context window \(512\)"):
+        calibrate(tiny_engine, text_ids, model="tiny", revision=REVISION, contexts=(500,), widths=(1, 17),
+                  prefill_tokens=(4,), repeats=1)
+    with pytest.raises(ValueError, match=r"^proposers: unknown \['eagle'\]"):
+        calibrate(tiny_engine, text_ids, model="tiny", revision=REVISION, proposers=("eagle",))
+    with pytest.raises(ValueError, match="^no token ids to calibrate with"):
+        calibrate(tiny_engine, [], model="tiny", revision=REVISION, contexts=(8,), widths=(1,),
+                  prefill_tokens=(4,), repeats=1)
+
+
+def test_rounds_are_recovered_one_for_one(tiny_engine, text_ids):
+    prompt = tuple(text_ids[:40])
+    plain = run_rounds(tiny_engine, GenerateRequest(
+        rid="plain", input_ids=prompt, sampling=SamplingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)))
+    assert [(r.context, r.k) for r in plain] == [(39 + i, 0) for i in range(6)]
+    assert plain[0].wall_s is None and all(r.wall_s > 0 and r.verify_s > 0 for r in plain[1:])
+    ngram = run_rounds(tiny_engine, GenerateRequest(
+        rid="ngram", input_ids=prompt * 2, speculation=SpeculationParams(proposer="ngram", draft_tokens=4),
+        sampling=SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)))
+    assert ngram[0].context == 79 and ngram[0].k == 4  # the prompt repeats itself: a full draft at once
+    assert all(0 <= r.k <= 4 for r in ngram) and all(b.context > a.context for a, b in zip(ngram, ngram[1:]))
+
+
+def test_self_check_sets_real_rounds_beside_the_model(tiny_engine, text_ids):
+    cost = calibrate(tiny_engine, text_ids, model="tiny", revision=REVISION, contexts=(8, 64), widths=(1, 5),
+                     prefill_tokens=(4,), repeats=1, proposers=("ngram",))
+    arms = self_check(tiny_engine, cost, text_ids, prompt_tokens=48, max_new_tokens=8)
+    assert [(a.arm, a.rounds) for a in arms] == [("plain", 7), ("ngram-k4", 7)]
+    assert all(a.predicted_s > 0 and a.measured_s > 0 and a.ratio > 0 and a.wall_ratio > 0 for a in arms)
+
+
+def test_the_command_line_checks_its_arguments_before_loading_a_model(tmp_path, capsys):
+    with pytest.raises(SystemExit) as usage:
+        build_parser().parse_args(["trace", "calibrate", "--contexts", "32"])
+    assert usage.value.code == 2
+    assert "the following arguments are required: --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["trace", "calibrate", "--help"])
+    shown = capsys.readouterr().out
+    assert all(flag in shown for flag in ("--out", "--model-dir", "--num-threads", "--repeats", "--contexts",
+                                          "--widths", "--prefill-tokens", "--proposers", "--draft-layers", "--text"))
+    code = main(["trace", "calibrate", "--out", str(tmp_path / "cost.json"), "--repeats", "0"])
+    err = capsys.readouterr().err
+    assert code == 2 and ("--repeats, --widths and --prefill-tokens must be at least 1" in err
+                          or "no prepared model" in err)
+    assert not (tmp_path / "cost.json").exists()

@@ -1,0 +1,198 @@
+"""The replay cost model (policies/costmodel.py): exact interpolation and extrapolation on a hand-made grid,
+batch sizes, draft and round costs, and the exact error for every kind of bad file."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import msgspec
+import pytest
+import yaml
+
+from policies.costmodel import (
+    FORMAT, CostModel, CostModelError, DraftCost, Grid, load_cost_model, write_cost_model,
+)
+
+REVISION = "sha256:" + "ab" * 32
+# seconds rise by 0.001 per context token at width 1 and 0.002 at width 9, and by 0.25 per token fed
+GRID = Grid(tokens=[1, 9], context=[100, 1100], seconds=[[1.0, 2.0], [3.0, 5.0]])
+DRAFT = {"ngram": DraftCost(call_s=0.001, setup_token_s=1e-5),
+         "draft_model": DraftCost(call_s=0.002, context=[100, 1100], token_s=[0.01, 0.03], setup_token_s=0.002)}
+
+
+def model(**changes) -> CostModel:
+    fields = dict(format=FORMAT, model="SmolLM2-135M-Instruct", revision=REVISION, forward=[GRID],
+                  prefill=Grid(tokens=[16, 256], context=[0, 1024], seconds=[[0.1, 0.2], [1.0, 1.5]]),
+                  draft=DRAFT, overhead_s=0.5)
+    return CostModel(**{**fields, **changes})
+
+
+def raw(**changes) -> dict:
+    return {**msgspec.to_builtins(model()), **changes}
+
+
+@pytest.mark.parametrize(("tokens", "context", "seconds"), [
+    (1, 100, 1.0), (9, 1100, 5.0), (1, 1100, 2.0), (9, 100, 3.0),  # the measured points
+    (5, 600, 2.75), (1, 600, 1.5), (3, 100, 1.5),  # bilinear inside
+    (1, 2100, 3.0), (9, 2100, 7.0), (17, 2100, 11.0), (17, 100, 5.0),  # above: the end segment's slope
+    (1, 0, 1.0), (9, 0, 3.0), (5, 0, 2.0),  # below the smallest context: the nearest point's value
+])
+def test_grid_interpolates_and_extrapolates_exactly(tokens, context, seconds):
+    assert GRID.at(tokens, context) == pytest.approx(seconds, abs=1e-12)
+
+
+def test_extrapolation_never_goes_below_the_nearest_point():
+    falling = Grid(tokens=[2, 4], context=[100, 1100], seconds=[[2.0, 1.0], [1.5, 1.0]])
+    assert falling.at(2, 2100) == 1.0  # the line would reach 0.0
+    assert falling.at(2, 0) == pytest.approx(2.1)  # rises away from the grid: extrapolated
+    assert falling.at(1, 100) == 2.25  # width falls 2 -> 4 (noise): fewer tokens extrapolate upwards
+    assert falling.at(8, 100) == 1.5  # width falls 2 -> 4 here (noise): held at width 4's value
+    single = Grid(tokens=[1], context=[64], seconds=[[0.25]])
+    assert single.at(1, 0) == single.at(17, 4096) == 0.25
+
+
+def test_forward_s_over_batch_sizes():
+    double = Grid(tokens=GRID.tokens, context=GRID.context, seconds=[[2.0, 4.0], [6.0, 10.0]])
+    two = model(batch=[1, 4], forward=[GRID, double])
+    assert two.forward_s(1, 100) == 1.0
+    assert two.forward_s(1, 100, batch=2) == pytest.approx(4 / 3)  # linear between batch 1 and 4
+    assert two.forward_s(5, 600, batch=4) == 5.5
+    assert two.forward_s(1, 100, batch=8) == 4.0  # above the largest: 8 / 4 times batch 4's value
+    assert model(batch=[2, 4], forward=[GRID, double]).forward_s(1, 100, batch=1) == 1.0  # the smallest's grid
+    assert model().forward_s(9, 1100, batch=3) == 15.0  # batch [1]: three forwards' time
+    with pytest.raises(ValueError, match="^batch must be >= 1, got 0$"):
+        model().forward_s(1, 100, batch=0)
+    with pytest.raises(ValueError, match="^tokens must be >= 1, got 0$"):
+        model().forward_s(0, 100)
+    assert model().prefill_s(136, 512) == pytest.approx(0.15 + 0.5 * (1.25 - 0.15))
+
+
+def test_draft_and_round_costs():
+    m = model()
+    assert m.draft_s("none", 0, 600) == m.draft_s("ngram", 0, 600) == 0.0
+    assert m.draft_s("ngram", 4, 600) == 0.001  # model-free: per call, whatever k
+    assert m.draft_s("draft_model", 4, 600) == pytest.approx(0.002 + 4 * 0.02)
+    assert m.draft_s("draft_model", 4, 5000) == pytest.approx(0.002 + 4 * 0.03)  # clamped at the ends
+    assert m.draft_s("draft_model", 1, 0) == pytest.approx(0.012)
+    assert m.round_s("none", 0, 600) == pytest.approx(1.5 + 0.5)
+    assert m.round_s("draft_model", 4, 600) == pytest.approx(0.082 + 2.75 + 0.5)
+    assert m.round_s("ngram", 8, 1100) == pytest.approx(0.001 + 5.0 + 0.5)
+    with pytest.raises(ValueError) as missing:
+        m.draft_s("suffix", 4, 600)
+    assert str(missing.value) == ("the cost model has no draft cost for proposer 'suffix' (it has: draft_model, "
+                                  "ngram); recalibrate with that proposer (specgate trace calibrate) or add "
+                                  "draft.suffix")
+    with pytest.raises(ValueError, match="^proposer none is a plain step: k must be 0, got 2$"):
+        m.round_s("none", 2, 600)
+    assert m.setup_s("none", 1000) == 0.0
+    assert m.setup_s("ngram", 1000) == pytest.approx(0.01) and m.setup_s("draft_model", 1000) == 2.0
+    with pytest.raises(ValueError, match="^the cost model has no draft cost for proposer 'suffix'"):
+        m.setup_s("suffix", 1000)
+
+
+def test_a_written_model_reads_back_equal_and_editable(tmp_path):
+    path = tmp_path / "cost.json"
+    write_cost_model(path, model(hardware="2-core Xeon", source="test", created="2025-01-01T00:00:00+00:00"))
+    assert load_cost_model(path, revision=REVISION) == model(hardware="2-core Xeon", source="test",
+                                                             created="2025-01-01T00:00:00+00:00")
+    text = path.read_text()
+    assert '"seconds": [\n        [1.0, 2.0],\n        [3.0, 5.0]\n      ]' in text  # a grid row per line
+    assert json.loads(text)["format"] == 1
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["cost.json"]
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".yml"])
+def test_yaml_reads_like_json(tmp_path, suffix):
+    path = tmp_path / f"cost{suffix}"
+    path.write_text(yaml.safe_dump(msgspec.to_builtins(model())))
+    assert load_cost_model(path) == model()
+    path.write_text(yaml.safe_dump(raw(overhead="x")))
+    with pytest.raises(CostModelError) as bad:
+        load_cost_model(path)
+    assert str(bad.value) == f"{path}: field overhead: unknown field (cost model format 1)"
+
+
+def grid(**changes) -> dict:
+    return {**msgspec.to_builtins(GRID), **changes}
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (raw(speed=1), "field speed: unknown field (cost model format 1)"),
+    (raw(forward=[grid(extra=1)]), "field forward[0].extra: unknown field (cost model format 1)"),
+    ({k: v for k, v in raw().items() if k != "prefill"}, "field prefill: missing (a required field)"),
+    (raw(format=2), "field format: invalid enum value 2; this specgate reads cost model format 1"),
+    (raw(revision=""), "field revision: empty; give the target weights' revision (specgate model info) so a "
+                       "replay can check the model it times"),
+    (raw(forward=[grid(seconds=[[1.0, 2.0], ["x", 5.0]])]),
+     "field forward[0].seconds[1][0]: expected `float`, got `str`"),
+    (raw(forward=[grid(seconds=[[1.0, 2.0]])]),
+     "field forward[0].seconds: 1 rows for 2 tokens; give one row per entry of tokens"),
+    (raw(forward=[grid(seconds=[[1.0, 2.0], [3.0]])]),
+     "field forward[0].seconds[1]: 1 values for 2 contexts; give one value per entry of context"),
+    (raw(forward=[grid(seconds=[[1.0, 0.0], [3.0, 5.0]])]),
+     "field forward[0].seconds[0][1]: 0.0; seconds must be finite and > 0 (remeasure it)"),
+    (raw(forward=[grid(seconds=[[1.0, 2.0], [-3.0, 5.0]])]),
+     "field forward[0].seconds[1][0]: -3.0; seconds must be finite and > 0 (remeasure it)"),
+    (raw(forward=[grid(tokens=[0, 9])]), "field forward[0].tokens[0]: 0; tokens fed per sequence must be >= 1"),
+    (raw(forward=[grid(tokens=[9, 1])]),
+     "field forward[0].tokens[1]: 1 after 9; list tokens fed per sequence in ascending order, each once"),
+    (raw(forward=[grid(tokens=[])]), "field forward[0].tokens: empty; give at least one tokens fed per sequence"),
+    (raw(prefill=grid(context=[100, 100])),
+     "field prefill.context[1]: 100 after 100; list context lengths in ascending order, each once"),
+    (raw(prefill=grid(context=[-1, 100])), "field prefill.context[0]: -1; context lengths must be >= 0"),
+    (raw(batch=[1, 4]), "field forward: 1 grids for 2 batch sizes [1, 4]; give one grid per entry of batch"),
+    (raw(batch=[4, 1], forward=[grid(), grid()]),
+     "field batch[1]: 1 after 4; list batch sizes in ascending order, each once"),
+    (raw(draft={"ngram": {"call_s": 0.001, "per_token": 1}}),
+     "field draft.ngram.per_token: unknown field (cost model format 1)"),
+    (raw(draft={"ngram": {"call_s": -1.0}}),
+     "field draft.ngram.call_s: -1.0; seconds must be finite and >= 0 (remeasure it)"),
+    (raw(draft={"ngram": {"call_s": "fast"}}), "field draft.ngram.call_s: expected `float`, got `str`"),
+    (raw(draft={"ngram": {"setup_token_s": -1e-6}}),
+     "field draft.ngram.setup_token_s: -1e-06; seconds must be finite and >= 0 (remeasure it)"),
+    (raw(draft={"draft_model": {"context": [0, 100], "token_s": [0.01]}}),
+     "field draft.draft_model.token_s: 1 values for 2 contexts; give one value per entry of context"),
+    (raw(draft={"draft_model": {"token_s": [0.01, 0.02]}}),
+     "field draft.draft_model.token_s: 2 values without context; give one value, or the contexts they were "
+     "measured at"),
+    (raw(draft={"ngram": 3}), "field draft.ngram: expected `object`, got `int`"),
+    (raw(draft={"none": {"call_s": 0.0}}), "field draft.none: proposer none drafts nothing; remove the entry"),
+])
+def test_every_bad_field_is_named_with_its_fix(tmp_path, data, message):
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CostModelError) as bad:
+        load_cost_model(path)
+    assert str(bad.value) == f"{path}: {message}"
+
+
+def test_bad_files(tmp_path):
+    path = tmp_path / "cost.json"
+    write_cost_model(path, model())
+    with pytest.raises(CostModelError) as other:
+        load_cost_model(path, revision="sha256:" + "cd" * 32)
+    assert str(other.value) == (f"{path}: field revision: the cost model was calibrated for model revision "
+                                f"{REVISION}, this model is sha256:{'cd' * 32}; recalibrate (specgate trace "
+                                "calibrate) on this model")
+    path.write_text('{"format": 1,')
+    with pytest.raises(CostModelError, match=r"cost\.json: malformed JSON \("):
+        load_cost_model(path)
+    with pytest.raises(CostModelError) as suffix:
+        load_cost_model(tmp_path / "cost.txt")
+    assert str(suffix.value) == f"{tmp_path / 'cost.txt'}: unknown suffix '.txt'; name the file .json, .yaml or .yml"
+    with pytest.raises(CostModelError) as absent:
+        load_cost_model(tmp_path / "absent.json")
+    assert str(absent.value) == (f"{tmp_path / 'absent.json'}: cannot read (No such file or directory); write one "
+                                 "with specgate trace calibrate")
+
+
+def test_construction_in_python_checks_too():
+    with pytest.raises(ValueError, match=r"^field seconds\[0\]\[0\]: 0.0; seconds must be finite and > 0"):
+        Grid(tokens=[1], context=[0], seconds=[[0.0]])
+    with pytest.raises(ValueError, match="^field token_s: 2 values for 1 contexts"):
+        DraftCost(context=[0], token_s=[0.1, 0.2])
+    with pytest.raises(ValueError, match=r"^field overhead_s: nan; seconds must be finite and >= 0 \(remeasure it\)$"):
+        model(overhead_s=float("nan"))
