@@ -1,0 +1,254 @@
+"""`specgate replay` (gateway/cli/replay.py) in-process on a synthetic trace and a hand-made cost model: the
+tables and paired ratios it prints (the ratios computed by hand), what --out writes, and the exact error
+and exit code for each kind of bad input, with nothing written."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from gateway.cli import main
+from policies.costmodel import FORMAT as COSTS_FORMAT
+from policies.costmodel import CostModel, DraftCost, Grid, write_cost_model
+from policies.errors import PolicyError
+from policies.features import RequestFeatures
+from policies.load import load_policy_file
+from policies.trace import FORMAT, Header, Sampling, Served, TraceRequest, write_trace
+
+REVISION = "sha256:" + "ab" * 32
+OTHER = "sha256:" + "ef" * 32
+OVERHEAD, CALL, SETUP = 0.0003, 0.0005, 2e-6
+PHRASE = [11, 12, 13, 14, 15, 16]
+
+
+def forward(tokens: int, context: int) -> float:
+    return 0.010 + 0.001 * (tokens - 1) + 1e-5 * context
+
+
+def prefill(tokens: int, context: int) -> float:
+    return 0.001 * tokens + 1e-5 * context
+
+
+def costs(revision: str = REVISION) -> CostModel:
+    return CostModel(
+        format=COSTS_FORMAT, model="m", revision=revision,
+        forward=[Grid(tokens=[1, 17], context=[0, 1000],
+                      seconds=[[forward(1, 0), forward(1, 1000)], [forward(17, 0), forward(17, 1000)]])],
+        prefill=Grid(tokens=[1, 257], context=[0, 1000],
+                     seconds=[[prefill(1, 0), prefill(1, 1000)], [prefill(257, 0), prefill(257, 1000)]]),
+        draft={"ngram": DraftCost(call_s=CALL, setup_token_s=SETUP), "suffix": DraftCost(call_s=CALL)},
+        overhead_s=OVERHEAD)
+
+
+def request(rid: str, slice_: str, prompt: list[int], output: list[int], code_score: float) -> TraceRequest:
+    return TraceRequest(
+        id=rid, arrival_s=0.0, route="default", slice=slice_,
+        features=RequestFeatures(prompt_tokens=len(prompt), max_tokens=len(output), code_score=code_score),
+        sampling=Sampling(temperature=0.0, max_new_tokens=len(output)),
+        served=Served(proposer="none", draft_tokens=0, finish="length"), prompt_ids=prompt, output_ids=output)
+
+
+# code: the output copies the prompt's phrase (n-gram k = 4 commits 5, 5, 2 tokens in 3 rounds); prose: no
+# token of the output occurs earlier, so n-gram never drafts and only pays its propose calls
+REQUESTS = [request("c1", "code", PHRASE * 3, PHRASE * 2, 0.5), request("p1", "prose", list(range(1, 19)),
+                                                                       list(range(31, 43)), 0.1),
+            request("c2", "code", PHRASE * 3, PHRASE * 2, 0.5), request("p2", "prose", list(range(1, 19)),
+                                                                       list(range(31, 43)), 0.1)]
+# every request: 18 prompt tokens (17 prefilled), 12 output tokens; plain steps at 17..28 cached tokens
+PLAIN_TPOT = sum(forward(1, 17 + i) + OVERHEAD for i in range(1, 12)) / 11
+CODE_NGRAM_TPOT = (CALL + forward(5, 22) + OVERHEAD + CALL + forward(2, 27) + OVERHEAD) / 11
+PROSE_NGRAM_TPOT = PLAIN_TPOT + 10 * CALL / 11  # rounds 2..11 propose (nothing); the 12th has no budget
+CODE_RATIO, PROSE_RATIO = CODE_NGRAM_TPOT / PLAIN_TPOT, PROSE_NGRAM_TPOT / PLAIN_TPOT
+
+PINNED = f"""version: 1
+slo: {{ttft_ms: 900, tpot_ms: 40}}
+slices:
+  - {{name: code, when: {{code_score: {{gte: 0.3}}}}}}
+  - {{name: prose}}
+pairs:
+  p: {{target: {{model: m, revision: "{REVISION}"}}, draft: {{kind: ngram}}}}
+pools:
+  plain: {{proposer: none, workers: ["http://w:1"]}}
+  ngram: {{proposer: ngram, draft_tokens: 4, pair: p, workers: ["http://w:1"]}}
+rules:
+  - {{name: code-copies, when: {{slice: code}}, then: {{pool: ngram, draft_tokens: 4}}}}
+  - {{name: rest, then: bypass}}
+"""
+BYPASS = PINNED.replace("{ttft_ms: 900, tpot_ms: 40}", "{ttft_ms: 100, tpot_ms: 5}").replace(
+    "  - {name: code-copies, when: {slice: code}, then: {pool: ngram, draft_tokens: 4}}\n", "")
+
+
+@pytest.fixture
+def files(tmp_path):
+    trace, cost_file = tmp_path / "trace.jsonl", tmp_path / "costs.json"
+    write_trace(trace, Header(format=FORMAT, model="m", revision=REVISION, tokenizer="t"), REQUESTS)
+    write_cost_model(cost_file, costs())
+    return trace, cost_file
+
+
+def replay(capsys, trace, cost_file, *args: str) -> tuple[int, str, str]:
+    code = main(["replay", "--trace", str(trace), "--costs", str(cost_file), "--processes", "1", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def sections(markdown: str) -> dict[str, str]:
+    parts = markdown.split("\n## ")[1:]
+    return {part.split("\n", 1)[0]: part for part in parts}
+
+
+def test_tables_per_load_and_slice_and_the_paired_ratios(files, capsys):
+    code, out, err = replay(capsys, *files, "--arms", "plain", "ngram-k4", "--loads", "c1", "c2", "--seeds", "2",
+                            "--mix", "by-slice")
+    assert code == 0, err
+    assert out.startswith(f"# specgate replay: {files[0]}\n")
+    tables = sections(out)
+    assert list(tables) == [f"{load} / {slice_}" for load in ("c1", "c2") for slice_ in ("code", "prose", "all")]
+    for name, table in tables.items():
+        rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")]
+        assert rows == ["| contender", "| plain", "| ngram-k4", "| TPOT ratio (paired, geomean)",
+                        "| ngram-k4 / plain"], name
+    assert CODE_RATIO < 0.3 and PROSE_RATIO > 1  # copying pays, proposing in vain costs its calls
+    for slice_, expected in (("code", CODE_RATIO), ("prose", PROSE_RATIO),
+                             ("all", math.sqrt(CODE_RATIO * PROSE_RATIO))):
+        assert f"\n| ngram-k4 / plain | {expected:.3f} | " in tables[f"c1 / {slice_}"], slice_
+    c2_code = [line for line in tables["c2 / code"].splitlines() if line.startswith("| ngram-k4 / plain |")]
+    assert len(c2_code) == 1 and float(c2_code[0].split(" | ")[1]) < 1
+    # fixed arms, closed loop, by-slice, all greedy: one simulation per (arm, load) stands for both seeds
+    assert "\rreplay: 4/4 runs\n" in err and re.search(r"\nreplay: 8 runs in [0-9.]+ s\n$", err)
+
+
+def test_out_writes_markdown_json_and_plots(files, capsys, tmp_path):
+    out_dir = tmp_path / "report"
+    code, out, err = replay(capsys, *files, "--arms", "plain", "ngram-k4", "--loads", "c1", "c2", "--seeds", "2",
+                            "--mix", "by-slice", "--out", str(out_dir))
+    assert code == 0, err
+    assert sorted(p.name for p in out_dir.iterdir()) == ["replay-goodput.png", "replay-tpot.png", "replay.json",
+                                                          "replay.md"]
+    assert (out_dir / "replay.md").read_text() + "\n" == out
+    assert out.endswith("![replay-tpot](replay-tpot.png)\n![replay-goodput](replay-goodput.png)\n\n")
+    for png in ("replay-tpot.png", "replay-goodput.png"):
+        assert (out_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {out_dir}/replay.md, replay.json and 2 plots" in err
+
+    report = json.loads((out_dir / "replay.json").read_text())
+    assert sorted(report["cells"]) == ["ngram-k4|c1", "ngram-k4|c2", "plain|c1", "plain|c2"]
+    assert all(sorted(cell) == ["all", "code", "prose"] for cell in report["cells"].values())
+    plain, ngram = report["cells"]["plain|c1"], report["cells"]["ngram-k4|c1"]
+    assert plain["code"]["tpot_ms"]["p50"] == pytest.approx(PLAIN_TPOT * 1e3, abs=0.005)
+    assert ngram["code"]["tpot_ms"]["p50"] == pytest.approx(CODE_NGRAM_TPOT * 1e3, abs=0.005)
+    assert ngram["prose"]["tpot_ms"]["p50"] == pytest.approx(PROSE_NGRAM_TPOT * 1e3, abs=0.005)
+    assert (ngram["code"]["accept_length"], ngram["prose"]["accept_length"]) == (4.0, 1.0)  # 12 tokens, 3 and 12 rounds
+    assert (ngram["all"]["requests"], ngram["all"]["seeds"], ngram["all"]["choices"]) == (4, 2, {"ngram-k4": 8})
+    ratios = {(r["load"], r["slice"]): r for r in report["ratios"]}
+    assert {(r["a"], r["b"]) for r in report["ratios"]} == {("ngram-k4", "plain")}
+    assert ratios[("c1", "code")]["ratio"] == pytest.approx(CODE_RATIO, rel=1e-9)
+    assert ratios[("c1", "prose")]["ratio"] == pytest.approx(PROSE_RATIO, rel=1e-9)
+    assert ratios[("c1", "all")]["ratio"] == pytest.approx(math.sqrt(CODE_RATIO * PROSE_RATIO), rel=1e-9)
+    # a fixed arm at c1 in by-slice order is the same for every seed: its interval is over requests
+    assert (ratios[("c1", "code")]["over"], ratios[("c1", "code")]["pairs"]) == ("requests", 2)
+    assert report["meta"]["slo_ms"] == [2000.0, 150.0] and report["settings"]["loads"] == ["c1", "c2"]
+
+
+def test_default_arms_are_those_the_trace_can_replay(files, capsys, tmp_path):
+    out_dir = tmp_path / "report"
+    code, _, err = replay(capsys, *files, "--loads", "c1", "--seeds", "1", "--out", str(out_dir))
+    assert code == 0, err
+    report = json.loads((out_dir / "replay.json").read_text())
+    # no self-draft pair in the trace: the draft arms are left out
+    assert list(report["cells"]) == ["plain|c1", "ngram-k2|c1", "ngram-k4|c1", "ngram-k8|c1", "suffix-k8|c1"]
+
+
+def test_policies_against_arms_and_the_first_policy_sets_the_slo(files, capsys, tmp_path):
+    pinned, bypass = tmp_path / "pinned.yaml", tmp_path / "bypass.yaml"
+    pinned.write_text(PINNED)
+    bypass.write_text(BYPASS)
+    out_dir = tmp_path / "report"
+    code, out, err = replay(capsys, *files, "--policy", str(pinned), "--policy", str(bypass), "--arms", "plain",
+                            "ngram-k4", "--loads", "c1", "--seeds", "2", "--mix", "by-slice", "--out", str(out_dir))
+    assert code == 0, err
+    report = json.loads((out_dir / "replay.json").read_text())
+    assert report["meta"]["slo_ms"] == [900.0, 40.0]  # pinned.yaml's, the first --policy
+    assert report["cells"]["pinned|c1"]["all"]["choices"] == {"ngram-k4": 4, "plain": 4}  # 2 seeds
+    ratios = {(r["a"], r["b"], r["slice"]): r["ratio"] for r in report["ratios"]}
+    expected = {("pinned", "plain", "code"): CODE_RATIO, ("pinned", "plain", "prose"): 1.0,
+                ("pinned", "ngram-k4", "code"): 1.0, ("pinned", "ngram-k4", "prose"): 1 / PROSE_RATIO,
+                ("bypass", "plain", "code"): 1.0, ("bypass", "pinned", "code"): 1 / CODE_RATIO,
+                ("bypass", "ngram-k4", "prose"): 1 / PROSE_RATIO, ("ngram-k4", "plain", "code"): CODE_RATIO}
+    for key, ratio in expected.items():
+        assert ratios[key] == pytest.approx(ratio, rel=1e-9), key
+    assert {(a, b) for a, b, _ in ratios} == {
+        ("ngram-k4", "plain"), ("pinned", "plain"), ("bypass", "plain"), ("pinned", "ngram-k4"),
+        ("bypass", "ngram-k4"), ("bypass", "pinned")}
+    assert "\n| pinned / ngram-k4 | 1.000 | " in sections(out)["c1 / code"]
+
+
+# -- bad input: exit 1 (2 for usage) with one message naming the problem, and nothing written -----------------
+
+
+def refused(capsys, tmp_path, trace, cost_file, *args: str, code: int = 1) -> str:
+    out_dir = tmp_path / "report"
+    returned, out, err = replay(capsys, trace, cost_file, "--seeds", "1", "--out", str(out_dir), "--loads", "c1",
+                                *args)
+    assert (returned, out) == (code, "")
+    assert not out_dir.exists()
+    return err
+
+
+def test_a_truncated_trace(files, capsys, tmp_path):
+    trace, cost_file = files
+    trace.write_bytes(trace.read_bytes()[:-1])  # the writer stopped before the last newline
+    assert refused(capsys, tmp_path, trace, cost_file, "--arms", "plain") == (
+        f"error: {trace}:5: truncated: the last line has no newline (the writer stopped mid-line); rebuild the "
+        "trace or drop that line\n")
+
+
+def test_a_cost_model_of_another_revision(files, capsys, tmp_path):
+    trace, cost_file = files
+    write_cost_model(cost_file, costs(OTHER))
+    assert refused(capsys, tmp_path, trace, cost_file, "--arms", "plain") == (
+        f"error: {cost_file}: field revision: the cost model was calibrated for model revision {OTHER}, this "
+        f"model is {REVISION}; recalibrate (specgate trace calibrate) on this model\n")
+
+
+def test_an_invalid_policy_is_refused_with_policy_checks_errors(files, capsys, tmp_path):
+    policy = tmp_path / "bad.yaml"
+    policy.write_text(PINNED.replace("then: {pool: ngram, draft_tokens: 4}", "then: {pool: ngramm, draft_tokens: 4}"))
+    with pytest.raises(PolicyError) as caught:
+        load_policy_file(policy)
+    errors = caught.value.errors
+    assert len(errors) == 1 and "unknown pool 'ngramm'" in errors[0]
+    assert main(["policy", "check", str(policy)]) == 1
+    assert capsys.readouterr().err.splitlines()[:-1] == errors  # what `specgate policy check` prints
+    assert refused(capsys, tmp_path, *files, "--policy", str(policy), "--arms", "plain") == (
+        f"error: --policy {policy}: invalid policy (specgate policy check {policy}):\n{errors[0]}\n")
+
+
+def test_a_policy_for_another_model_revision(files, capsys, tmp_path):
+    policy = tmp_path / "other.yaml"
+    policy.write_text(PINNED.replace(REVISION, OTHER))
+    assert refused(capsys, tmp_path, *files, "--policy", str(policy), "--arms", "plain") == (
+        f"error: --policy {policy}: pair p targets revision {OTHER}, but the trace was recorded on {REVISION}; "
+        "replay a trace of that model\n")
+
+
+@pytest.mark.parametrize("arm", ["medusa-k4", "ngram-k17", "ngram-k0", "ngram"])
+def test_an_unknown_arm(files, capsys, tmp_path, arm):
+    assert refused(capsys, tmp_path, *files, "--arms", "plain", arm) == (
+        f"error: --arms: {arm!r} is not an arm; use plain, ngram-kN, suffix-kN, draft-kN or draftL-kN (L layers "
+        "of the self-draft), N in 1..16\n")
+
+
+def test_a_draft_arm_needs_the_pair_in_the_trace(files, capsys, tmp_path):
+    assert refused(capsys, tmp_path, *files, "--arms", "plain", "draft-k4") == (
+        "error: --arms draft-k4: the trace carries 0 matching self-draft pairs (it has: none); name the layers "
+        "(draft8-k4), or rebuild the trace with --draft-layers N\n")
+
+
+def test_a_bad_load_is_a_usage_error(files, capsys, tmp_path):
+    assert refused(capsys, tmp_path, *files, "--arms", "plain", "--loads", "x9", code=2) == (
+        "error: --loads: 'x9' is not a load; use cN (N closed-loop clients, e.g. c4), pR (Poisson arrivals at R "
+        "requests/s, e.g. p0.5) or trace (the trace's own arrival times)\n")

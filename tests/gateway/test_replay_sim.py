@@ -1,0 +1,356 @@
+"""The replay simulator (gateway/replay/profile.py, sim.py, choosers.py, run.py): unit timelines priced by a
+hand-made cost model, the worker's turns, admission and KV reservation on a simulated clock, the three
+kinds of load, the by-slice mix, determinism, and a policy deciding with the gateway's real decide() and
+learner. Expected times are sums written out by hand from the cost model's formulas below."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from backends.engine.scheduler import AdmissionError
+from backends.engine.types import RequestStats, RoundStats
+from gateway.replay.book import PLAIN, Option, RoundBook
+from gateway.replay.choosers import FixedChooser, PolicyChooser, Prices
+from gateway.replay.profile import profile
+from gateway.replay.run import Contender, blocks, sweep
+from gateway.replay.sim import Load, Simulation
+from policies.costmodel import FORMAT as COSTS_FORMAT
+from policies.costmodel import CostModel, DraftCost, Grid
+from policies.features import RequestFeatures
+from policies.load import load_policy, load_policy_file
+from policies.schema import DraftId, ModelId, Pair, pair_version
+from policies.trace import FORMAT, Header, Sampling, Served, Trace, TraceRequest
+
+DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "default.yaml"
+REVISION = "sha256:" + "ab" * 32
+HEADER = Header(format=FORMAT, model="m", revision=REVISION, tokenizer="sha256:" + "cd" * 32)
+OVERHEAD, NGRAM_CALL, DRAFT_CALL, DRAFT_TOKEN = 0.0003, 0.0005, 0.001, 0.002
+NGRAM_SETUP = 2e-6  # per prompt token, once per request (indexing the prompt), paid by the first draft
+
+
+def forward(tokens: int, context: int) -> float:
+    """The target forward: 10 ms, +1 ms per token fed beyond the first, +10 us per cached token."""
+    return 0.010 + 0.001 * (tokens - 1) + 1e-5 * context
+
+
+def prefill(tokens: int, context: int) -> float:
+    """A prefill chunk: 1 ms per token, +10 us per cached token."""
+    return 0.001 * tokens + 1e-5 * context
+
+
+# grids of the two formulas above: bilinear interpolation of a function without a cross term is exact
+COSTS = CostModel(
+    format=COSTS_FORMAT, model="m", revision=REVISION,
+    forward=[Grid(tokens=[1, 17], context=[0, 1000],
+                  seconds=[[forward(1, 0), forward(1, 1000)], [forward(17, 0), forward(17, 1000)]])],
+    prefill=Grid(tokens=[1, 257], context=[0, 1000],
+                 seconds=[[prefill(1, 0), prefill(1, 1000)], [prefill(257, 0), prefill(257, 1000)]]),
+    draft={"ngram": DraftCost(call_s=NGRAM_CALL, setup_token_s=NGRAM_SETUP), "suffix": DraftCost(call_s=NGRAM_CALL),
+           "draft_model": DraftCost(call_s=DRAFT_CALL, token_s=[DRAFT_TOKEN])},
+    overhead_s=OVERHEAD)
+TIGHT = 1e-12
+
+
+def request(prompt_len: int, output_len: int, *, rid: str = "r", slice_: str = "code", arrival: float = 0.0,
+            features: RequestFeatures | None = None, flags: dict[str, str] | None = None,
+            prompt=None, output=None) -> TraceRequest:
+    prompt = list(prompt) if prompt is not None else [1 + i % 50 for i in range(prompt_len)]
+    output = list(output) if output is not None else [100 + i for i in range(output_len)]
+    return TraceRequest(
+        id=rid, arrival_s=arrival, route="default", slice=slice_,
+        features=features or RequestFeatures(prompt_tokens=len(prompt), max_tokens=max(1, len(output))),
+        sampling=Sampling(temperature=0.0, max_new_tokens=max(1, len(output))),
+        served=Served(proposer="none", draft_tokens=0, finish="length"), draft_matches=flags or {},
+        prompt_ids=prompt, output_ids=output)
+
+
+def prices_of(*requests: TraceRequest, header: Header = HEADER, chunk: int = 256) -> Prices:
+    return Prices(RoundBook(Trace(header, list(requests))), COSTS, prefill_chunk=chunk)
+
+
+def simulate(prices: Prices, load: str, order, *, option: Option = PLAIN, seed: int = 0, max_running: int = 16,
+             max_total_tokens: int = 1 << 16) -> dict[int, object]:
+    """Request index -> Served, one fixed option on one worker; ``order``: the blocks of indices."""
+    book = prices.book
+    sim = Simulation(FixedChooser(option, prices, seed), Load.parse(load), order, seed, max_running=max_running,
+                     max_total_tokens=max_total_tokens, arrival_of=lambda i: book.requests[i].arrival_s)
+    return {s.index: s for s in sim.run()}
+
+
+def plain_units(prompt_len: int, output_len: int, chunk: int = 256) -> list[float]:
+    """Prefill chunks, then one plain step per output token at its cached length."""
+    units, done = [], 0
+    while done < prompt_len - 1:
+        end = min(prompt_len - 1, done + chunk)
+        units.append(prefill(end - done, done))
+        done = end
+    return (units or [0.0]) + [forward(1, prompt_len - 1 + i) + OVERHEAD for i in range(output_len)]
+
+
+# -- profile ----------------------------------------------------------------------------------------
+
+
+def test_profile_prices_prefill_chunks_then_rounds_and_counts_as_the_worker():
+    # 600-token prompt: 599 prefilled in chunks of 256 at cached lengths 0, 256, 512; the 600th is the first
+    # round's. Rounds (ngram, k = 4, output 13 tokens): a full accept, a short draft, no draft with a budget,
+    # 3 of 4, and the last token with budget 0 (no propose call)
+    rounds = ((4, 2, 0, 4, 0), (4, 1, 0, 3, 0), (4, 4, 4, 4, 0))
+    p = profile(COSTS, 600, 13, Option("ngram", 4), rounds, prefill_chunk=256)
+    contexts = [599, 604, 606, 607, 611]  # prompt - 1 + committed before the round (5, 2, 1, 4 committed)
+    expected_rounds = [600 * NGRAM_SETUP + NGRAM_CALL + forward(5, 599) + OVERHEAD,  # the first draft indexes
+                       NGRAM_CALL + forward(3, 604) + OVERHEAD, NGRAM_CALL + forward(1, 606) + OVERHEAD,
+                       NGRAM_CALL + forward(5, 607) + OVERHEAD, forward(1, 611) + OVERHEAD]
+    expected = [prefill(256, 0), prefill(256, 256), prefill(87, 512), *expected_rounds]
+    assert p.units == pytest.approx(expected, rel=TIGHT)
+    assert p.first == 3
+    assert (p.tokens, p.verify_ct, p.accepted) == (13, 5, 8)
+    assert p.draft_s == pytest.approx(600 * NGRAM_SETUP + 4 * NGRAM_CALL, rel=TIGHT)
+    assert p.verify_s == pytest.approx(sum(forward(d + 1, c) for d, c in zip(rounds[0], contexts)), rel=TIGHT)
+
+    stats = RequestStats()  # the same rounds as the worker records them
+    for drafted, accepted, budget in zip(*rounds):
+        stats.record(RoundStats(k=drafted, accepted=accepted, budget=budget, committed=accepted + 1,
+                                bonus=accepted == drafted > 0, draft_s=0.0, verify_s=0.0, overhead_s=0.0))
+    assert list(p.histogram) == stats.correct_drafts_histogram == [2, 1, 0, 1, 1]
+    assert list(p.reached_per_position) == stats.reached_per_position == [4, 3, 2, 2]
+    assert list(p.accepted_per_position) == stats.accepted_per_position == [3, 2, 2, 1]
+
+
+def test_profile_of_a_draft_model_pays_per_drafted_token():
+    rounds = ((2, 2), (1, 2), (2, 2))
+    p = profile(COSTS, 10, 4, Option("draft_model", 2, "0123456789ab"), rounds, prefill_chunk=256)
+    assert p.units == pytest.approx([
+        prefill(9, 0), DRAFT_CALL + 2 * DRAFT_TOKEN + forward(3, 9) + OVERHEAD,
+        DRAFT_CALL + 2 * DRAFT_TOKEN + forward(3, 11) + OVERHEAD], rel=TIGHT)
+
+
+def test_a_one_token_prompt_has_one_empty_prefill_unit():
+    p = profile(COSTS, 1, 2, PLAIN, ((0, 0), (0, 0), (0, 0)), prefill_chunk=256)
+    assert p.units == pytest.approx([0.0, forward(1, 0) + OVERHEAD, forward(1, 1) + OVERHEAD], rel=TIGHT)
+    assert p.first == 1 and p.units[0] == 0.0
+    assert (p.histogram, p.reached_per_position, p.accepted_per_position) == ((2,), (), ())
+
+
+# -- the worker on a simulated clock ------------------------------------------------------------------
+
+
+def test_one_plain_request_at_c1():
+    served = simulate(prices_of(request(300, 5)), "c1", [[0]])[0]
+    units = plain_units(300, 5)  # prefill 256 at 0 and 43 at 256, then 5 steps from 299 cached tokens
+    assert units[:2] == [prefill(256, 0), prefill(43, 256)]
+    assert served.arrival == 0.0
+    assert served.ttft == pytest.approx(sum(units[:3]), rel=TIGHT)
+    assert served.e2e == pytest.approx(sum(units), rel=TIGHT)
+    assert served.tpot == pytest.approx(sum(units[3:]) / 4, rel=TIGHT)
+    assert (served.tokens, served.verify_ct, served.accepted) == (5, 5, 0)
+
+
+def test_two_requests_take_turns_one_unit_each():
+    a, b = plain_units(10, 3), plain_units(20, 5)  # 4 and 6 units
+    served = simulate(prices_of(request(10, 3, rid="a"), request(20, 5, rid="b")), "c2", [[0, 1]])
+    # turns: (a0 b0) (a1 b1) (a2 b2) (a3 b3) (b4) (b5); a's first token ends a1, b's ends b1
+    assert served[0].ttft == pytest.approx(a[0] + b[0] + a[1], rel=TIGHT)
+    assert served[0].e2e == pytest.approx(sum(a) + sum(b[:3]), rel=TIGHT)
+    assert served[1].ttft == pytest.approx(sum(a[:2]) + sum(b[:2]), rel=TIGHT)
+    assert served[1].e2e == pytest.approx(sum(a) + sum(b), rel=TIGHT)
+
+
+def test_a_request_arriving_during_a_turn_waits_for_the_turn_to_end():
+    """Three identical requests, two closed-loop clients: the third arrives when the first finishes, in
+    the middle of the turn that still runs the second's last unit; the engine takes it in at the next turn."""
+    u = plain_units(10, 3)
+    served = simulate(prices_of(*(request(10, 3, rid=rid) for rid in "abc")), "c2", [[0, 1, 2]])
+    first_done, turn_end = 2 * sum(u) - u[-1], 2 * sum(u)
+    assert served[0].e2e == pytest.approx(first_done, rel=TIGHT)
+    assert served[1].e2e == pytest.approx(turn_end, rel=TIGHT)
+    assert served[2].arrival == pytest.approx(first_done, rel=TIGHT)
+    assert served[2].ttft == pytest.approx(u[-1] + u[0] + u[1], rel=TIGHT)
+    assert served[2].e2e == pytest.approx(u[-1] + sum(u), rel=TIGHT)
+
+
+def test_max_running_one_queues_the_second_request():
+    a, b = plain_units(10, 3), plain_units(20, 5)
+    served = simulate(prices_of(request(10, 3, rid="a"), request(20, 5, rid="b")), "c2", [[0, 1]], max_running=1)
+    assert served[0].e2e == pytest.approx(sum(a), rel=TIGHT)
+    assert served[1].arrival == 0.0
+    assert served[1].ttft == pytest.approx(sum(a) + b[0] + b[1], rel=TIGHT)
+    assert served[1].e2e == pytest.approx(sum(a) + sum(b), rel=TIGHT)
+
+
+def test_kv_reservations_queue_and_a_request_that_can_never_fit_is_refused():
+    prices = prices_of(request(10, 3, rid="a"), request(20, 5, rid="b"))
+    # the worker's reservation: prompt + max_new_tokens (capped by the context window) + k + 1
+    assert (prices.reserve(0, PLAIN), prices.reserve(1, PLAIN), prices.reserve(1, Option("ngram", 4))) == (14, 26, 30)
+    assert Prices(prices.book, COSTS, context_length=16).reserve(1, Option("ngram", 4)) == 16 + 4 + 1
+    a, b = plain_units(10, 3), plain_units(20, 5)
+    served = simulate(prices, "c2", [[0, 1]], max_total_tokens=39)  # 14 + 26 = 40 do not fit together
+    assert served[1].ttft == pytest.approx(sum(a) + b[0] + b[1], rel=TIGHT)
+    assert served[1].e2e == pytest.approx(sum(a) + sum(b), rel=TIGHT)
+    served = simulate(prices, "c2", [[0, 1]], max_total_tokens=40)  # they do: served side by side
+    assert served[1].e2e == pytest.approx(sum(a) + sum(b), rel=TIGHT)
+    assert served[1].ttft == pytest.approx(sum(a[:2]) + sum(b[:2]), rel=TIGHT)
+    with pytest.raises(AdmissionError) as caught:
+        simulate(prices, "c2", [[0, 1]], max_total_tokens=25)
+    assert str(caught.value) == ("request needs up to 26 KV tokens (prompt + max_new_tokens + draft) but the "
+                                 "worker's capacity is 25; lower max_new_tokens or shorten the prompt")
+
+
+# -- loads --------------------------------------------------------------------------------------------
+
+
+def test_closed_loop_sends_the_next_request_when_the_previous_finishes():
+    prices = prices_of(request(10, 3, rid="a"), request(30, 2, rid="b"), request(5, 4, rid="c"))
+    served = simulate(prices, "c1", [[2, 0, 1]])
+    assert served[2].arrival == 0.0
+    assert served[0].arrival == pytest.approx(served[2].arrival + served[2].e2e, rel=TIGHT)
+    assert served[1].arrival == pytest.approx(served[0].arrival + served[0].e2e, rel=TIGHT)
+    for index, (prompt_len, output_len) in enumerate([(10, 3), (30, 2), (5, 4)]):
+        assert served[index].e2e == pytest.approx(sum(plain_units(prompt_len, output_len)), rel=TIGHT)
+
+
+def test_poisson_arrivals_are_the_seeded_exponential_gaps():
+    prices = prices_of(*(request(10, 3, rid=rid) for rid in "abcd"))
+    order = [[3, 1, 0, 2]]
+    rng, at, expected = random.Random("7:p2.5"), 0.0, {}
+    for i in order[0]:
+        expected[i] = at
+        at += rng.expovariate(2.5)
+    served = simulate(prices, "p2.5", order, seed=7)
+    assert {i: s.arrival for i, s in served.items()} == expected
+    again = simulate(prices, "p2.5", order, seed=7)
+    assert again == served
+    other = simulate(prices, "p2.5", order, seed=8)
+    assert {i: s.arrival for i, s in other.items()} != expected
+
+
+def test_the_trace_load_keeps_the_recorded_gaps():
+    prices = prices_of(request(10, 3, rid="a", arrival=2.0), request(10, 3, rid="b", arrival=2.5),
+                       request(10, 3, rid="c", arrival=7.25))
+    served = simulate(prices, "trace", [[0, 1, 2]])
+    assert [served[i].arrival for i in range(3)] == [0.0, 0.5, 5.25]
+
+
+@pytest.mark.parametrize("text, load", [
+    ("c4", Load("c4", concurrency=4)), ("p0.5", Load("p0.5", rate=0.5)), ("trace", Load("trace"))])
+def test_load_labels(text, load):
+    assert Load.parse(text) == load
+
+
+@pytest.mark.parametrize("text", ["c0", "p0", "x9", "c", "p-1", "cfour"])
+def test_a_bad_load_label_is_refused(text):
+    with pytest.raises(ValueError) as caught:
+        Load.parse(text)
+    assert str(caught.value) == (
+        f"--loads: {text!r} is not a load; use cN (N closed-loop clients, e.g. c4), pR (Poisson arrivals at R "
+        "requests/s, e.g. p0.5) or trace (the trace's own arrival times)")
+
+
+def test_by_slice_blocks_run_one_after_another():
+    requests = [request(10, 3, rid="a", slice_="code", arrival=0.0),
+                request(20, 5, rid="b", slice_="prose", arrival=0.0),
+                request(10, 4, rid="c", slice_="code", arrival=0.001),
+                request(15, 2, rid="d", slice_="prose", arrival=0.002),
+                request(10, 0, rid="empty", slice_="prose")]  # no output: nothing to replay
+    prices = prices_of(*requests)
+    assert blocks(prices.book, "by-slice", 0) == [[0, 2], [1, 3]]
+    for load in ("trace", "p50", "c2"):
+        served = simulate(prices, load, blocks(prices.book, "by-slice", 0))
+        assert sorted(served) == [0, 1, 2, 3]
+        first_block_done = max(served[i].arrival + served[i].e2e for i in (0, 2))
+        assert min(served[i].arrival for i in (1, 3)) == pytest.approx(first_block_done, rel=TIGHT), load
+    [stream] = blocks(prices.book, "interleaved", 0)
+    assert sorted(stream) == [0, 1, 2, 3]
+
+
+# -- sweeps -------------------------------------------------------------------------------------------
+
+
+def copy_friendly(n: int) -> list[TraceRequest]:
+    phrase = [11, 12, 13, 14, 15, 16]
+    return [request(0, 0, rid=f"r{i}", slice_=("code", "prose")[i % 2], prompt=phrase * 3,
+                    output=(phrase * 2)[: 8 + i % 5]) for i in range(n)]
+
+
+def test_the_same_sweep_twice_is_identical_and_seeds_change_the_order():
+    prices = prices_of(*copy_friendly(8))
+    contenders = [Contender("plain", PLAIN), Contender("ngram-k4", Option("ngram", 4))]
+    kwargs = dict(max_running=16, max_total_tokens=1 << 16)
+    first = sweep(prices, contenders, ["c2", "p20"], 3, "interleaved", **kwargs)
+    assert sorted(first) == [(name, load, seed) for name in ("ngram-k4", "plain") for load in ("c2", "p20")
+                             for seed in range(3)]
+    assert sweep(prices, contenders, ["c2", "p20"], 3, "interleaved", **kwargs) == first
+    assert sweep(prices_of(*copy_friendly(8)), contenders, ["c2", "p20"], 3, "interleaved", processes=2,
+                 **kwargs) == first  # worker processes give the same result
+    orders = [[s.index for s in sorted(first[("plain", "c2", seed)], key=lambda s: (s.arrival, s.index))]
+              for seed in range(3)]
+    assert all(sorted(order) == list(range(8)) for order in orders)
+    assert len({tuple(order) for order in orders}) == 3
+    # a fixed arm, closed loop, by-slice, all greedy: nothing random, one run stands for every seed
+    seedless = sweep(prices, contenders, ["c1"], 3, "by-slice", **kwargs)
+    assert seedless[("ngram-k4", "c1", 2)] is seedless[("ngram-k4", "c1", 0)]
+
+
+# -- a policy -----------------------------------------------------------------------------------------
+
+
+def test_the_default_policy_decides_explores_and_learns():
+    policy = load_policy_file(DEFAULT_POLICY)
+    revision = policy.pairs["smollm2-self8"].target.revision  # the trace must be of the policy's model
+    self8 = Pair(target=ModelId(model="SmolLM2-135M-Instruct", revision=revision),
+                 draft=DraftId(kind="layer_truncated", layers=8))
+    version = pair_version(self8)
+    assert version == policy.pool_pair_version("draft")  # the draft pool finds its flags by this version
+    header = Header(format=FORMAT, model="SmolLM2-135M-Instruct", revision=revision, tokenizer="t",
+                    pairs={version: self8})
+    rng = random.Random(0)
+    phrase = [11, 12, 13, 14, 15, 16, 17, 18]
+    requests = []
+    for i in range(40):
+        code = i % 2 == 0
+        requests.append(request(
+            0, 0, rid=f"r{i}", slice_="code" if code else "prose", prompt=phrase * 3, output=phrase * 2,
+            features=RequestFeatures(prompt_tokens=24, max_tokens=16, code_score=0.5 if code else 0.1),
+            flags={version: "".join(rng.choice("01") for _ in range(16))}))
+    prices = prices_of(*requests, header=header)
+    chooser = PolicyChooser(policy, prices, seed=0)
+    sim = Simulation(chooser, Load.parse("c2"), [list(range(40))], 0, max_running=16, max_total_tokens=1 << 16)
+    served = sorted(sim.run(), key=lambda s: (s.arrival, s.index))
+    assert len(served) == 40
+    labels = {s.choice.label for s in served}
+    allowed = {"plain"} | {f"ngram-k{k}" for k in range(1, 9)} | {f"draft_model-k{k}" for k in range(1, 5)}
+    assert labels <= allowed and "plain" in labels and len(labels) > 1
+    for s in served:
+        c = s.choice
+        assert c.slice == ("code" if s.index % 2 == 0 else "prose")
+        assert c.pool in policy.pools and c.rule == "learned"
+        assert c.option.pair == (version if c.option.proposer == "draft_model" else "")
+        assert (c.exploring is not None) == (c.exploration is not None)
+    explored = [s for s in served if s.choice.exploration is not None]
+    assert explored
+    # cold: until a speculative outcome is learned, every decision that does not explore serves plain
+    first_learned = min(s.arrival + s.e2e for s in explored)
+    assert all(s.choice.label == "plain" for s in served
+               if s.arrival < first_learned and s.choice.exploration is None)
+    assert chooser.exploring == {}  # every exploration in flight reported back
+    tpot = chooser.learning.snapshot(sim.now, {}, 1).data.tpot
+    assert {key.rsplit("|", 1)[0] for key in tpot} == {
+        f"{s.choice.pool if s.choice.option.proposer != 'none' else 'none'}|{s.choice.slice}" for s in served}
+
+
+def test_a_policy_with_an_adaptive_pool_is_refused():
+    text = DEFAULT_POLICY.read_text()
+    text = re.sub(r"^pools:.*$", 'pools:\n  ngram-adaptive: {proposer: ngram, draft_tokens: 8, adaptive: true, '
+                  'pair: smollm2-ngram, workers: ["http://127.0.0.1:30000"], speculation: per_request}',
+                  text, count=1, flags=re.MULTILINE)
+    policy = load_policy(text, "adaptive.yaml")
+    assert policy.pools["ngram-adaptive"].adaptive
+    revision = policy.pairs["smollm2-self8"].target.revision
+    header = Header(format=FORMAT, model="SmolLM2-135M-Instruct", revision=revision, tokenizer="t")
+    with pytest.raises(ValueError) as caught:
+        PolicyChooser(policy, prices_of(request(10, 3), header=header), seed=0)
+    assert str(caught.value) == ("pool ngram-adaptive: adaptive pools (the worker picks k per round) are not "
+                                 "modelled by replay yet; replay the policy without it, or with a fixed draft length")
