@@ -16,7 +16,6 @@ logs a token id or a prompt.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from backends.engine.model_store import tokenizer_digest
 from policies.features import features_from_openai
 from policies.schema import DraftId, ModelId, Pair, Policy, pair_version
 from policies.trace import FORMAT, Header, Sampling, Served, TraceRequest, write_trace
@@ -105,15 +105,6 @@ def policy_pairs(policy: Policy, revision: str) -> dict[str, Pair]:
                              f"{revision}; trace the model the pair names")
         pairs[pair_version(pair)] = pair
     return pairs
-
-
-def tokenizer_digest(tokenizer: Any) -> str:
-    """sha256 over the tokenizer's serialised form and its chat template: prompt ids depend on both."""
-    digest = hashlib.sha256()
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    digest.update((backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))).encode())
-    digest.update(b"\0" + (tokenizer.chat_template or "").encode())
-    return "sha256:" + digest.hexdigest()
 
 
 @dataclass

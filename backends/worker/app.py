@@ -98,7 +98,9 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
         shaper = OpenAIShaper(chat=chat, rid=req.rid, model=body.model or runtime.served_model_name,
                               prompt_tokens=len(req.input_ids), weight_version=settings.weight_version,
                               spec_details=body.return_spec_tokens_details, logprobs=req.logprobs,
-                              texts=runtime.token_texts, echo=echo)
+                              texts=runtime.token_texts, echo=echo, prompt_ids=req.input_ids,
+                              input_ids=body.return_input_ids_in_sglext if chat else body.return_token_ids,
+                              output_ids=body.return_output_ids_in_sglext if chat else body.return_token_ids)
         events = bridge.events(req)
         if not body.stream:
             return await _answer(request, events, shaper.response)

@@ -7,6 +7,10 @@ spec_accept_length = completion_tokens / spec_verify_ct (the bonus/recovered tok
 spec_accept_rate = spec_num_correct_drafts / spec_num_proposed_drafts.
 Spec fields are reported for every request (a plain request has accept_length 1.0 and no drafts), so a
 gateway can compare proposers on the same fields.
+
+Token ids, when asked for, where SGLang 0.5.23 puts them (``backends/sglang/token_ids.py``): chat in the
+response-level ``sglext`` (``input_ids``, ``output_ids`` per choice; streamed, in the sglext chunk), completions
+per choice (``prompt_token_ids`` on the first chunk a stream sends, ``token_ids`` with the ids each chunk adds).
 """
 
 from __future__ import annotations
@@ -89,15 +93,22 @@ Body = wire.ChatCompletionResponse | wire.ChatCompletionChunk | wire.CompletionR
 
 
 class OpenAIShaper:
-    """Builds chat.completion / text_completion objects and stream chunks for one request."""
+    """Builds chat.completion / text_completion objects and stream chunks for one request. ``prompt_ids``
+    and the ``*_ids`` flags: the token ids asked for (module docstring)."""
 
     def __init__(self, *, chat: bool, rid: str, model: str, prompt_tokens: int, weight_version: str,
                  spec_details: bool, logprobs: int | None = None, texts: TokenTexts | None = None,
-                 echo: str = "") -> None:
+                 echo: str = "", prompt_ids: Sequence[int] = (), input_ids: bool = False,
+                 output_ids: bool = False) -> None:
         self.chat = chat
         self.rid = rid
         self.model = model
         self.prompt_tokens = prompt_tokens
+        self.prompt_ids = list(prompt_ids)
+        self.input_ids = input_ids  # chat: sglext.input_ids; completions: choices[].prompt_token_ids
+        self.output_ids = output_ids  # chat: sglext.output_ids; completions: choices[].token_ids
+        self.sent_ids = 0  # completions stream: output ids already sent
+        self.prompt_ids_sent = False
         self.weight_version = weight_version
         self.spec_details = spec_details
         self.created = int(time.time())
@@ -130,12 +141,32 @@ class OpenAIShaper:
         reason, matched = _finish(out) if out is not None else (None, None)
         logprobs = self._logprobs(entries)
         if not self.chat:
-            return wire.CompletionChoice(text=text, logprobs=logprobs, finish_reason=reason, matched_stop=matched)
+            return wire.CompletionChoice(text=text, logprobs=logprobs, finish_reason=reason, matched_stop=matched,
+                                         **self._choice_ids(out))
         if not chunk:
             return wire.ChatChoice(message=wire.ChatMessage(role="assistant", content=text), logprobs=logprobs,
                                    finish_reason=reason, matched_stop=matched)
         return wire.ChatStreamChoice(delta=wire.DeltaMessage(content=text or None), logprobs=logprobs,
                                      finish_reason=reason, matched_stop=matched)
+
+    def _choice_ids(self, out: RequestOutput | None) -> dict[str, Any]:
+        """Completions' ids for the next choice sent: the prompt's once, then the output ids not sent yet."""
+        ids: dict[str, Any] = {}
+        if self.input_ids and not self.prompt_ids_sent:
+            ids["prompt_token_ids"], self.prompt_ids_sent = self.prompt_ids, True
+        if self.output_ids and out is not None:
+            ids["token_ids"], self.sent_ids = list(out.output_ids[self.sent_ids:]), len(out.output_ids)
+        return ids
+
+    def _sglext(self, out: RequestOutput) -> wire.SglExt | None:
+        """Chat's response-level extension: speculation details and the ids asked for (None: nothing asked)."""
+        ids = self.chat and (self.input_ids or self.output_ids)
+        if not self.spec_details and not ids:
+            return None
+        return wire.SglExt(
+            spec_tokens_details=spec_tokens_details(out.stats) if self.spec_details else None,
+            input_ids=self.prompt_ids if self.chat and self.input_ids else None,
+            output_ids=[list(out.output_ids)] if self.chat and self.output_ids else None)
 
     def _chunk(self, choices: list[Any], **fields: Any) -> Body:
         kind = wire.ChatCompletionChunk if self.chat else wire.CompletionResponse
@@ -147,9 +178,7 @@ class OpenAIShaper:
         return kind(id=self.rid, created=self.created, model=self.model,
                     choices=[self._choice(self.echo + out.text, entries, out, chunk=False)],
                     usage=usage(self.prompt_tokens, len(out.output_ids)),
-                    metadata={"weight_version": self.weight_version},
-                    sglext=wire.SglExt(spec_tokens_details=spec_tokens_details(out.stats)) if self.spec_details
-                    else None)
+                    metadata={"weight_version": self.weight_version}, sglext=self._sglext(out))
 
     def first_chunk(self, out: RequestOutput | None = None) -> Body | None:
         """Chat streams open with the assistant role (OpenAI's first chunk); completions only with the
@@ -175,8 +204,8 @@ class OpenAIShaper:
     def tail_chunks(self, out: RequestOutput, include_usage: bool) -> list[Body]:
         """After the finishing chunk: the ``sglext`` chunk, then the usage chunk (SGLang's order)."""
         tail = []
-        if self.spec_details:
-            tail.append(self._chunk([], sglext=wire.SglExt(spec_tokens_details=spec_tokens_details(out.stats))))
+        if (sglext := self._sglext(out)) is not None:
+            tail.append(self._chunk([], sglext=sglext))
         if include_usage:
             tail.append(self._chunk([], usage=usage(self.prompt_tokens, len(out.output_ids))))
         return tail

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from backends.engine.config import EngineConfig
 from backends.engine.engine import Engine
-from backends.engine.model_store import load_prepared
+from backends.engine.model_store import load_prepared, tokenizer_digest
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 from backends.sglang import wire
 from backends.worker.bridge import EngineBridge
@@ -66,6 +66,7 @@ class WorkerRuntime:
         self.engine: Engine | None = None
         self.bridge: EngineBridge | None = None
         self.token_texts: TokenTexts | None = None  # logprobs' token strings, set with the engine
+        self.tokenizer_digest: str | None = None  # reported in /server_info (a trace header names it)
         self.startup_error: str | None = None
         self._loader: asyncio.Task | None = None
 
@@ -77,6 +78,7 @@ class WorkerRuntime:
         started = time.perf_counter()
         try:
             engine = await asyncio.to_thread(self.engine_factory, self.engine_config)
+            self.tokenizer_digest = await asyncio.to_thread(tokenizer_digest, engine.tokenizer)
         except Exception as exc:
             self.startup_error = f"engine failed to start: {exc}"
             log.exception("engine failed to start")
@@ -172,6 +174,7 @@ class WorkerRuntime:
             max_running_requests=s.max_running_requests, max_queued_requests=s.max_queued_requests,
             max_total_num_tokens=s.max_total_tokens, version=_version(),
             specgate_per_request_speculation=True, specgate_draft_layers=s.draft_layers,
+            specgate_tokenizer_digest=self.tokenizer_digest,
             internal_states=[wire.InternalState(avg_spec_accept_length=self.metrics.avg_accept_length)],
         )
 
