@@ -10,6 +10,9 @@
 - ``GET /admin/requests``: what the requests in flight hold now: the in-flight count the policy sees,
   explorations in flight per ``slice|pool``, each route's admission state and each worker's slots
   (all zero and empty when the gateway is idle).
+- ``GET /admin/tracing``: trace recording (``gateway/tracing.py``): on or off, the configuration in force,
+  the current file's header (model, revision, tokenizer), its size and the files kept, and how many
+  finished requests were recorded or not, and why (never a record's content).
 """
 
 from __future__ import annotations
@@ -123,4 +126,10 @@ def admin_router(state: GatewayState) -> Router:
             "pools": {name: {w.url: w.in_flight for w in pool.workers.values()}
                       for name, pool in backend.pools.items()}})
 
-    return Router(path="/admin", route_handlers=[policy, explain_request, pools, stats, requests])
+    @get("/tracing", summary="Trace recording: configuration, files and counts")
+    async def tracing(request: Request[Any, Any, Any]) -> Response[bytes]:
+        if (refused := guard(request)) is not None:
+            return refused
+        return _json(state.recorder.status())
+
+    return Router(path="/admin", route_handlers=[policy, explain_request, pools, stats, requests, tracing])

@@ -20,6 +20,7 @@ from backends.sglang.monitor import PoolMonitor
 from backends.sglang.pair import DRAFT_PARAM_ARGS, ExpectedPair
 from backends.sglang.pool import PoolSnapshot, WorkerPool
 from backends.sglang.transport import ShardedTransport
+from backends.sglang.wire import ServerInfo
 from policies.schema import DRAFT_PARAMS, Policy
 from policies.snapshot import PoolState
 
@@ -77,6 +78,7 @@ class Backend:
                                             fast_json=True))
         self.models: dict[str, str] = {}  # url -> served model name
         self.context: dict[str, int] = {}  # url -> context_length
+        self.info: dict[str, ServerInfo] = {}  # url -> its last /server_info (the trace recorder's header)
         self.in_flight = 0
         self._catalog_task: asyncio.Task[None] | None = None
 
@@ -113,6 +115,7 @@ class Backend:
             except WorkerError as exc:
                 log.debug("server_info_failed", url=url, error=str(exc))
                 return
+            self.info[url] = info
             if info.served_model_name:
                 self.models[url] = info.served_model_name
             if info.context_length:

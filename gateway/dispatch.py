@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from backends.sglang.client import OpenAIResult, SGLangClient
 from backends.sglang.errors import WorkerError, WorkerHTTPError, WorkerStreamError
+from backends.sglang.token_ids import request_fields
 from gateway.errors import ApiError, from_worker
 from gateway.holds import Holds, Stopwatch, worker_fault
 from gateway.stages import Admitted, Dispatched
@@ -136,15 +137,18 @@ async def close_quietly(upstream: Any) -> None:
 
 
 def sender(admitted: Admitted) -> Callable[[SGLangClient, dict[str, Any]], Awaitable[Any]]:
-    """The worker call: the whole JSON answer, or a stream opened up to its first chunk."""
+    """The worker call: the whole JSON answer, or a stream opened up to its first chunk. A request selected
+    for the trace also asks for its token ids (``backends/sglang/token_ids.py``)."""
     chat = admitted.arrival.endpoint == "chat"
+    ids = request_fields(chat) if admitted.trace_ids else {}
     if not admitted.stream:
         async def whole(client: SGLangClient, fwd: dict[str, Any]) -> OpenAIResult[Any]:
+            fwd = {**fwd, **ids} if ids else fwd
             return await (client.chat_completions(fwd) if chat else client.completions(fwd))
         return whole
 
     async def opened(client: SGLangClient, fwd: dict[str, Any]) -> tuple[Any, OpenAIResult[Any]]:
-        fwd = {**fwd, "stream_options": {"include_usage": True}}  # the gateway always asks for usage
+        fwd = {**fwd, "stream_options": {"include_usage": True}, **ids}  # the gateway always asks for usage
         stream = client.chat_completions_stream(fwd) if chat else client.completions_stream(fwd)
         try:
             first = await stream.__anext__()

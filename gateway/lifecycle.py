@@ -12,7 +12,8 @@ A generator that nobody iterates any more is closed by the event loop's async-ge
 
 Stages (``gateway/stages.py``): read and admit here, limits and counts in ``gateway/holds.py``, the
 decision in ``policies.decide``, dispatch with retries and the fallback in ``gateway/dispatch.py``, the
-stream relay in ``gateway/relay.py``; ``Finished`` is built once, here, and feeds the learner and telemetry.
+stream relay in ``gateway/relay.py``; ``Finished`` is built once, here, and feeds the learner, telemetry and
+the trace recorder (``gateway/tracing.py``, which picks its requests at admission).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import msgspec
 from backends.disconnect import unless_client_leaves
 from backends.sglang.client import SGLangClient
 from backends.sglang.errors import WorkerError
+from backends.sglang.token_ids import strip
 from gateway import stages
 from gateway.dispatch import NotServed, abort_upstream, close_quietly, dispatch, sender
 from gateway.errors import ApiError
@@ -69,6 +71,7 @@ def admit(state: GatewayState, arrival: Arrival, active: Active, route: str, bod
     features = features_from_openai(body, route=route, headers=picked, wanted_headers=set(wanted) if wanted else None)
     _check_model_and_window(state, request, features.prompt_tokens)
     return Admitted(
+        trace_ids=state.recorder.select(route, arrival.request_id) == "record",
         arrival=arrival, active=active, route=route, body=body, features=features, stream=request.stream,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         echo=isinstance(request, CompletionRequest) and request.echo,
@@ -124,6 +127,8 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
             body, parsed = parse_body(raw, ChatRequest if endpoint == "chat" else CompletionRequest)
             stream = parsed.stream
             admitted = admit(state, arrival, active, route, body, parsed, request.headers)
+            if admitted.trace_ids:
+                tally.want_ids()
             holds.take_limits(admitted)
             decision = decide(active.policy, admitted.features, state.snapshot(), rng=state.rng,
                               exploring=state.exploring.keys())
@@ -150,7 +155,7 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
 
         if not admitted.stream:
             tally.take(result.parsed)
-            content = inject(result.raw, info())
+            content = inject(strip(result.raw) if admitted.trace_ids else result.raw, info())
             ending, handed_over = stages.OK, time.perf_counter()
             yield Head(200, head_headers(), content)
             return
@@ -182,8 +187,8 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
         mean = holds.release(used_tokens=relayed.prompt_tokens + relayed.completion_tokens)
         pool = stages.served_by(decision, dispatched)[0]
         finished = Finished(
-            arrival=arrival, route=route, stream=stream, decision=decision, dispatched=dispatched, retries=retries,
-            relayed=relayed, ending=ending or stages.INTERNAL, e2e_s=time.perf_counter() - arrival.t0,
+            arrival=arrival, route=route, stream=stream, admitted=admitted, decision=decision, dispatched=dispatched,
+            retries=retries, relayed=relayed, ending=ending or stages.INTERNAL, e2e_s=time.perf_counter() - arrival.t0,
             overhead_s=max(0.0, (handed_over or time.perf_counter()) - arrival.t0 - waited.seconds),
             mean_concurrency=mean, slo=active.policy.route_slo(route) if route else None,
             pair_version=active.pair_versions.get(pool, ""))
@@ -191,3 +196,4 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
         if learned is not None:
             state.learn(learned)
         state.telemetry.observe(stages.record(finished))
+        state.recorder.finish(finished)

@@ -6,7 +6,9 @@ asked for ``stream_options.include_usage``; the gateway always asks the worker f
 finishing chunk, held until the stats arrive so the LAST chunk before ``[DONE]`` can carry the
 ``specgate`` object, spliced into its JSON text. A worker failure after the first byte surfaces as
 ``WorkerError`` to the request's owner (``gateway.lifecycle.serve``), which ends the stream with an
-OpenAI-style error event and ``[DONE]``; a client that goes away is the owner's business too.
+OpenAI-style error event and ``[DONE]``; a client that goes away is the owner's business too. A request
+selected for the trace also has its token ids gathered here and taken out of every chunk the client gets
+(``backends/sglang/token_ids.py``); the rest pay nothing for it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from backends.sglang.client import OpenAIResult
 from backends.sglang.spec_stats import SpecStats, spec_stats_from_sglext
+from backends.sglang.token_ids import TokenIds, strip
 from gateway.stages import Admitted, Relayed
 
 if TYPE_CHECKING:
@@ -32,16 +35,21 @@ def inject(raw: bytes, info: bytes) -> bytes:
 
 
 class Tally:
-    """What the answer has told so far (usage, speculation counters, first-token time); ``relayed()``
-    freezes it into the stage value."""
+    """What the answer has told so far (usage, speculation counters, first-token time, and the token ids and
+    finish reason once ``want_ids`` was called); ``relayed()`` freezes it into the stage value."""
 
-    __slots__ = ("t0", "prompt_tokens", "completion_tokens", "stats", "ttft_s")
+    __slots__ = ("t0", "prompt_tokens", "completion_tokens", "stats", "ttft_s", "ids", "finish")
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
         self.prompt_tokens = self.completion_tokens = 0
         self.stats: SpecStats | None = None
         self.ttft_s: float | None = None
+        self.ids: TokenIds | None = None
+        self.finish: str | None = None
+
+    def want_ids(self) -> None:
+        self.ids = TokenIds()
 
     def take(self, parsed: Any) -> None:
         if parsed.usage is not None:
@@ -49,14 +57,24 @@ class Tally:
             self.completion_tokens = parsed.usage.completion_tokens
         if parsed.sglext is not None:
             self.stats = spec_stats_from_sglext(parsed.sglext) or self.stats
+        if self.ids is not None:
+            self.ids.take(parsed)
+            for choice in parsed.choices[:1]:
+                self.finish = choice.finish_reason or self.finish
 
     def first_token(self) -> None:
         if self.ttft_s is None:
             self.ttft_s = time.perf_counter() - self.t0
 
     def relayed(self) -> Relayed:
+        ids = self.ids
         return Relayed(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
-                       stats=self.stats, ttft_s=self.ttft_s)
+                       stats=self.stats, ttft_s=self.ttft_s, prompt_ids=ids.prompt_ids if ids else None,
+                       output_ids=ids.output_ids if ids else None, finish=self.finish)
+
+
+def _same(raw: bytes) -> bytes:
+    return raw
 
 
 def _has_content(parsed: Any, chat: bool) -> bool:
@@ -74,6 +92,7 @@ async def relay_stream(tally: Tally, admitted: Admitted, upstream: AsyncIterator
                        ) -> AsyncIterator[bytes]:
     """The client's SSE bytes, through ``[DONE]``; ``info()`` is the ``specgate`` object at the end."""
     chat = admitted.arrival.endpoint == "chat"
+    clean = strip if admitted.trace_ids else _same  # the worker's token ids never reach the client
     held_finish: bytes | None = None
     usage_raw: bytes | None = None
     echo_pending = admitted.echo
@@ -86,7 +105,7 @@ async def relay_stream(tally: Tally, admitted: Admitted, upstream: AsyncIterator
             if parsed.usage is not None:
                 usage_raw = item.raw
         elif any(c.finish_reason for c in parsed.choices):
-            held_finish = item.raw
+            held_finish = clean(item.raw)
             tally.first_token()
         else:
             if tally.ttft_s is None and _has_content(parsed, chat):
@@ -94,7 +113,7 @@ async def relay_stream(tally: Tally, admitted: Admitted, upstream: AsyncIterator
                     echo_pending = False
                 else:
                     tally.first_token()
-            yield b"data: " + item.raw + b"\n\n"
+            yield b"data: " + clean(item.raw) + b"\n\n"
         with waited:
             item = await anext(upstream, None)
     if held_finish is not None and usage_raw is not None and admitted.include_usage:

@@ -58,15 +58,17 @@ def _fingerprint(path: Path) -> tuple[int, int, int] | None:
 
 class PolicyWatcher:
     """Calls ``apply(policy, version)`` for each valid new content and ``reject(result)`` for an
-    invalid one (the caller keeps serving its current policy)."""
+    invalid one (the caller keeps serving its current policy). ``check(policy)``: the gateway's own
+    objections to a policy that loads (e.g. a trace folder that does not exist); any makes it invalid."""
 
     def __init__(self, path: Path, version: str, *, apply: Callable[[Policy, str], None],
                  reject: Callable[[ReloadResult], None], interval_s: float = 0.5,
-                 rehash_every: int = 10) -> None:
+                 rehash_every: int = 10, check: Callable[[Policy], list[str]] = lambda policy: []) -> None:
         self.path = path
         self.version = version  # hash of the content last loaded or rejected
         self.apply = apply
         self.reject = reject
+        self.check = check
         self.interval_s = interval_s
         self.rehash_every = rehash_every
         self._fingerprint = _fingerprint(path)
@@ -111,6 +113,8 @@ class PolicyWatcher:
         self.version = version
         try:
             policy = load_policy(raw.decode("utf-8", errors="replace"), self.path.name)
+            if errors := self.check(policy):
+                raise PolicyError(errors)
         except PolicyError as exc:
             log.error("policy_reload_rejected", path=str(self.path), version=version, errors=exc.errors)
             self.reject(ReloadResult(ok=False, at=time.time(), version=version, errors=exc.errors))

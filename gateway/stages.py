@@ -6,7 +6,8 @@
 
 The values are frozen msgspec Structs: several are built per request, and a frozen dataclass costs an
 ``object.__setattr__`` per field. ``Finished`` is the only source of what the learner sees (``outcome``:
-``policies.stats.Outcome``) and of what telemetry sees (``record``: ``telemetry.record.RequestRecord``); the
+``policies.stats.Outcome``), of what telemetry sees (``record``: ``telemetry.record.RequestRecord``) and of
+what the trace recorder writes (``gateway.tracing.Recorder.finish``); the
 answer's ``x-specgate-*`` headers and ``specgate`` object are derived from the same values. Nothing here
 mutates anything: the owner of a request's life (``gateway.lifecycle.serve``) produces the values and
 releases what it holds.
@@ -49,6 +50,7 @@ class Admitted(msgspec.Struct, frozen=True, kw_only=True):
     include_usage: bool
     echo: bool  # completions with echo: a stream's first text is the prompt, not a generated token
     cost_tokens: int  # reserved against the route's tokens_per_min: prompt + max_tokens (or a default)
+    trace_ids: bool = False  # selected for the trace: the worker is asked for token ids (gateway/tracing.py)
 
 
 class Dispatched(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,12 +67,16 @@ class Dispatched(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Relayed(msgspec.Struct, frozen=True, kw_only=True):
-    """What the worker's answer told: token counts, speculation counters, first-token time."""
+    """What the worker's answer told: token counts, speculation counters, first-token time; for a request
+    selected for the trace also its token ids and finish reason (None otherwise, or when the worker sent none)."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     stats: SpecStats | None = None
     ttft_s: float | None = None  # since arrival, to the first generated content (streams only)
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] | None = None
+    finish: str | None = None  # the choice's finish_reason
 
 
 class Ending(msgspec.Struct, frozen=True):
@@ -95,6 +101,7 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True):
     arrival: Arrival
     route: str  # "" when refused before the route was known
     stream: bool
+    admitted: Admitted | None  # None when refused before admission
     decision: Decision | None
     dispatched: Dispatched | None
     retries: int  # worker attempts beyond the first, served or not

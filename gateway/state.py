@@ -23,6 +23,7 @@ from gateway.limits import RouteLimiter, limiters_for
 from gateway.reload import PolicyWatcher, ReloadResult, read_policy
 from gateway.settings import GatewaySettings
 from gateway.telemetry_views import policy_view, pool_views
+from gateway.tracing import Recorder, problems, resolve
 from policies.features import referenced_headers
 from policies.schema import Policy
 from policies.snapshot import Snapshot
@@ -55,8 +56,13 @@ class GatewayState:
         self.telemetry.set_policy(view, version=version, reload_ok=True, error=None)
         self.backend = Backend(policy, monitor_interval_s=settings.monitor_interval_s,
                                read_timeout_s=settings.upstream_read_timeout_s)
-        self.watcher = PolicyWatcher(self.path, version, apply=self.apply_policy,
-                                     reject=self.reject_policy, interval_s=settings.reload_interval_s)
+        if errors := self.tracing_problems(policy):
+            raise ValueError("\n".join(errors))  # a startup failure, like an invalid policy
+        self.recorder = Recorder(resolve(policy.tracing, settings.trace_path, self.path.parent),
+                                 worker_info=lambda url: self.backend.info.get(url),
+                                 count=self.telemetry.count_trace)
+        self.watcher = PolicyWatcher(self.path, version, apply=self.apply_policy, reject=self.reject_policy,
+                                     interval_s=settings.reload_interval_s, check=self.tracing_problems)
         self.rng = random.Random()
         self.in_flight = 0
         self.exploring: dict[str, int] = {}  # exploration_key -> explorations of it in flight
@@ -88,6 +94,7 @@ class GatewayState:
         for task in list(self.background):
             task.cancel()
         await self.backend.stop()
+        self.recorder.close()
 
     def spawn(self, coro: Any) -> None:
         """Fire-and-forget work (aborts, closing a stream) that must survive a cancelled request."""
@@ -97,8 +104,12 @@ class GatewayState:
 
     # -- reload --------------------------------------------------------------------------------------
 
+    def tracing_problems(self, policy: Policy) -> list[str]:
+        return problems(policy, self.settings.trace_path, self.path.parent)
+
     def apply_policy(self, policy: Policy, version: str) -> None:
         self.active = self._build(policy, version, self.active.limiters)
+        self.recorder.configure(resolve(policy.tracing, self.settings.trace_path, self.path.parent))
         self.learning.configure(policy.learning)
         self.learning.forget_pair_versions(set(self.active.pair_versions.values()))
         if topology(policy) != self.backend.topology:

@@ -74,6 +74,10 @@ def check_policy(policy: Policy, tree: YamlTree) -> list[Problem]:
             add(("pools", name, "proposer"), f"proposer {pool.proposer} cannot run pair '{pool.pair}' "
                 f"(draft kind {kind}); use proposer " + " or ".join(fits))
 
+    for i, name in enumerate(policy.tracing.routes or () if policy.tracing else ()):
+        if name not in routes:
+            add(("tracing", "routes", i), unknown("route", name, routes))
+
     _check_unique(add, "rules", [r.name for r in policy.rules], "rule")
     catch_all = None
     for i, rule in enumerate(policy.rules):

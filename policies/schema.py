@@ -332,6 +332,20 @@ class Learning(_Strict, kw_only=True):
     concurrency_buckets: Annotated[list[PosInt], Meta(min_length=1)] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
 
 
+class Tracing(_Strict, kw_only=True):
+    """Opt-in recording of served requests as a replay trace (``gateway/tracing.py``, docs/replay.md). ``path``:
+    relative to the policy file's folder, which must exist; ``max_bytes``: a file is rotated before a line
+    would take it past this; ``keep``: rotated files kept (``path.1`` newest); ``sample``: the share of
+    requests recorded, picked by a hash of ``seed`` and the request id; ``routes``: only these (None: all)."""
+
+    path: Annotated[str, Meta(min_length=1)]
+    max_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024 * 1024
+    keep: Annotated[int, Meta(ge=0, le=1000)] = 4
+    sample: Fraction = 1.0
+    seed: int = 0
+    routes: Annotated[list[Name], Meta(min_length=1)] | None = None
+
+
 class Policy(_Strict, kw_only=True, weakref=True):
     """A whole policy file. Hot reload: build a new one with ``load_policy_file`` and swap the reference;
     Policies are immutable, so a request holding the old one finishes consistently."""
@@ -344,6 +358,7 @@ class Policy(_Strict, kw_only=True, weakref=True):
     pairs: dict[Name, Pair] = {}
     rules: list[Rule] = []
     learning: Learning = Learning()
+    tracing: Tracing | None = None  # off unless given (or `specgate serve --trace FILE`)
 
     def route(self, name: str) -> Route | None:
         for route in self.routes:

@@ -126,6 +126,11 @@ class Telemetry:
             sums.update(ttft_sum=record.ttft_s, ttft_n=1)
         self.history.add_request(record.timestamp or time.time(), route, slice_, rule, sums)
 
+    def count_trace(self, result: str) -> None:
+        """One finished request as the trace recorder saw it; ``result`` is one of a fixed set (the metric's
+        help lists it), so it cannot grow the series."""
+        self._child(self.metrics.trace_requests, (result,)).inc()
+
     def observe_overhead(self, seconds: float) -> None:
         """Gateway overhead measured outside a record. Use this OR ``RequestRecord.overhead_s`` for a
         request, not both, or it is counted twice."""

@@ -35,6 +35,10 @@ in one process never collide). Labels ``route, slice, pool, proposer`` (``L`` be
     sum by (route, slice) (rate(specgate_explorations_total[5m]))
       / sum by (route, slice) (rate(specgate_requests_total[5m]))
 - Error ratio: ``sum(rate(specgate_requests_total{status!="ok"}[5m])) / sum(rate(specgate_requests_total[5m]))``
+- Trace recording (``tracing:``): share of the requests it saw that were written, and why others were not::
+
+    sum(rate(specgate_trace_requests_total{result="recorded"}[5m])) / sum(rate(specgate_trace_requests_total[5m]))
+    sum by (result) (rate(specgate_trace_requests_total{result!="recorded"}[5m]))
 - Latency quantiles, e.g. p95 TPOT per pool::
 
     histogram_quantile(0.95, sum by (pool, le) (rate(specgate_time_per_output_token_seconds_bucket[5m])))
@@ -130,6 +134,10 @@ class Metrics:
                                  "(re)load was attempted.", registry=r)
         self.reloads = Counter("specgate_policy_reloads", "Policy (re)loads by result (ok|error).", ["result"],
                                registry=r)
+        self.trace_requests = Counter(
+            "specgate_trace_requests", "Requests finished while trace recording was on, by result: recorded, or "
+            "why not (sampled_out|route_excluded|failed|no_ids|unknown_worker|other_revision|invalid|too_large|"
+            "write_error).", ["result"], registry=r)
 
     def clear_pool_gauges(self) -> None:
         for gauge in (self.pool_workers, self.pool_healthy, self.pool_running, self.pool_waiting,

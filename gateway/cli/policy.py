@@ -62,7 +62,24 @@ def _check(args: argparse.Namespace) -> int:
         pair = f", pair {pool.pair}@{policy.pool_pair_version(name)}" if pool.pair else ""
         print(f"  pool {name}: {pool.proposer}{k}{pair}, {pool.speculation}, {len(pool.workers)} worker(s)")
     print(f"  rules: {', '.join(r.name for r in policy.rules) or '(none: everything bypasses)'}")
-    return 0
+    return _check_tracing(args.file, policy)
+
+
+def _check_tracing(file: Path, policy) -> int:
+    """The ``tracing:`` section, resolved as ``specgate serve`` would (without ``--trace``): its folder must exist."""
+    from gateway.tracing import problems, resolve
+
+    config = resolve(policy.tracing, None, file.parent)
+    if config is None:
+        print("  tracing: off")
+        return 0
+    routes = ", ".join(sorted(config.routes)) if config.routes else "all"
+    print(f"  tracing: {config.path} (max {config.max_bytes} bytes, keep {config.keep}, sample {config.sample:g}, "
+          f"seed {config.seed}, routes: {routes})")
+    errors = problems(policy, None, file.parent)
+    for line in errors:
+        print(f"{file}: {line}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -1,13 +1,15 @@
 """`specgate serve --policy FILE`: run the gateway (OpenAI API, admin API, metrics) with uvicorn.
 
 With no API keys in the policy, auth is off; then binding a non-loopback address is refused unless
-``--allow-unauthenticated-public`` says it is intended.
+``--allow-unauthenticated-public`` says it is intended. ``--trace FILE`` records served requests as a replay
+trace (``gateway/tracing.py``): the flag names the file, the policy's ``tracing:`` section (if any) the rest.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--debug-log-text", action="store_true",
                    help="include prompt and answer text in debug logs (never in production)")
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="record served requests (prompt and output token ids: user content) as a replay trace in "
+                        "FILE (0600, rotated; its folder must exist); the policy's tracing: section, if any, gives "
+                        "the size cap, rotation, sample and routes, this flag the file (docs/replay.md)")
     p.set_defaults(func=_run)
 
 
@@ -68,7 +74,8 @@ def _run(args: argparse.Namespace) -> int:
             allow_unauthenticated_public=args.allow_unauthenticated_public,
             admin_token_env=args.admin_token_env, max_body_bytes=args.max_body_bytes,
             log_json=args.log_json, log_level=args.log_level, debug_log_text=args.debug_log_text,
-            upstream_read_timeout_s=args.upstream_read_timeout_s)
+            upstream_read_timeout_s=args.upstream_read_timeout_s,
+            trace_path=str(Path(args.trace).absolute()) if args.trace else None)
         app = create_app(settings)
     except (ValueError, PolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
