@@ -13,15 +13,23 @@
 - ``GET /admin/tracing``: trace recording (``gateway/tracing.py``): on or off, the configuration in force,
   the current file's header (model, revision, tokenizer), its size and the files kept, and how many
   finished requests were recorded or not, and why (never a record's content).
+- ``POST /admin/replay``: ``{"policy": "<candidate policy YAML>", "last": 500, "loads": ["trace"], "seeds": 3}``
+  -> the candidate and the policy in force replayed on the newest recorded requests (gateway/replay/
+  candidate.py): markdown and figures. Refused (409) when tracing is off or ``tracing.costs`` names no cost
+  model; one at a time (429); bounded by ``REPLAY_DEADLINE_S``. It runs on a thread of this process, so it
+  shares the gateway's CPU while it runs: prefer ``specgate policy explain --replay`` on another machine
+  for large replays.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
+from msgspec import Meta
 from litestar import Request, Response, Router, get, post
 
 from gateway.auth import admin_allowed
@@ -34,6 +42,16 @@ if TYPE_CHECKING:
     from gateway.state import GatewayState
 
 _JSON = "application/json"
+
+
+REPLAY_DEADLINE_S = 60.0
+
+
+class ReplayBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    policy: str  # the candidate policy file's text
+    last: Annotated[int, Meta(ge=1, le=5000)] = 500
+    loads: Annotated[list[str], Meta(min_length=1, max_length=4)] = msgspec.field(default_factory=lambda: ["trace"])
+    seeds: Annotated[int, Meta(ge=1, le=10)] = 3
 
 
 def _json(value: Any, status: int = 200) -> Response[bytes]:
@@ -132,4 +150,56 @@ def admin_router(state: GatewayState) -> Router:
             return refused
         return _json(state.recorder.status())
 
-    return Router(path="/admin", route_handlers=[policy, explain_request, pools, stats, requests, tracing])
+    running = asyncio.Lock()
+
+    @post("/replay", status_code=200, summary="Replay a candidate policy on the newest recorded requests")
+    async def replay(request: Request[Any, Any, Any]) -> Response[bytes]:
+        if (refused := guard(request)) is not None:
+            return refused
+        config = state.recorder.config
+        if config is None:
+            return _json({"error": "tracing is off: turn it on (tracing: in the policy, or specgate serve --trace) "
+                                   "and let it record"}, 409)
+        if config.costs is None:
+            return _json({"error": "no cost model: set tracing.costs to a file from specgate trace calibrate"}, 409)
+        try:
+            body = msgspec.json.decode(await request.body(), type=ReplayBody)
+        except msgspec.ValidationError as exc:
+            return _json({"error": f"invalid body: {exc}"}, 400)
+        except msgspec.DecodeError as exc:
+            return _json({"error": f"invalid JSON: {exc}"}, 400)
+        if running.locked():
+            return _json({"error": "a replay is already running; retry when it ends"}, 429)
+        async with running:
+            return await asyncio.to_thread(_replay_now, state, config, body)
+
+    return Router(path="/admin", route_handlers=[policy, explain_request, pools, stats, requests, tracing, replay])
+
+
+def _replay_now(state: GatewayState, config: Any, body: ReplayBody) -> Response[bytes]:
+    """The candidate and the policy in force on the newest ``body.last`` recorded requests (a thread)."""
+    from gateway.replay.candidate import ReplayTimeout, recorded, replay_candidate
+    from gateway.replay.sim import Load
+    from policies.costmodel import CostModelError, load_cost_model
+    from policies.errors import PolicyError
+    from policies.load import load_policy
+    from policies.trace import TraceError
+
+    try:
+        candidate = load_policy(body.policy, "candidate.yaml")
+    except PolicyError as exc:
+        return _json({"error": "the candidate policy is invalid", "errors": exc.errors}, 422)
+    try:
+        for label in body.loads:
+            Load.parse(label)
+        trace = recorded(config.path, config.keep, body.last)
+        costs = load_cost_model(config.costs, revision=trace.header.revision)
+        result = replay_candidate(trace, {"in force": state.active.policy, "candidate": candidate}, costs,
+                                  loads=tuple(body.loads), seeds=body.seeds, deadline_s=REPLAY_DEADLINE_S,
+                                  source=str(config.path))
+    except ReplayTimeout as exc:
+        return _json({"error": str(exc)}, 504)
+    except (TraceError, CostModelError, ValueError, OSError) as exc:
+        return _json({"error": str(exc)}, 422)
+    return _json({"requests": result.requests, "excluded_pools": result.excluded, "markdown": result.markdown,
+                  "summary": result.summary})

@@ -75,6 +75,7 @@ class TraceConfig:
     sample: float
     seed: int
     routes: frozenset[str] | None
+    costs: Path | None = None  # the cost model POST /admin/replay uses
 
 
 def resolve(tracing: Tracing | None, flag: str | None, policy_dir: Path) -> TraceConfig | None:
@@ -85,7 +86,8 @@ def resolve(tracing: Tracing | None, flag: str | None, policy_dir: Path) -> Trac
     section = tracing or Tracing(path=flag or "")
     path = Path(flag) if flag else policy_dir / section.path
     return TraceConfig(path=path.absolute(), max_bytes=section.max_bytes, keep=section.keep, sample=section.sample,
-                       seed=section.seed, routes=frozenset(section.routes) if section.routes else None)
+                       seed=section.seed, routes=frozenset(section.routes) if section.routes else None,
+                       costs=(policy_dir / section.costs).absolute() if section.costs else None)
 
 
 def problems(policy: Policy, flag: str | None, policy_dir: Path) -> list[str]:
@@ -95,7 +97,11 @@ def problems(policy: Policy, flag: str | None, policy_dir: Path) -> list[str]:
         return []
     problem = directory_problem(config.path)
     where = "--trace" if flag else "tracing.path"
-    return [f"{where} {config.path}: {problem}"] if problem else []
+    found = [f"{where} {config.path}: {problem}"] if problem else []
+    if config.costs is not None and not config.costs.is_file():
+        found.append(f"tracing.costs {config.costs}: no such file; write one with specgate trace calibrate --out "
+                     "FILE, or remove the key")
+    return found
 
 
 def sampled(seed: int, request_id: str, fraction: float) -> bool:

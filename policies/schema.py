@@ -336,7 +336,9 @@ class Tracing(_Strict, kw_only=True):
     """Opt-in recording of served requests as a replay trace (``gateway/tracing.py``, docs/replay.md). ``path``:
     relative to the policy file's folder, which must exist; ``max_bytes``: a file is rotated before a line
     would take it past this; ``keep``: rotated files kept (``path.1`` newest); ``sample``: the share of
-    requests recorded, picked by a hash of ``seed`` and the request id; ``routes``: only these (None: all)."""
+    requests recorded, picked by a hash of ``seed`` and the request id; ``routes``: only these (None: all);
+    ``costs``: a cost model file (``specgate trace calibrate``, relative like ``path``) that ``POST
+    /admin/replay`` times the recorded requests with (None: that endpoint is refused)."""
 
     path: Annotated[str, Meta(min_length=1)]
     max_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024 * 1024
@@ -344,6 +346,7 @@ class Tracing(_Strict, kw_only=True):
     sample: Fraction = 1.0
     seed: int = 0
     routes: Annotated[list[Name], Meta(min_length=1)] | None = None
+    costs: Annotated[str, Meta(min_length=1)] | None = None
 
 
 class Policy(_Strict, kw_only=True, weakref=True):

@@ -171,15 +171,19 @@ def _explain(error: msgspec.ValidationError, unknown: str = f"unknown field (tra
     return what
 
 
-def read_trace(path: str | Path, *, revision: str | None = None) -> Trace:
+def read_trace(path: str | Path, *, revision: str | None = None, growing: bool = False) -> Trace:
     """Read and check a whole trace. ``revision``: the target weights replay will use; a trace recorded on
-    another revision is refused (its output ids would not be this model's)."""
+    another revision is refused (its output ids would not be this model's). ``growing``: the file is being
+    appended to (the gateway's current recording): a last line without its newline is a record being
+    written, left out instead of refused."""
     path = Path(path)
     with path.open("rb") as f:
         data = f.read()
     if not data:
         raise TraceError(f"{path}: empty; a trace starts with its header line")
     lines = data.split(b"\n")
+    if lines[-1] and growing and len(lines) > 1:
+        lines[-1] = b""
     if lines[-1]:
         raise TraceError(f"{path}:{len(lines)}: truncated: the last line has no newline (the writer stopped "
                          "mid-line); rebuild the trace or drop that line")

@@ -22,8 +22,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     schema.set_defaults(func=_schema)
     explain = actions.add_parser("explain", help="show the slice, matching rule and decision for a request")
     explain.add_argument("file", type=Path)
-    explain.add_argument("--request", type=Path, required=True,
-                         help="an OpenAI chat/completions body, or RequestFeatures as JSON")
+    what = explain.add_mutually_exclusive_group(required=True)
+    what.add_argument("--request", type=Path, help="an OpenAI chat/completions body, or RequestFeatures as JSON")
+    what.add_argument("--replay", type=Path, metavar="TRACE",
+                      help="replay this policy on the last --last requests of a trace (the gateway's recording "
+                           "or specgate trace build), beside --against and plain decoding (docs/replay.md)")
+    explain.add_argument("--costs", type=Path, default=None, help="with --replay: the cost model (specgate trace "
+                         "calibrate)")
+    explain.add_argument("--against", type=Path, default=None,
+                         help="with --replay: the policy in force, to compare the candidate with")
+    explain.add_argument("--last", type=int, default=500, help="with --replay: the newest N requests")
+    explain.add_argument("--loads", nargs="+", default=["trace"],
+                         help="with --replay: trace (the recorded arrival times), cN or pR")
+    explain.add_argument("--seeds", type=int, default=3, help="with --replay: seeds per load")
+    explain.add_argument("--keep", type=int, default=4, help="with --replay: rotated files (TRACE.1 ...) to read "
+                         "when TRACE holds fewer than --last requests")
     explain.add_argument("--stats", type=Path, default=None,
                          help="a snapshot JSON (admin endpoint); default: no statistics, every pool "
                               "healthy and verified, concurrency 1")
@@ -92,6 +105,8 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    if args.replay is not None:
+        return _replay(args)
     import msgspec
 
     from policies.decide import explain
@@ -134,4 +149,34 @@ def _explain(args: argparse.Namespace) -> int:
     what = "bypass (no speculation)" if d.bypass else f"{d.proposer} k={d.draft_tokens}"
     print(f"decision: pool {d.pool}, {what}, rule {d.rule}" + (" [safety fallback]" if d.fallback else ""))
     print(f"reason: {d.reason}")
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """``policy explain FILE --replay TRACE``: gateway/replay/candidate.py on the newest requests."""
+    from gateway.replay.candidate import ReplayTimeout, recorded, replay_candidate
+    from policies.costmodel import CostModelError, load_cost_model
+    from policies.trace import TraceError
+
+    if args.costs is None:
+        print("error: --replay needs --costs FILE (a cost model: specgate trace calibrate --out FILE)", file=sys.stderr)
+        return 2
+    if args.last < 1 or args.seeds < 1:
+        print("error: --last and --seeds must be at least 1", file=sys.stderr)
+        return 2
+    candidate = _load(args.file)
+    current = _load(args.against) if args.against is not None else None
+    if candidate is None or (args.against is not None and current is None):
+        return 1
+    policies = {**({f"{args.against.stem} (in force)": current} if current is not None else {}),
+                args.file.stem: candidate}
+    try:
+        trace = recorded(args.replay, args.keep, args.last)
+        costs = load_cost_model(args.costs, revision=trace.header.revision)
+        result = replay_candidate(trace, policies, costs, loads=tuple(args.loads), seeds=args.seeds,
+                                  deadline_s=600.0, source=str(args.replay))
+    except (TraceError, CostModelError, ValueError, ReplayTimeout, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(result.markdown)
     return 0

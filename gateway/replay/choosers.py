@@ -136,7 +136,11 @@ class FixedChooser:
 class PolicyChooser:
     """A policy file, deciding with the gateway's real ``decide()`` and learning as the gateway learns."""
 
-    def __init__(self, policy, prices: Prices, seed: int, snapshot_max_age_s: float = 0.1) -> None:
+    def __init__(self, policy, prices: Prices, seed: int, snapshot_max_age_s: float = 0.1,
+                 without_flags: str = "refuse") -> None:
+        """``without_flags``: what to do with a draft_model pool whose pair the trace has no match flags for
+        (a recorded trace has none): "refuse" (an error naming the fix), or "exclude" (the pool is
+        unhealthy in every simulated snapshot, so decide() never picks it: :attr:`excluded` names them)."""
         from policies.compiled import compiled
 
         self.policy, self.prices = policy, prices
@@ -148,12 +152,16 @@ class PolicyChooser:
         self.exploring: dict[str, int] = {}
         self._snapshot, self._at, self._dirty = None, float("-inf"), False
         header = prices.book.trace.header
+        self.excluded: list[str] = []
         for name, pool in policy.pools.items():
             if pool.adaptive:
                 raise ValueError(f"pool {name}: adaptive pools (the worker picks k per round) are not modelled "
                                  "by replay yet; replay the policy without it, or with a fixed draft length")
             pair = policy.pairs.get(pool.pair) if pool.pair else None
             if pool.proposer == "draft_model" and pair is not None:
+                if without_flags == "exclude" and self.pair_versions[name] not in header.pairs:
+                    self.excluded.append(name)
+                    continue
                 prices.book.check(Option("draft_model", 1, self.pair_versions[name]))
         self._verified = {name: self._pair_ok(name, header.revision) for name in policy.pools}
 
@@ -177,7 +185,7 @@ class PolicyChooser:
                 running += len(s.running)
                 waiting += len(s.waiting) + len(sim.workers[url].inbox)
                 usage = max(usage, s.reserved / s.max_total_tokens)
-            states[name] = PoolState(healthy=True, pair_verified=self._verified[name], running=running,
+            states[name] = PoolState(healthy=name not in self.excluded, pair_verified=self._verified[name], running=running,
                                      waiting=waiting, kv_usage=usage, workers_healthy=len(pool.workers))
         return states
 

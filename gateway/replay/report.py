@@ -188,7 +188,7 @@ def markdown(summary: dict, meta: dict, contenders: Sequence[str], loads: Sequen
                     continue
                 mark = "~" if c["estimated"] else ""
                 ci = c["tpot_p50_ci"]
-                span = f" [{ci[0]:.1f}-{ci[1]:.1f}]" if ci and ci[1] - ci[0] > 1e-9 else ""
+                span = f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci and ci[1] - ci[0] > 1e-9 else ""
                 choices = ", ".join(f"{k} {v / c['seeds']:.3g}" for k, v in list(c["choices"].items())[:4])
                 lines.append(f"| {name} | {mark}{_f(c['tpot_ms']['p50'])}{span} | {_f(c['tpot_ms']['p90'])} | "
                              f"{_f(c['tpot_ms']['p99'])} | {_f(c['ttft_ms']['p50'], '.0f')} | "
@@ -199,7 +199,7 @@ def markdown(summary: dict, meta: dict, contenders: Sequence[str], loads: Sequen
             if rows:
                 lines += ["", "| TPOT ratio (paired, geomean) | ratio | 95% interval | over | pairs |",
                           "|---|---|---|---|---|"]
-                lines += [f"| {r['a']} / {r['b']} | {r['ratio']:.3f} | {r['low']:.3f}-{r['high']:.3f} | {r['over']} "
+                lines += [f"| {r['a']} / {r['b']} | {r['ratio']:.3f} | {r['low']:.3f}, {r['high']:.3f} | {r['over']} "
                           f"| {r['pairs']} |" for r in rows]
             lines.append("")
     lines += [f"![{p.stem}]({p.name})" for p in plots]

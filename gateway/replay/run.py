@@ -30,6 +30,7 @@ class Contender:
     option: Option | None = None  # an arm
     policy: object = None  # a policies.schema.Policy
     path: str = ""
+    without_flags: str = "refuse"  # a draft_model pool without match flags: refuse, or exclude (PolicyChooser)
 
     @property
     def is_policy(self) -> bool:
@@ -61,9 +62,12 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
 
 
 def blocks(book: RoundBook, mix: str, seed: int) -> list[list[int]]:
-    """The arrival order: one seed-shuffled stream of every request (interleaved), or one block per slice
-    label in the trace's order (by-slice, as the serving benchmark's cells)."""
+    """The arrival order: one seed-shuffled stream of every request (interleaved), one block per slice
+    label in the trace's order (by-slice, as the serving benchmark's cells), or the trace's own order
+    (recorded: what the ``trace`` load replays, at the recorded times)."""
     indices = [i for i, r in enumerate(book.requests) if r.output_ids]
+    if mix == "recorded":  # the trace load: every request at its recorded time, whatever --mix says
+        return [indices]
     if mix == "interleaved":
         random.Random(f"order:{seed}").shuffle(indices)
         return [indices]
@@ -82,8 +86,8 @@ class Job:
 
 def seedless(contender: Contender, load: Load, mix: str, book: RoundBook) -> bool:
     """Whether the contender's result at ``load`` is the same for every seed."""
-    return (not contender.is_policy and contender.option.proposer != "suffix" and mix == "by-slice"
-            and load.rate is None and all(r.sampling.greedy for r in book.requests))
+    return (not contender.is_policy and contender.option.proposer != "suffix"
+            and (mix == "by-slice" or load.label == "trace") and load.rate is None and all(r.sampling.greedy for r in book.requests))
 
 
 _CONTEXT: dict = {}
@@ -96,9 +100,11 @@ def _run(job: Job) -> tuple[Job, list[Served]]:
     load = Load.parse(job.load)
     book = prices.book
     order = (c["mix"], job.seed if c["mix"] == "interleaved" else 0) if load.label != "trace" else None
-    chooser = (PolicyChooser(contender.policy, prices, job.seed) if contender.is_policy
+    chooser = (PolicyChooser(contender.policy, prices, job.seed, without_flags=contender.without_flags)
+               if contender.is_policy
                else FixedChooser(contender.option, prices, job.seed, order))
-    sim = Simulation(chooser, load, blocks(book, c["mix"], job.seed), job.seed, max_running=c["max_running"],
+    order = blocks(book, "recorded" if load.label == "trace" else c["mix"], job.seed)
+    sim = Simulation(chooser, load, order, job.seed, max_running=c["max_running"],
                      max_total_tokens=c["max_total_tokens"], arrival_of=lambda i: book.requests[i].arrival_s)
     served = sim.run()
     return job, served
