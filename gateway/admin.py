@@ -54,6 +54,14 @@ class ReplayBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     seeds: Annotated[int, Meta(ge=1, le=10)] = 3
 
 
+def _problem(status: int, message: str, code: str, errors: list[str] | None = None) -> Response[bytes]:
+    """An OpenAI-shaped error (as every API error), with the policy check's ``errors`` beside it."""
+    body = ApiError(status, message, code=code).body()
+    if errors is not None:
+        body = body[:-1] + b',"errors":' + msgspec.json.encode(errors) + b"}"
+    return Response(body, status_code=status, media_type=_JSON)
+
+
 def _json(value: Any, status: int = 200) -> Response[bytes]:
     return Response(msgspec.json.encode(value), status_code=status, media_type=_JSON)
 
@@ -158,18 +166,19 @@ def admin_router(state: GatewayState) -> Router:
             return refused
         config = state.recorder.config
         if config is None:
-            return _json({"error": "tracing is off: turn it on (tracing: in the policy, or specgate serve --trace) "
-                                   "and let it record"}, 409)
+            return _problem(409, "tracing is off: turn it on (tracing: in the policy, or specgate serve --trace) "
+                            "and let it record", "tracing_off")
         if config.costs is None:
-            return _json({"error": "no cost model: set tracing.costs to a file from specgate trace calibrate"}, 409)
+            return _problem(409, "no cost model: set tracing.costs to a file from specgate trace calibrate",
+                            "no_cost_model")
         try:
             body = msgspec.json.decode(await request.body(), type=ReplayBody)
         except msgspec.ValidationError as exc:
-            return _json({"error": f"invalid body: {exc}"}, 400)
+            return _problem(400, f"invalid body: {exc}", "invalid_body")
         except msgspec.DecodeError as exc:
-            return _json({"error": f"invalid JSON: {exc}"}, 400)
+            return _problem(400, f"invalid JSON: {exc}", "invalid_json")
         if running.locked():
-            return _json({"error": "a replay is already running; retry when it ends"}, 429)
+            return _problem(429, "a replay is already running; retry when it ends", "replay_running")
         async with running:
             return await asyncio.to_thread(_replay_now, state, config, body)
 
@@ -188,7 +197,7 @@ def _replay_now(state: GatewayState, config: Any, body: ReplayBody) -> Response[
     try:
         candidate = load_policy(body.policy, "candidate.yaml")
     except PolicyError as exc:
-        return _json({"error": "the candidate policy is invalid", "errors": exc.errors}, 422)
+        return _problem(422, "the candidate policy is invalid", "invalid_policy", exc.errors)
     try:
         for label in body.loads:
             Load.parse(label)
@@ -198,8 +207,8 @@ def _replay_now(state: GatewayState, config: Any, body: ReplayBody) -> Response[
                                   loads=tuple(body.loads), seeds=body.seeds, deadline_s=REPLAY_DEADLINE_S,
                                   source=str(config.path))
     except ReplayTimeout as exc:
-        return _json({"error": str(exc)}, 504)
+        return _problem(504, str(exc), "replay_timeout")
     except (TraceError, CostModelError, ValueError, OSError) as exc:
-        return _json({"error": str(exc)}, 422)
+        return _problem(422, str(exc), "cannot_replay")
     return _json({"requests": result.requests, "excluded_pools": result.excluded, "markdown": result.markdown,
                   "summary": result.summary})

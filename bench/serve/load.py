@@ -8,29 +8,25 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-
 from bench.workloads import WorkItem
+from gateway.replay.sim import Load
 
 
-@dataclass(frozen=True)
-class LoadPoint:
-    label: str
-    concurrency: int | None = None  # closed loop
-    rate: float | None = None  # open loop, requests per second
+class LoadPoint(Load):
+    """A load point of the serving benchmark: replay's ``Load`` (gateway/replay/sim.py: the same labels and
+    the same seeded Poisson gaps, so a replay reproduces a benchmark cell), without ``trace``, which needs
+    recorded arrival times."""
 
     @classmethod
     def parse(cls, text: str) -> LoadPoint:
-        kind, value = text[:1], text[1:]
         try:
-            if kind == "c" and int(value) >= 1:
-                return cls(text, concurrency=int(value))
-            if kind == "p" and float(value) > 0:
-                return cls(text, rate=float(value))
+            point = Load.parse(text)
         except ValueError:
-            pass
-        raise ValueError(f"--loads: {text!r} is not a load point; use cN (closed loop, N concurrent "
-                         "clients, e.g. c4) or pR (Poisson arrivals at R requests/s, e.g. p0.5)")
+            point = None
+        if point is None or point.label == "trace":  # recorded arrival times: replay only
+            raise ValueError(f"--loads: {text!r} is not a load point; use cN (closed loop, N concurrent "
+                             "clients, e.g. c4) or pR (Poisson arrivals at R requests/s, e.g. p0.5)")
+        return cls(point.label, concurrency=point.concurrency, rate=point.rate)
 
 
 Send = Callable[[WorkItem, float], Awaitable[object]]
