@@ -105,9 +105,35 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{load}: median predicted/measured {statistics.median(ratios):.3f}, range "
                   f"{min(ratios):.3f}-{max(ratios):.3f}, within {sum(r['within'] for r in rows if r['load'] == load)}"
                   f"/{len(ratios)}")
+    relative(rows, loads)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def relative(rows: list[dict], loads: list[str]) -> None:
+    """Each arm's p50 TPOT over plain's in the same (load, slice), predicted beside measured: what a policy
+    comparison rests on, free of a factor common to every arm (the machine's speed, or a cost the model
+    misses on every round alike)."""
+    plain = {(r["load"], r["slice"]): r for r in rows if r["arm"] == "plain"}
+    errors: dict[str, list[float]] = {}
+    print("\n| arm | load | slice | TPOT / plain measured | predicted | predicted / measured |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        base = plain.get((r["load"], r["slice"]))
+        if r["arm"] == "plain" or base is None or not r["tpot_predicted_ms"]:
+            continue
+        measured = r["tpot_measured_ms"] / base["tpot_measured_ms"]
+        predicted = r["tpot_predicted_ms"] / base["tpot_predicted_ms"]
+        r["vs_plain_measured"], r["vs_plain_predicted"] = measured, predicted
+        errors.setdefault(r["load"], []).append(predicted / measured)
+        print(f"| {r['arm']} | {r['load']} | {r['slice']} | {measured:.3f} | {predicted:.3f} | {predicted / measured:.3f} |")
+    for load in loads:
+        xs = errors.get(load, [])
+        if xs:
+            inside = sum(abs(x - 1) <= tolerance(load) for x in xs)
+            print(f"{load}: ratio to plain, predicted / measured: median {statistics.median(xs):.3f}, range "
+                  f"{min(xs):.3f}-{max(xs):.3f}, within the bar {inside}/{len(xs)}")
 
 
 if __name__ == "__main__":

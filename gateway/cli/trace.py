@@ -189,10 +189,18 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"  {line}")
     print("self-check, real rounds beside round_s (predicted / measured, median per round; wall: from one "
           "round's output to the next):")
+    off = []
     for arm in self_check(engine, cost, ids):
         print(f"  {arm.arm}: {arm.rounds} rounds, predicted {1e3 * arm.predicted_s:.2f} ms, measured "
               f"{1e3 * arm.measured_s:.2f} ms (ratio {arm.ratio:.2f}), wall {1e3 * arm.wall_s:.2f} ms (ratio "
               f"{arm.wall_ratio:.2f})")
+        if not 0.8 <= arm.ratio <= 1.25:
+            off.append(f"{arm.arm} {arm.ratio:.2f}")
+    if off:
+        # measured: a calibration while another job ran torch beside it predicted 55x the real rounds
+        print(f"warning: the model is off the engine's own rounds ({', '.join(off)}; expected 0.8-1.25): the "
+              "machine was probably busy while it measured (another process, or torch threads oversubscribed); "
+              "recalibrate on a quiet machine before trusting replay's times", file=sys.stderr)
     return 0
 
 
