@@ -126,7 +126,8 @@ def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str],
                 copies.append((contender.name, label))
             else:
                 jobs += [Job(n, label, s) for s in range(seeds)]
-    # one contender's runs together, seed-major: a process reuses its profiles and per-seed suffix rounds
+    # one contender's runs together, seed-major, a chunk per (contender, seed): a process reuses its profiles
+    # and the seed's suffix rounds at every load, and a policy's seeds still spread over the processes
     jobs.sort(key=lambda j: (j.contender, j.seed, loads.index(j.load)))
     _CONTEXT.update(contenders=list(contenders), prices=prices, mix=mix, max_running=max_running,
                     max_total_tokens=max_total_tokens)
@@ -134,7 +135,7 @@ def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str],
     done = 0
     if processes > 1 and len(jobs) > 1:
         with multiprocessing.get_context("fork").Pool(processes) as pool:
-            for job, served in pool.imap_unordered(_run, jobs, chunksize=max(1, min(len(loads) * seeds, -(-len(jobs) // processes)))):
+            for job, served in pool.imap_unordered(_run, jobs, chunksize=len(loads)):
                 results[(contenders[job.contender].name, job.load, job.seed)] = served
                 done += 1
                 if progress:
