@@ -25,12 +25,10 @@ from backends.sglang.errors import (
     WorkerTimeout,
 )
 from backends.sglang.h1 import H1Pool
+from backends.sglang.openai_wire import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
 from backends.sglang.streaming import DONE, DeltaTracker, sse_data
 from backends.sglang.wire import (
     AbortRequest,
-    ChatCompletionChunk,
-    ChatCompletionResponse,
-    CompletionResponse,
     ErrorEnvelope,
     GenerateRequest,
     GenerateResponse,

@@ -27,7 +27,8 @@ from typing import Any
 
 import msgspec
 
-from backends.sglang.wire import MetaInfo, SglExt, SpecTokensDetails
+from backends.sglang.openai_wire import SglExt, SpecTokensDetails
+from backends.sglang.wire import MetaInfo
 
 
 class SpecStats(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -5,10 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from backends.sglang.openai_wire import ChatCompletionResponse, CompletionResponse
 from backends.sglang.spec_stats import SpecStats, spec_stats_from, spec_stats_from_sglext
 from backends.sglang.wire import (
-    ChatCompletionResponse,
-    CompletionResponse,
     ErrorEnvelope,
     ErrorDetail,
     GenerateRequest,
@@ -195,10 +194,11 @@ def test_sparse_responses_default_only_to_none_or_always():
     """In a response Struct that omits unset fields, a plain default other than None would be omitted or not
     by an accident of identity (msgspec omits a value that IS the default; small ints and short strings are
     shared objects), so such fields are ``= None`` (sent when set) or ``= always(x)`` (always sent)."""
-    from backends.sglang import wire
+    from backends.sglang import openai_wire, wire
 
-    kinds = [k for k in vars(wire).values() if isinstance(k, type) and issubclass(k, msgspec.Struct)
-             and k.__module__ == wire.__name__ and k.__name__ not in REQUESTS]
+    kinds = [k for module in (wire, openai_wire) for k in vars(module).values()
+             if isinstance(k, type) and issubclass(k, msgspec.Struct)
+             and k.__module__ == module.__name__ and k.__name__ not in REQUESTS]
     assert {"MetaInfo", "ChatCompletionChunk", "RankLoad", "ErrorDetail", "ModelList"} <= {k.__name__ for k in kinds}
     plain = [f"{kind.__name__}.{field.name} = {field.default!r}"
              for kind in kinds if kind.__struct_config__.omit_defaults
