@@ -140,7 +140,7 @@ def _traced(engine: Any, requests: Sequence[RequestLine], max_new_tokens: int, p
     from backends.engine.proposers.draft_model import layer_truncated_draft
     from backends.engine.runner import ModelRunner
     from backends.engine.types import SpeculationParams
-    from backends.sglang import wire
+    from backends.sglang import openai_wire
     from backends.worker.errors import BadRequest
     from backends.worker.translate import Limits, chat_request
 
@@ -151,7 +151,7 @@ def _traced(engine: Any, requests: Sequence[RequestLine], max_new_tokens: int, p
     for line in requests:
         body = served_body(line.body, max_new_tokens)
         try:
-            request = chat_request(msgspec.convert(body, wire.ChatCompletionRequest), engine.tokenizer, limits)
+            request = chat_request(msgspec.convert(body, openai_wire.ChatCompletionRequest), engine.tokenizer, limits)
         except (BadRequest, msgspec.ValidationError) as exc:
             raise BuildError(f"request {line.id!r}: the worker would refuse it: {exc}") from None
         request = replace(request, rid=f"trace-{summary.requests}", speculation=SpeculationParams())

@@ -6,8 +6,7 @@ The same protocol as ``wire.py`` and the same rules (its docstring: requests ope
 tolerant, ``= None`` vs ``always(x)`` in Structs that omit defaults); this family is kept apart because it has
 its own SGLang source (``srt/entrypoints/openai/protocol.py``) and is as large as all the rest together. It
 builds on ``wire.py``'s ``always`` and ``SpecFields`` (``SpecTokensDetails`` carries the same spec_* fields as
-/generate's ``meta_info``); errors (``ErrorEnvelope``) and ``/v1/models`` are in ``wire.py``. The embedded
-worker (and a few other modules) still names these Structs ``wire.X``: ``wire.py`` resolves them from here.
+/generate's ``meta_info``); errors (``ErrorEnvelope``) and ``/v1/models`` are in ``wire.py``.
 
 Token ids (SGLang 0.5.23, whose ``--return-input-ids`` / ``--return-output-ids`` switches came with them): chat
 asks with ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext`` and gets ``sglext.input_ids`` and

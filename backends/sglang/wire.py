@@ -1,8 +1,7 @@
 """SGLang's HTTP protocol, one msgspec Struct per message, for both sides (STYLE.md #6): ``/generate``,
 ``/abort_request``, errors, ``/v1/loads``, ``/server_info``, ``/model_info``, ``/v1/models``, and what the
 OpenAI-compatible endpoints share with them (``always``, ``SpecFields``). Those endpoints' own messages are in
-``openai_wire.py``, a family as large as this whole module; the rules below hold for both. The embedded
-worker names them ``wire.ChatCompletionRequest``...: ``__getattr__`` (the end of this module) resolves them.
+``openai_wire.py``, a family as large as this whole module; the rules below hold for both.
 
 The client (``client.py``) encodes the requests and decodes the responses with these Structs; specgate's
 embedded worker (``backends/worker/``) decodes the same requests and builds and encodes the same responses.
@@ -385,14 +384,3 @@ class AbortResponse(msgspec.Struct, frozen=True, kw_only=True):
 
     aborted: bool
 
-
-def __getattr__(name: str) -> Any:
-    """``wire.ChatCompletionRequest`` and every other Struct of ``openai_wire.py``, for the modules that name
-    them so (``backends/worker/``, ``gateway/trace_build.py``, bench and worker tests). Resolved on first use,
-    not imported at the top: ``openai_wire`` imports this module."""
-    from backends.sglang import openai_wire
-
-    kind = getattr(openai_wire, name, None)
-    if isinstance(kind, type) and kind.__module__ == openai_wire.__name__:
-        return kind
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,6 +18,7 @@ from litestar.response import Stream
 from backends.disconnect import unless_client_leaves
 from backends.engine.types import GenerateRequest
 from backends.sglang import wire
+from backends.sglang import openai_wire
 from backends.worker.errors import WorkerRequestError, error_body, from_decode_error
 from backends.worker.responses import OpenAIShaper, generate_body
 from backends.worker.runtime import EngineFactory, WorkerRuntime
@@ -30,7 +31,7 @@ _JSON = "application/json"
 _DONE = b"data: [DONE]\n\n"
 # Built at import: a body type msgspec cannot decode is a startup error, never a per-request 500.
 _DECODERS = {kind: msgspec.json.Decoder(kind) for kind in (
-    wire.GenerateReqInput, wire.ChatCompletionRequest, wire.CompletionRequest, wire.AbortRequest)}
+    wire.GenerateReqInput, openai_wire.ChatCompletionRequest, openai_wire.CompletionRequest, wire.AbortRequest)}
 
 
 def _sse(obj: msgspec.Struct) -> bytes:
@@ -128,13 +129,13 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
 
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response | Stream:
-        body = await _decode(request, wire.ChatCompletionRequest)
+        body = await _decode(request, openai_wire.ChatCompletionRequest)
         req = chat_request(body, runtime.ready_bridge().engine.tokenizer, runtime.limits)
         return await openai(request, req, body, chat=True)
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response | Stream:
-        body = await _decode(request, wire.CompletionRequest)
+        body = await _decode(request, openai_wire.CompletionRequest)
         tokenizer = runtime.ready_bridge().engine.tokenizer
         req = completion_request(body, tokenizer, runtime.limits)
         return await openai(request, req, body, chat=False, echo=echo_text(body, req, tokenizer))

@@ -23,6 +23,7 @@ from backends.engine.types import TokenLogprob
 from backends.sglang import wire
 
 
+from backends.sglang import openai_wire
 class TokenTexts:
     """Token id -> (bytes, text), cached per id (a worker sees a small part of the vocabulary)."""
 
@@ -61,28 +62,28 @@ def sglang_meta(logprobs: Sequence[TokenLogprob], top: int, texts: TokenTexts | 
     return meta
 
 
-def chat_logprobs(logprobs: Sequence[TokenLogprob], texts: TokenTexts) -> wire.ChatLogprobs:
-    def top(token_id: int, logprob: float) -> wire.TopLogprob:
+def chat_logprobs(logprobs: Sequence[TokenLogprob], texts: TokenTexts) -> openai_wire.ChatLogprobs:
+    def top(token_id: int, logprob: float) -> openai_wire.TopLogprob:
         raw, text = texts.get(token_id)
-        return wire.TopLogprob(token=text, logprob=logprob, bytes=list(raw))
+        return openai_wire.TopLogprob(token=text, logprob=logprob, bytes=list(raw))
 
-    def token(lp: TokenLogprob) -> wire.TokenLogprob:
+    def token(lp: TokenLogprob) -> openai_wire.TokenLogprob:
         raw, text = texts.get(lp.token_id)
-        return wire.TokenLogprob(token=text, logprob=lp.logprob, bytes=list(raw),
+        return openai_wire.TokenLogprob(token=text, logprob=lp.logprob, bytes=list(raw),
                                  top_logprobs=[top(t, v) for t, v in lp.top])
 
-    return wire.ChatLogprobs(content=[token(lp) for lp in logprobs])
+    return openai_wire.ChatLogprobs(content=[token(lp) for lp in logprobs])
 
 
 def completion_logprobs(logprobs: Sequence[TokenLogprob], texts: TokenTexts, top: int,
-                        offset: int) -> wire.CompletionLogprobs:
+                        offset: int) -> openai_wire.CompletionLogprobs:
     """``offset``: characters of text before the first of these tokens (earlier stream chunks)."""
     tokens = [texts.text(lp.token_id) for lp in logprobs]
     starts = []
     for token in tokens:
         starts.append(offset)
         offset += len(token)
-    return wire.CompletionLogprobs(
+    return openai_wire.CompletionLogprobs(
         tokens=tokens, token_logprobs=[lp.logprob for lp in logprobs],
         top_logprobs=[None if lp.logprob is None else {texts.text(t): v for t, v in lp.top}
                       for lp in logprobs] if top else None,

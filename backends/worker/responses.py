@@ -23,12 +23,13 @@ import msgspec
 
 from backends.engine.types import RequestOutput, RequestStats, TokenLogprob
 from backends.sglang import wire
+from backends.sglang import openai_wire
 from backends.worker.logprobs import TokenTexts, chat_logprobs, completion_logprobs, sglang_meta
 
 
 def spec_fields(stats: RequestStats) -> dict[str, Any]:
     """SGLang 0.5.x's spec_* fields plus specgate's per-position counters and timings, as keyword arguments
-    of ``wire.MetaInfo`` and ``wire.SpecTokensDetails`` (both carry ``wire.SpecFields``)."""
+    of ``wire.MetaInfo`` and ``openai_wire.SpecTokensDetails`` (both carry ``wire.SpecFields``)."""
     return msgspec.structs.asdict(wire.SpecFields(
         spec_verify_ct=stats.verify_ct, spec_accept_length=stats.accept_length,
         spec_accept_rate=stats.num_correct_drafts / stats.num_proposed_drafts if stats.num_proposed_drafts else 0.0,
@@ -40,10 +41,10 @@ def spec_fields(stats: RequestStats) -> dict[str, Any]:
         spec_draft_s=stats.draft_s, spec_verify_s=stats.verify_s))
 
 
-def spec_tokens_details(stats: RequestStats) -> wire.SpecTokensDetails:
+def spec_tokens_details(stats: RequestStats) -> openai_wire.SpecTokensDetails:
     """``sglext.spec_tokens_details`` (SGLang ``openai/utils.py::spec_tokens_details_from_meta_info``); the
     capped-length fields are SGLang's for tree drafts, which the embedded engine never builds."""
-    return wire.SpecTokensDetails(**spec_fields(stats), spec_cap_length=0.0, spec_block_accept_length=0.0,
+    return openai_wire.SpecTokensDetails(**spec_fields(stats), spec_cap_length=0.0, spec_block_accept_length=0.0,
                                   spec_cap_lens_histogram=[])
 
 
@@ -78,8 +79,8 @@ def generate_body(out: RequestOutput, prompt_tokens: int, weight_version: str, l
                                  meta_info=meta_info(out, prompt_tokens, weight_version, logprobs, texts, prompt_from))
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> wire.Usage:
-    return wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+def usage(prompt_tokens: int, completion_tokens: int) -> openai_wire.Usage:
+    return openai_wire.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                       total_tokens=prompt_tokens + completion_tokens)
 
 
@@ -89,7 +90,7 @@ def _finish(out: RequestOutput) -> tuple[str | None, Any]:
     return out.finish_reason.type, out.finish_reason.matched
 
 
-Body = wire.ChatCompletionResponse | wire.ChatCompletionChunk | wire.CompletionResponse
+Body = openai_wire.ChatCompletionResponse | openai_wire.ChatCompletionChunk | openai_wire.CompletionResponse
 
 
 class OpenAIShaper:
@@ -141,12 +142,12 @@ class OpenAIShaper:
         reason, matched = _finish(out) if out is not None else (None, None)
         logprobs = self._logprobs(entries)
         if not self.chat:
-            return wire.CompletionChoice(text=text, logprobs=logprobs, finish_reason=reason, matched_stop=matched,
+            return openai_wire.CompletionChoice(text=text, logprobs=logprobs, finish_reason=reason, matched_stop=matched,
                                          **self._choice_ids(out))
         if not chunk:
-            return wire.ChatChoice(message=wire.ChatMessage(role="assistant", content=text), logprobs=logprobs,
+            return openai_wire.ChatChoice(message=openai_wire.ChatMessage(role="assistant", content=text), logprobs=logprobs,
                                    finish_reason=reason, matched_stop=matched)
-        return wire.ChatStreamChoice(delta=wire.DeltaMessage(content=text or None), logprobs=logprobs,
+        return openai_wire.ChatStreamChoice(delta=openai_wire.DeltaMessage(content=text or None), logprobs=logprobs,
                                      finish_reason=reason, matched_stop=matched)
 
     def _choice_ids(self, out: RequestOutput | None) -> dict[str, Any]:
@@ -158,23 +159,23 @@ class OpenAIShaper:
             ids["token_ids"], self.sent_ids = list(out.output_ids[self.sent_ids:]), len(out.output_ids)
         return ids
 
-    def _sglext(self, out: RequestOutput) -> wire.SglExt | None:
+    def _sglext(self, out: RequestOutput) -> openai_wire.SglExt | None:
         """Chat's response-level extension: speculation details and the ids asked for (None: nothing asked)."""
         ids = self.chat and (self.input_ids or self.output_ids)
         if not self.spec_details and not ids:
             return None
-        return wire.SglExt(
+        return openai_wire.SglExt(
             spec_tokens_details=spec_tokens_details(out.stats) if self.spec_details else None,
             input_ids=self.prompt_ids if self.chat and self.input_ids else None,
             output_ids=[list(out.output_ids)] if self.chat and self.output_ids else None)
 
     def _chunk(self, choices: list[Any], **fields: Any) -> Body:
-        kind = wire.ChatCompletionChunk if self.chat else wire.CompletionResponse
+        kind = openai_wire.ChatCompletionChunk if self.chat else openai_wire.CompletionResponse
         return kind(id=self.rid, created=self.created, model=self.model, choices=choices, **fields)
 
     def response(self, out: RequestOutput) -> Body:
         entries = (*(out.prompt_logprobs if self.echo else ()), *out.logprobs)
-        kind = wire.ChatCompletionResponse if self.chat else wire.CompletionResponse
+        kind = openai_wire.ChatCompletionResponse if self.chat else openai_wire.CompletionResponse
         return kind(id=self.rid, created=self.created, model=self.model,
                     choices=[self._choice(self.echo + out.text, entries, out, chunk=False)],
                     usage=usage(self.prompt_tokens, len(out.output_ids)),
@@ -188,7 +189,7 @@ class OpenAIShaper:
                 return None
             return self._chunk([self._choice(self.echo, out.prompt_logprobs if out is not None else (), None,
                                              chunk=True)])
-        return self._chunk([wire.ChatStreamChoice(delta=wire.DeltaMessage(role="assistant", content=""))])
+        return self._chunk([openai_wire.ChatStreamChoice(delta=openai_wire.DeltaMessage(role="assistant", content=""))])
 
     def chunk(self, out: RequestOutput) -> Body | None:
         """The text added since the last chunk; None when nothing new and not finished."""

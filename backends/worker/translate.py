@@ -23,6 +23,7 @@ from backends.engine.types import (
     SpeculationParams,
 )
 from backends.sglang import wire
+from backends.sglang import openai_wire
 from backends.worker.errors import BadRequest
 
 _UNSUPPORTED = ("stop_regex", "json_schema", "regex", "ebnf", "structural_tag", "logit_bias")
@@ -158,7 +159,7 @@ def _request(input_ids: list[int], params: wire.SamplingParams, rid: str | None,
     )
 
 
-def _openai_sampling(body: wire.OpenAIRequestFields, max_tokens: int | None) -> wire.SamplingParams:
+def _openai_sampling(body: openai_wire.OpenAIRequestFields, max_tokens: int | None) -> wire.SamplingParams:
     """OpenAI names -> SGLang's sampling_params (SGLang's ``to_sampling_params`` mapping)."""
     try:
         return wire.SamplingParams(
@@ -176,7 +177,7 @@ def _openai_sampling(body: wire.OpenAIRequestFields, max_tokens: int | None) -> 
         raise BadRequest(str(exc)) from exc
 
 
-def completion_request(body: wire.CompletionRequest, tokenizer: Any, limits: Limits) -> GenerateRequest:
+def completion_request(body: openai_wire.CompletionRequest, tokenizer: Any, limits: Limits) -> GenerateRequest:
     _check(not body.suffix, "suffix", "(fill-in-the-middle) is not supported by the specgate embedded engine; "
            "remove it")
     _check(body.best_of in (None, 1), "best_of", f"must be 1 on the specgate embedded engine, got {body.best_of}")
@@ -199,7 +200,7 @@ def completion_request(body: wire.CompletionRequest, tokenizer: Any, limits: Lim
                     prompt_logprobs=body.echo and logprobs is not None)
 
 
-def echo_text(body: wire.CompletionRequest, request: GenerateRequest, tokenizer: Any) -> str:
+def echo_text(body: openai_wire.CompletionRequest, request: GenerateRequest, tokenizer: Any) -> str:
     """What ``echo: true`` puts before the completion: the prompt as sent (token ids decoded)."""
     if not body.echo:
         return ""
@@ -229,7 +230,7 @@ def _message_text(index: int, message: dict[str, Any]) -> dict[str, str]:
     return {"role": "system" if role == "developer" else role, "content": content}
 
 
-def chat_prompt(body: wire.ChatCompletionRequest, tokenizer: Any) -> list[int]:
+def chat_prompt(body: openai_wire.ChatCompletionRequest, tokenizer: Any) -> list[int]:
     """Render ``messages`` with the model's chat template.
 
     Tools: the model has no tool parser. If its template renders ``tools`` they are passed to it;
@@ -254,7 +255,7 @@ def chat_prompt(body: wire.ChatCompletionRequest, tokenizer: Any) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _check_unforced(body: wire.ChatCompletionRequest) -> None:
+def _check_unforced(body: openai_wire.ChatCompletionRequest) -> None:
     """Refuse what the engine would have to force (constrained decoding, a required tool call) rather than
     answer free text the client did not ask for; SGLang servers with a grammar backend do these."""
     kind = body.response_format.type if body.response_format is not None else None
@@ -265,7 +266,7 @@ def _check_unforced(body: wire.ChatCompletionRequest) -> None:
            "'auto' or 'none', or remove it")
 
 
-def chat_request(body: wire.ChatCompletionRequest, tokenizer: Any, limits: Limits) -> GenerateRequest:
+def chat_request(body: openai_wire.ChatCompletionRequest, tokenizer: Any, limits: Limits) -> GenerateRequest:
     _check_unforced(body)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     _check(body.top_logprobs is None or body.logprobs, "top_logprobs", "needs logprobs: true; set it or "

@@ -11,6 +11,8 @@ import msgspec
 import pytest
 
 from backends.sglang import wire
+
+from backends.sglang import openai_wire
 from backends.worker.app import _stream_error
 from backends.worker.errors import NotReady, Overloaded, error_body
 from tests.worker.test_endpoints import REPEAT
@@ -74,11 +76,11 @@ def test_chat_response_and_every_stream_chunk(worker, logprobs):
     body = {**CHAT, "logprobs": logprobs, "top_logprobs": 2 if logprobs else None}
     response = worker.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
-    assert_read_in_full(response.content, wire.ChatCompletionResponse)
+    assert_read_in_full(response.content, openai_wire.ChatCompletionResponse)
     chunks = payloads(worker.post("/v1/chat/completions", json={**body, **STREAM}))
     assert [bool(msgspec.json.decode(c)["choices"]) for c in chunks[-2:]] == [False, False]  # sglext, usage
     for chunk in chunks:
-        assert_read_in_full(chunk, wire.ChatCompletionChunk)
+        assert_read_in_full(chunk, openai_wire.ChatCompletionChunk)
 
 
 @pytest.mark.parametrize("logprobs", [None, 2])
@@ -86,9 +88,9 @@ def test_completion_response_and_every_stream_chunk(worker, logprobs):
     body = {**COMPLETION, "logprobs": logprobs}
     response = worker.post("/v1/completions", json=body)
     assert response.status_code == 200, response.text
-    assert_read_in_full(response.content, wire.CompletionResponse)
+    assert_read_in_full(response.content, openai_wire.CompletionResponse)
     for chunk in payloads(worker.post("/v1/completions", json={**body, **STREAM})):
-        assert_read_in_full(chunk, wire.CompletionResponse)
+        assert_read_in_full(chunk, openai_wire.CompletionResponse)
 
 
 @pytest.mark.parametrize(("path", "kind"), [

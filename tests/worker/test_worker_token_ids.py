@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from backends.sglang import wire
+from backends.sglang import openai_wire
 from backends.sglang.token_ids import TokenIds, request_fields, strip
 from tests.worker.test_wire_roundtrip import STREAM, assert_read_in_full, payloads
 
@@ -35,13 +35,13 @@ def test_chat_ids_in_sglext_whole_and_streamed(worker, real_tokenizer):
     assert len(ext["input_ids"]) == usage["prompt_tokens"]
     assert len(ext["output_ids"]) == 1 and len(ext["output_ids"][0]) == usage["completion_tokens"] == 6
     assert "spec_tokens_details" in ext
-    assert_read_in_full(whole.content, wire.ChatCompletionResponse)
+    assert_read_in_full(whole.content, openai_wire.ChatCompletionResponse)
     chunks = payloads(worker.post("/v1/chat/completions", json={**body, **STREAM}))
     for chunk in chunks:
-        assert_read_in_full(chunk, wire.ChatCompletionChunk)
+        assert_read_in_full(chunk, openai_wire.ChatCompletionChunk)
     with_ids = [c for c in chunks if b"input_ids" in c]
     assert len(with_ids) == 1 and msgspec.json.decode(with_ids[0])["choices"] == []  # the sglext chunk
-    streamed = _gathered(chunks, wire.ChatCompletionChunk)
+    streamed = _gathered(chunks, openai_wire.ChatCompletionChunk)
     assert (streamed.prompt_ids, streamed.output_ids) == (ext["input_ids"], ext["output_ids"][0])
 
 
@@ -64,12 +64,12 @@ def test_completion_ids_per_choice_whole_and_streamed(worker, real_tokenizer, ec
     assert choice["prompt_token_ids"] == real_tokenizer(COMPLETION["prompt"])["input_ids"]
     assert len(choice["prompt_token_ids"]) == usage["prompt_tokens"]
     assert len(choice["token_ids"]) == usage["completion_tokens"] == 6
-    assert_read_in_full(whole.content, wire.CompletionResponse)
+    assert_read_in_full(whole.content, openai_wire.CompletionResponse)
     chunks = payloads(worker.post("/v1/completions", json={**body, **STREAM}))
     for chunk in chunks:
-        assert_read_in_full(chunk, wire.CompletionResponse)
+        assert_read_in_full(chunk, openai_wire.CompletionResponse)
     assert sum(b"prompt_token_ids" in c for c in chunks) == 1
-    streamed = _gathered(chunks, wire.CompletionResponse)
+    streamed = _gathered(chunks, openai_wire.CompletionResponse)
     assert (streamed.prompt_ids, streamed.output_ids) == (choice["prompt_token_ids"], choice["token_ids"])
     plain = worker.post("/v1/completions", json={**COMPLETION, "echo": echo}).json()["choices"][0]
     assert "token_ids" not in plain and "prompt_token_ids" not in plain
