@@ -164,6 +164,14 @@ def _replay(args: argparse.Namespace) -> int:
     if args.last < 1 or args.seeds < 1:
         print("error: --last and --seeds must be at least 1", file=sys.stderr)
         return 2
+    from gateway.replay.sim import Load
+
+    try:
+        for label in args.loads:
+            Load.parse(label)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     candidate = _load(args.file)
     current = _load(args.against) if args.against is not None else None
     if candidate is None or (args.against is not None and current is None):

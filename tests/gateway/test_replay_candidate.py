@@ -225,6 +225,13 @@ def test_explain_replay_needs_a_cost_model(recording, capsys):
         2, "", "error: --replay needs --costs FILE (a cost model: specgate trace calibrate --out FILE)\n")
 
 
+def test_explain_replay_refuses_a_bad_load_as_a_usage_error(recording, capsys):
+    trace, cost_file, candidate = recording
+    code, out, err = explain(capsys, candidate, "--replay", trace, "--costs", cost_file, "--loads", "trace", "x9")
+    assert (code, out) == (2, "")
+    assert err.startswith("error: --loads: 'x9' is not a load; use cN")
+
+
 def test_explain_replay_refuses_an_invalid_candidate_with_policy_checks_errors(recording, capsys):
     trace, cost_file, candidate = recording
     candidate.write_text(candidate.read_text().replace("then: {pool: ngram, draft_tokens: 4}",
