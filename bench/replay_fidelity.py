@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the run's n-gram rule: docs/runs/full ran at 0c93c07, whose proposer took the latest "
                              "occurrence of n in 1..4 (issue 32 changed it to the earliest, n in 1..12)")
     parser.add_argument("--json", type=Path, default=None, help="write the table as JSON")
+    parser.add_argument("--fit-serving", action="store_true",
+                        help="set the cost model's serving_s (seconds each streamed round adds through the HTTP "
+                             "stack) from the run's plain c1 requests alone, then predict every other cell with it")
     args = parser.parse_args(argv)
 
     run = json.loads(gzip.open(args.run).read() if args.run.suffix == ".gz" else args.run.read_text())
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in (args.arms or run["settings"]["arms"]) if a in FIXED]
     book = RoundBook(trace, ngram=(int(args.ngram[0]), int(args.ngram[1]), args.ngram[2]))  # type: ignore[arg-type]
     contenders = [parse_arm("suffix-k8" if a == "suffix" else a, book) for a in arms]
+    if args.fit_serving:
+        costs = fit_serving(run, book, costs)
     prices = Prices(book, costs)
     results = sweep(prices, contenders, loads, 1, "by-slice", max_running=run["settings"]["max_running_requests"],
                     max_total_tokens=65536, processes=args.processes)
@@ -109,6 +114,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def fit_serving(run: dict, book: RoundBook, costs):
+    """The cost model with ``serving_s`` = the median, over the run's plain requests at c1, of measured TPOT
+    minus the TPOT replayed without it (a plain round commits one token, so the difference is per round).
+    Only those requests are used: every other cell (other arms, other loads) is a prediction."""
+    from msgspec import structs
+
+    base = structs.replace(costs, serving_s=0.0)
+    prices = Prices(book, base)
+    plain = parse_arm("plain", book)
+    served = sweep(prices, [plain], ["c1"], 1, "by-slice", max_running=run["settings"]["max_running_requests"],
+                   max_total_tokens=65536)[("plain", "c1", 0)]
+    predicted = {book.requests[s.index].id: s.tpot for s in served if s.tpot}
+    gaps = [r["tpot_s"] - predicted[r["item"]] for r in run["requests"]
+            if r["arm"] == "plain" and r["load"] == "c1" and r["ok"] and r["tpot_s"] and r["item"] in predicted]
+    serving = max(0.0, statistics.median(gaps))
+    print(f"serving_s fitted on {len(gaps)} plain c1 requests: {serving * 1e3:.1f} ms per round "
+          f"(gaps p10-p90 {1e3 * sorted(gaps)[len(gaps) // 10]:.1f}-{1e3 * sorted(gaps)[9 * len(gaps) // 10]:.1f} ms)\n")
+    return structs.replace(costs, serving_s=serving)
 
 
 def relative(rows: list[dict], loads: list[str]) -> None:

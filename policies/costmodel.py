@@ -143,7 +143,12 @@ class DraftCost(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
 class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Seconds of every step of one pool's engine. ``forward[b]`` is the target forward (plain step or
     verify) with ``batch[b]`` sequences, each at the grid's tokens and context; ``prefill`` one prefill
-    chunk of one sequence; ``draft`` per proposer; ``overhead_s`` per round, outside draft and forward."""
+    chunk of one sequence; ``draft`` per proposer; ``overhead_s`` per round, outside draft and forward.
+    ``serving_s``: what each round costs on top when its tokens stream through the HTTP stack on the same
+    machine (the worker's HTTP thread, the gateway, the client): not in the engine's own rounds (``round_s``
+    and calibrate's self-check leave it out), measured by serving: on 2 CPU cores ~29 ms per round, fitted on
+    plain decoding at c1 (``bench/replay_fidelity.py --fit-serving``, docs/replay.md); 0 where the serving
+    path runs on other cores than the model (a GPU pool)."""
 
     format: Literal[1]
     model: str
@@ -156,6 +161,7 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     prefill: Grid
     draft: dict[str, DraftCost] = {}
     overhead_s: float = 0.0
+    serving_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.revision:
@@ -168,6 +174,7 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
         if "none" in self.draft:
             raise ValueError("field draft.none: proposer none drafts nothing; remove the entry")
         _seconds("overhead_s", self.overhead_s, zero=True)
+        _seconds("serving_s", self.serving_s, zero=True)
 
     def forward_s(self, tokens: int, context: int, batch: int = 1) -> float:
         """One target forward of ``batch`` sequences, each feeding ``tokens`` after ``context`` cached ones.

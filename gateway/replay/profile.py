@@ -4,7 +4,8 @@ and the per-request statistics the worker reports, from its rounds and the cost 
 The engine (backends/engine/engine.py) gives every running sequence one unit per turn: a prefill chunk
 (``prefill_chunk`` prompt tokens, the last prompt token excepted: the first round feeds it) or one round.
 A round drafts (the proposer's time), feeds ``[last token, d_1..d_k]`` to the target in one forward at
-the sequence's cached length, and pays a fixed overhead (sampling, verification, commit). So a unit's
+the sequence's cached length, and pays a fixed overhead (sampling, verification, commit) and the serving
+path's cost per streamed round (``CostModel.serving_s``). So a unit's
 seconds do not depend on the other sequences (one sequence per forward), and a request's units are
 computed once per option and reused at every load and seed. An engine that batches sequences into one
 forward (issue 27) breaks this: its step cost depends on the batch, and this module must then price
@@ -23,10 +24,10 @@ class CachedCosts:
     option of a request, and a lookup interpolates in Python (~3 us) where a dict hit costs ~0.1 us. At most
     (widths x contexts) entries: ~140k for a 8192-token window."""
 
-    __slots__ = ("costs", "overhead_s", "_forward", "_draft", "_prefill")
+    __slots__ = ("costs", "overhead_s", "serving_s", "_forward", "_draft", "_prefill")
 
     def __init__(self, costs) -> None:
-        self.costs, self.overhead_s = costs, costs.overhead_s
+        self.costs, self.overhead_s, self.serving_s = costs, costs.overhead_s, costs.serving_s
         self._forward: dict[tuple[int, int], float] = {}
         self._draft: dict[tuple[str, int, int], float] = {}
         self._prefill: dict[tuple[int, int], float] = {}
@@ -100,7 +101,7 @@ def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rou
         if budget > 0:
             draft, setup = draft + setup, 0.0
         verify = costs.forward_s(drafted + 1, context)
-        units.append(draft + verify + costs.overhead_s)
+        units.append(draft + verify + costs.overhead_s + costs.serving_s)
         draft_total += draft
         verify_total += verify
         hist[accepted] += 1

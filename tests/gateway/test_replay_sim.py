@@ -9,6 +9,7 @@ import random
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from backends.engine.scheduler import AdmissionError
@@ -126,6 +127,17 @@ def test_profile_of_a_draft_model_pays_per_drafted_token():
     assert p.units == pytest.approx([
         prefill(9, 0), DRAFT_CALL + 2 * DRAFT_TOKEN + forward(3, 9) + OVERHEAD,
         DRAFT_CALL + 2 * DRAFT_TOKEN + forward(3, 11) + OVERHEAD], rel=TIGHT)
+
+
+def test_the_serving_cost_is_paid_once_per_round_not_by_prefill_or_in_the_engine_figures():
+    serving = 0.029
+    costs = msgspec.structs.replace(COSTS, serving_s=serving)
+    rounds = ((0, 0), (0, 0), (0, 0))
+    p = profile(costs, 10, 2, PLAIN, rounds, prefill_chunk=256)
+    q = profile(COSTS, 10, 2, PLAIN, rounds, prefill_chunk=256)
+    assert p.units[0] == q.units[0]  # the prefill streams nothing
+    assert [a - b for a, b in zip(p.units[1:], q.units[1:])] == pytest.approx([serving, serving], rel=TIGHT)
+    assert (p.draft_s, p.verify_s) == (q.draft_s, q.verify_s)  # what the worker reports is the engine's alone
 
 
 def test_a_one_token_prompt_has_one_empty_prefill_unit():

@@ -196,3 +196,5 @@ def test_construction_in_python_checks_too():
         DraftCost(context=[0], token_s=[0.1, 0.2])
     with pytest.raises(ValueError, match=r"^field overhead_s: nan; seconds must be finite and >= 0 \(remeasure it\)$"):
         model(overhead_s=float("nan"))
+    with pytest.raises(ValueError, match=r"^field serving_s: -0.01; seconds must be finite and >= 0 \(remeasure it\)$"):
+        model(serving_s=-0.01)
