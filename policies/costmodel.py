@@ -305,6 +305,15 @@ def _pretty(value: Any, indent: int = 0) -> str:
     return json.dumps(value)
 
 
+def from_measurements(measured: dict[str, Any]) -> CostModel:
+    """The CostModel of ``backends/engine/calibrate.calibrate``'s measurements (the file's fields as plain
+    data, without ``format``), checked as a file is."""
+    try:
+        return msgspec.convert({**measured, "format": FORMAT}, CostModel)
+    except msgspec.ValidationError as exc:
+        raise CostModelError(f"calibration: {_field_error(exc, measured)}") from None
+
+
 def write_cost_model(path: str | Path, model: CostModel) -> None:
     """Write ``model`` as JSON, readable and editable by hand; whole or not at all (a temporary file beside
     ``path``, renamed over it)."""

@@ -1,4 +1,8 @@
-"""Measure the replay cost model (policies/costmodel.py) on the embedded engine: ``specgate trace calibrate``.
+"""Measure the replay cost model on the embedded engine: ``specgate trace calibrate``.
+
+The engine takes settings, not policy types: :func:`calibrate` returns the measurements as plain data in the
+cost model file's shape (``policies/costmodel.py``; ``policies.costmodel.from_measurements`` checks and types
+them), and :func:`self_check` takes the model's ``round_s`` as a function.
 
 Every number is a median of real engine work, timed the way the engine times it, after one warm-up:
 
@@ -31,12 +35,11 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
-from policies.costmodel import FORMAT, CostModel, DraftCost, Grid
 
 DEFAULT_CONTEXTS = (32, 256, 1024, 2048)  # the workloads' prompts reach ~1700 tokens plus their output
 DEFAULT_WIDTHS = (1, 2, 3, 5, 9, 17)  # k + 1 for k = 0, 1, 2, 4, 8, 16
@@ -46,6 +49,7 @@ DRAFT_K = 8  # drafts per long timed draft_model call
 MODEL_FREE_CALLS = 16  # steady-state calls per context for ngram and suffix
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=DRAFT_K + 1)
 Progress = Callable[[str], None]
+Measurements = dict  # the cost model file's fields (policies/costmodel.py), as plain data
 
 
 def _median(values: Sequence[float]) -> float:
@@ -66,7 +70,7 @@ def stream(token_ids: Sequence[int], length: int) -> list[int]:
 
 
 def _grids(runner, ids: list[int], contexts: Sequence[int], widths: Sequence[int],
-           prefill_tokens: Sequence[int], repeats: int, chunk: int, progress: Progress) -> tuple[Grid, Grid]:
+           prefill_tokens: Sequence[int], repeats: int, chunk: int, progress: Progress) -> tuple[dict, dict]:
     samples: dict[tuple[str, int, int], list[float]] = {}
     prefill_contexts = sorted({0, *contexts})
     cache = runner.new_cache()
@@ -84,15 +88,15 @@ def _grids(runner, ids: list[int], contexts: Sequence[int], widths: Sequence[int
                     samples.setdefault((kind, tokens, length), []).append(seconds)
         progress(f"forwards at context {length}: " + ", ".join(
             f"{kind} {tokens} {1e3 * _median(samples[kind, tokens, length]):.1f} ms" for kind, tokens in jobs))
-    forward = Grid(tokens=list(widths), context=list(contexts),
+    forward = dict(tokens=list(widths), context=list(contexts),
                    seconds=[[_median(samples["forward", w, c]) for c in contexts] for w in widths])
-    prefill = Grid(tokens=list(prefill_tokens), context=prefill_contexts,
+    prefill = dict(tokens=list(prefill_tokens), context=prefill_contexts,
                    seconds=[[_median(samples["prefill", t, c]) for c in prefill_contexts] for t in prefill_tokens])
     return forward, prefill
 
 
 def _draft_model(runner, ids: list[int], contexts: Sequence[int], repeats: int, stop_ids: frozenset[int],
-                 progress: Progress) -> DraftCost:
+                 progress: Progress) -> dict:
     import torch
 
     from backends.engine.proposers.draft_model import DraftModelProposer
@@ -129,11 +133,11 @@ def _draft_model(runner, ids: list[int], contexts: Sequence[int], repeats: int, 
     fresh.release()
     setup = max(0.0, first - call_s - per_token[-1]) / lengths[-1]
     progress(f"draft_model: a request's first call at context {lengths[-1]}: {1e3 * first:.1f} ms (its prefill)")
-    return DraftCost(call_s=call_s, context=lengths, token_s=per_token, setup_token_s=float(f"{setup:.6g}"))
+    return dict(call_s=call_s, context=lengths, token_s=per_token, setup_token_s=float(f"{setup:.6g}"))
 
 
 def _model_free(name: str, open_proposer: Callable[[list[int]], object], ids: list[int],
-                contexts: Sequence[int], progress: Progress) -> DraftCost:
+                contexts: Sequence[int], progress: Progress) -> dict:
     import torch
 
     steady: list[float] = []
@@ -158,7 +162,7 @@ def _model_free(name: str, open_proposer: Callable[[list[int]], object], ids: li
     setup = max(0.0, first[longest] - call_s) / longest
     progress(f"{name}: {1e6 * call_s:.1f} us per call; a request's first call, with indexing its prompt: "
              + ", ".join(f"{1e3 * s:.2f} ms at {n}" for n, s in first.items()))
-    return DraftCost(call_s=call_s, setup_token_s=float(f"{setup:.6g}"))
+    return dict(call_s=call_s, setup_token_s=float(f"{setup:.6g}"))
 
 
 def _suffix_store(engine, ids: list[int]):
@@ -237,9 +241,10 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
               contexts: Sequence[int] = DEFAULT_CONTEXTS, widths: Sequence[int] = DEFAULT_WIDTHS,
               prefill_tokens: Sequence[int] = DEFAULT_PREFILL_TOKENS, repeats: int = 5,
               proposers: Sequence[str] = PROPOSERS, draft_layers: int = 8, hardware: str = "",
-              progress: Progress | None = None) -> CostModel:
+              progress: Progress | None = None) -> Measurements:
     """Measure a cost model on ``engine`` (an ``Engine``, not started) with ``token_ids`` (a real text's ids,
-    repeated as needed). ``model`` and ``revision`` name the target, as a trace header does."""
+    repeated as needed). ``model`` and ``revision`` name the target, as a trace header does. Returns the
+    file's fields as plain data (``policies.costmodel.from_measurements`` makes the CostModel)."""
     from backends.engine.proposers.draft_model import layer_truncated_draft
     from backends.engine.proposers.ngram import NgramProposer
     from backends.engine.runner import ModelRunner
@@ -259,7 +264,7 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
     ids = stream(token_ids, max(longest, 16 * 96))
     forward, prefill = _grids(runner, ids, contexts, widths, prefill_tokens, repeats, engine.config.prefill_chunk,
                               progress)
-    draft: dict[str, DraftCost] = {}
+    draft: dict[str, dict] = {}
     if "ngram" in proposers:
         draft["ngram"] = _model_free("ngram", lambda prompt: NgramProposer(), ids, contexts, progress)
     if "suffix" in proposers:
@@ -272,9 +277,9 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
                                             progress)
     overhead_s = _overhead(engine, ids, contexts, progress)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    return CostModel(format=FORMAT, model=model, revision=revision, hardware=hardware, created=created,
-                     source="specgate trace calibrate", batch=[1], forward=[forward], prefill=prefill, draft=draft,
-                     overhead_s=overhead_s)
+    return dict(model=model, revision=revision, hardware=hardware, created=created,
+                source="specgate trace calibrate", batch=[1], forward=[forward], prefill=prefill, draft=draft,
+                overhead_s=overhead_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,17 +295,19 @@ class CheckArm:
     wall_ratio: float  # median of predicted / wall
 
 
-def self_check(engine, cost: CostModel, token_ids: Sequence[int], *, prompt_tokens: int = 384,
-               max_new_tokens: int = 32, k: int = 4) -> list[CheckArm]:
-    """Real rounds of a plain and an ngram (k drafts) request on one prompt beside ``cost.round_s``."""
+def self_check(engine, round_s: Callable[[str, int, int], float], call_s: Mapping[str, float],
+               token_ids: Sequence[int], *, prompt_tokens: int = 384, max_new_tokens: int = 32,
+               k: int = 4) -> list[CheckArm]:
+    """Real rounds of a plain and an ngram (k drafts) request on one prompt beside the model's
+    ``round_s(proposer, k, context)``; ``call_s``: seconds per propose call of each proposer the model has."""
     prompt = stream(token_ids, min(prompt_tokens, engine.runner.context_length - max_new_tokens - k - 1))
-    arms = [("plain", "none")] + ([(f"ngram-k{k}", "ngram")] if "ngram" in cost.draft else [])
+    arms = [("plain", "none")] + ([(f"ngram-k{k}", "ngram")] if "ngram" in call_s else [])
     out = []
     for arm, proposer in arms:
         rounds = run_rounds(engine, _request(f"calibrate-check-{arm}", prompt, max_new_tokens, proposer, k))[1:]
         # a call that found nothing (k = 0) still cost a call: draft_s counts no call for k = 0
-        missed = cost.draft[proposer].call_s if proposer != "none" else 0.0
-        predicted = [cost.round_s(proposer, r.k, r.context) + (missed if r.k == 0 else 0.0) for r in rounds]
+        missed = call_s[proposer] if proposer != "none" else 0.0
+        predicted = [round_s(proposer, r.k, r.context) + (missed if r.k == 0 else 0.0) for r in rounds]
         walls = [(p, r.wall_s) for p, r in zip(predicted, rounds) if r.wall_s]
         out.append(CheckArm(
             arm=arm, rounds=len(rounds), measured_s=_median([r.seconds for r in rounds]),

@@ -162,7 +162,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from backends.engine.calibrate import calibrate, default_text, describe_hardware, self_check
     from backends.engine.config import EngineConfig
     from backends.engine.engine import Engine
-    from policies.costmodel import write_cost_model
+    from policies.costmodel import from_measurements, write_cost_model
 
     try:
         text = args.text.read_text(encoding="utf-8") if args.text is not None else default_text()
@@ -176,10 +176,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(f"calibrating {model.name} ({model.revision}) on {hardware}: contexts {sorted(set(args.contexts))}, "
           f"widths {sorted(set(args.widths))}, {args.repeats} repeats", file=sys.stderr)
     try:
-        cost = calibrate(engine, ids, model=model.name, revision=model.revision, contexts=args.contexts,
-                         widths=args.widths, prefill_tokens=args.prefill_tokens, repeats=args.repeats,
-                         proposers=args.proposers, draft_layers=args.draft_layers, hardware=hardware,
-                         progress=lambda line: print(f"  {line}", file=sys.stderr))
+        measured = calibrate(engine, ids, model=model.name, revision=model.revision, contexts=args.contexts,
+                             widths=args.widths, prefill_tokens=args.prefill_tokens, repeats=args.repeats,
+                             proposers=args.proposers, draft_layers=args.draft_layers, hardware=hardware,
+                             progress=lambda line: print(f"  {line}", file=sys.stderr))
+        cost = from_measurements(measured)  # a CostModelError is a ValueError
     except ValueError as exc:
         print(f"error: {exc} (nothing written)", file=sys.stderr)
         return 1
@@ -190,7 +191,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     print("self-check, real rounds beside round_s (predicted / measured, median per round; wall: from one "
           "round's output to the next):")
     off = []
-    for arm in self_check(engine, cost, ids):
+    for arm in self_check(engine, cost.round_s, {name: d.call_s for name, d in cost.draft.items()}, ids):
         print(f"  {arm.arm}: {arm.rounds} rounds, predicted {1e3 * arm.predicted_s:.2f} ms, measured "
               f"{1e3 * arm.measured_s:.2f} ms (ratio {arm.ratio:.2f}), wall {1e3 * arm.wall_s:.2f} ms (ratio "
               f"{arm.wall_ratio:.2f})")

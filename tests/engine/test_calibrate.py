@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from backends.engine.calibrate import calibrate, default_text, run_rounds, self_check
+from backends.engine import calibrate as measure
+from backends.engine.calibrate import default_text, run_rounds, self_check
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 from gateway.cli import build_parser, main
-from policies.costmodel import load_cost_model, write_cost_model
+from policies.costmodel import from_measurements, load_cost_model, write_cost_model
 
 REVISION = "sha256:" + "00" * 32
+
+
+def calibrate(*args, **kwargs):
+    """The engine measures plain data (it takes no policy types); policies.costmodel types and checks it."""
+    return from_measurements(measure.calibrate(*args, **kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +79,8 @@ def test_rounds_are_recovered_one_for_one(tiny_engine, text_ids):
 def test_self_check_sets_real_rounds_beside_the_model(tiny_engine, text_ids):
     cost = calibrate(tiny_engine, text_ids, model="tiny", revision=REVISION, contexts=(8, 64), widths=(1, 5),
                      prefill_tokens=(4,), repeats=1, proposers=("ngram",))
-    arms = self_check(tiny_engine, cost, text_ids, prompt_tokens=48, max_new_tokens=8)
+    arms = self_check(tiny_engine, cost.round_s, {name: d.call_s for name, d in cost.draft.items()}, text_ids,
+                      prompt_tokens=48, max_new_tokens=8)
     assert [(a.arm, a.rounds) for a in arms] == [("plain", 7), ("ngram-k4", 7)]
     assert all(a.predicted_s > 0 and a.measured_s > 0 and a.ratio > 0 and a.wall_ratio > 0 for a in arms)
 
