@@ -52,12 +52,12 @@ def test_the_product_never_imports_its_benchmarks():
     assert offenders == []
 
 
-def test_telemetry_imports_no_policy_pool_or_gateway_code():
-    # DESIGN.md: telemetry/ reads records and views (telemetry/views.py, built by gateway/telemetry_views.py),
-    # never the Policy or the pools; every import, including ones inside functions or TYPE_CHECKING blocks
+def _imports_of(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    """Every import under ``folder`` (including ones inside functions or TYPE_CHECKING blocks) of a top-level
+    package in ``forbidden``, as ``path:line: import``."""
     repo = TESTS.parent
     offenders = []
-    for path in (repo / "telemetry").rglob("*.py"):
+    for path in (repo / folder).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -65,6 +65,17 @@ def test_telemetry_imports_no_policy_pool_or_gateway_code():
                 names = [node.module]
             else:
                 continue
-            if any(name.split(".")[0] in ("policies", "backends", "gateway") for name in names):
+            if any(name.split(".")[0] in forbidden for name in names):
                 offenders.append(f"{path.relative_to(repo)}:{node.lineno}: {ast.unparse(node)}")
-    assert offenders == []
+    return offenders
+
+
+def test_telemetry_imports_no_policy_pool_or_gateway_code():
+    # DESIGN.md: telemetry/ reads records and views (telemetry/views.py, built by gateway/telemetry_views.py),
+    # never the Policy or the pools
+    assert _imports_of("telemetry", ("policies", "backends", "gateway")) == []
+
+
+def test_the_engine_imports_no_gateway_or_policy_code():
+    # the engine takes settings, not policies: calibrate returns plain measurements, policies.costmodel types them
+    assert _imports_of("backends/engine", ("policies", "gateway")) == []
