@@ -155,8 +155,13 @@ class Recorder:
         return "record" if sampled(c.seed, request_id, c.sample) else "sampled_out"
 
     def finish(self, f: Finished) -> None:
-        """Record one finished request, or count why not (module docstring). Never raises."""
-        selected = self.select(f.route, f.arrival.request_id)
+        """Record one finished request, or count why not (module docstring). Never raises. A request picked at
+        admission (``Admitted.trace_ids``: it asked its worker for ids) is not picked again: one hash per
+        request, and a reload between its admission and its end cannot change what it is counted as."""
+        if self.config is None:
+            return
+        picked = f.admitted is not None and f.admitted.trace_ids
+        selected = "record" if picked else self.select(f.route, f.arrival.request_id)
         if selected is None:
             return
         try:

@@ -146,12 +146,20 @@ def test_sampling_is_a_deterministic_fraction_of_request_ids():
 def test_route_filter_and_off(tmp_path):
     rec = recorder(config(tmp_path / "t.jsonl", routes=frozenset({"ide"})))
     assert (rec.select("ide", "x"), rec.select("chat", "x")) == ("record", "route_excluded")
-    rec.finish(finished("x", route="chat"))
+    rec.finish(finished("x", route="chat", ids=False))  # admission did not pick it (its route is excluded)
     assert rec.counts["route_excluded"] == 1 and not (tmp_path / "t.jsonl").exists()
     off = recorder(None)
     assert off.select("ide", "x") is None
     off.finish(finished())
     assert sum(off.counts.values()) == 0 and off.status()["enabled"] is False
+
+
+def test_a_request_picked_at_admission_is_recorded_even_if_a_reload_changed_the_sample(tmp_path):
+    path = tmp_path / "t.jsonl"
+    rec = recorder(config(path, sample=0.0))  # a reload to sample 0 after the request was admitted and picked
+    rec.finish(finished("picked"))
+    assert rec.counts["recorded"] == 1
+    assert [r.id for r in read_trace(path).requests] == ["picked"]
 
 
 def test_every_request_not_recorded_is_counted_with_its_reason(tmp_path):
