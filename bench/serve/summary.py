@@ -14,19 +14,9 @@ from collections.abc import Iterable
 
 from bench.serve.analyse import explored
 from bench.serve.client import Result
+from gateway.replay.report import percentile  # one percentile rule for measured and replayed cells
 
 QUANTILES = (50, 90, 99)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _ms(values: Iterable[float | None]) -> dict[str, float | None]:
