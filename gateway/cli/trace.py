@@ -85,19 +85,28 @@ def _register_calibrate(actions: argparse._SubParsersAction) -> None:
     calibrate.set_defaults(func=_calibrate)
 
 
-def _build(args: argparse.Namespace) -> int:
+def _prepared(args: argparse.Namespace, bad: str | None):
+    """The prepared model, or None after printing why the command cannot start (``bad``: a usage problem
+    of the caller's own flags; then a missing --out directory)."""
     from backends.engine.model_store import ModelNotPrepared, load_prepared
 
     try:
         model = load_prepared(args.model_dir)
     except ModelNotPrepared as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.per_slice < 1 or args.max_new_tokens < 1:
-        print("error: --per-slice and --max-new-tokens must be at least 1", file=sys.stderr)
-        return 2
-    if not args.out.parent.is_dir():
-        print(f"error: --out {args.out}: directory {args.out.parent} does not exist", file=sys.stderr)
+        return None
+    if bad is None and not args.out.parent.is_dir():
+        bad = f"--out {args.out}: directory {args.out.parent} does not exist"
+    if bad is not None:
+        print(f"error: {bad}", file=sys.stderr)
+        return None
+    return model
+
+
+def _build(args: argparse.Namespace) -> int:
+    model = _prepared(args, "--per-slice and --max-new-tokens must be at least 1"
+                      if args.per_slice < 1 or args.max_new_tokens < 1 else None)
+    if model is None:
         return 2
 
     from gateway.trace_build import BuildError, build, policy_pairs, read_requests, self_draft_pair, workload_requests
@@ -144,19 +153,10 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from backends.engine.model_store import ModelNotPrepared, load_prepared
-
-    try:
-        model = load_prepared(args.model_dir)
-    except ModelNotPrepared as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.repeats < 1 or min(args.widths) < 1 or min(args.contexts) < 0 or min(args.prefill_tokens) < 1:
-        print("error: --repeats, --widths and --prefill-tokens must be at least 1, --contexts at least 0",
-              file=sys.stderr)
-        return 2
-    if not args.out.parent.is_dir():
-        print(f"error: --out {args.out}: directory {args.out.parent} does not exist", file=sys.stderr)
+    bad = args.repeats < 1 or min(args.widths) < 1 or min(args.contexts) < 0 or min(args.prefill_tokens) < 1
+    model = _prepared(args, "--repeats, --widths and --prefill-tokens must be at least 1, --contexts at least 0"
+                      if bad else None)
+    if model is None:
         return 2
 
     from backends.engine.calibrate import calibrate, default_text, describe_hardware, self_check
