@@ -93,13 +93,12 @@ class Prices:
 class RunState:
     """What one simulation run owns: the rng of estimated rounds and one suffix store per worker."""
 
-    def __init__(self, seed: int, suffix_settings=None, order: object = None) -> None:
+    def __init__(self, seed: int, order: object = None) -> None:
         """``order``: a key of the stream order when every request reaches the suffix tree in that order
         whatever the load (a fixed arm under closed-loop or Poisson arrivals: the worker admits FIFO in
         arrival order), so its suffix rounds are shared between loads; None when they cannot be."""
         self.order = order
         self.rng = random.Random(f"estimated:{seed}")
-        self.suffix_settings = suffix_settings
         self._stores: dict[str, object] = {}
         self.worker_of = ""
 
@@ -109,7 +108,7 @@ class RunState:
             from backends.engine.proposers.suffix import SuffixStore
             from backends.engine.types import SuffixSettings
 
-            store = self._stores[worker] = SuffixStore(self.suffix_settings or SuffixSettings())
+            store = self._stores[worker] = SuffixStore(SuffixSettings())  # the worker's defaults
         return store
 
 

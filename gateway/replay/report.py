@@ -85,13 +85,24 @@ def paired_logs(a: Sequence[Served], b: Sequence[Served]) -> list[float]:
     return [math.log(s.tpot / other[s.index]) for s in a if s.tpot and other.get(s.index)]
 
 
-def ratio(results: dict, a: str, b: str, load: str, slice_of, slice_: str, seeds: int) -> dict | None:
-    """Geometric-mean TPOT ratio of ``a`` over ``b`` in one (load, slice), with its 95% interval."""
+def split(results: dict, slice_of) -> dict:
+    """(contender, load, seed) -> slice -> its served requests (``ALL``: every one), grouped once."""
+    out = {}
+    for key, served in results.items():
+        groups: dict[str, list[Served]] = defaultdict(list)
+        for s in served:
+            groups[slice_of(s.index)].append(s)
+        groups[ALL] = list(served)
+        out[key] = groups
+    return out
+
+
+def ratio(groups: dict, a: str, b: str, load: str, slice_: str, seeds: int) -> dict | None:
+    """Geometric-mean TPOT ratio of ``a`` over ``b`` in one (load, slice), with its 95% interval
+    (``groups``: :func:`split`)."""
     per_seed, pooled = [], []
     for seed in range(seeds):
-        pick = (lambda s: True) if slice_ == ALL else (lambda s: slice_of(s.index) == slice_)
-        logs = paired_logs([s for s in results[(a, load, seed)] if pick(s)],
-                           [s for s in results[(b, load, seed)] if pick(s)])
+        logs = paired_logs(groups[(a, load, seed)].get(slice_, []), groups[(b, load, seed)].get(slice_, []))
         if logs:
             per_seed.append(statistics.fmean(logs))
             pooled.append(logs)
@@ -122,10 +133,11 @@ def summarise(results: dict, contenders: Sequence[str], loads: Sequence[str], se
     """Cells averaged over seeds (mean of each figure, and its interval for TPOT p50 and goodput), and the
     paired ratios of ``pairs`` (:func:`comparisons`) in every load and slice."""
     out: dict = {"cells": defaultdict(dict), "ratios": []}
+    groups = split(results, slice_of)
     for load in loads:
         for slice_ in (*slices, ALL):
             for a, b in pairs:
-                r = ratio(results, a, b, load, slice_of, slice_, seeds)
+                r = ratio(groups, a, b, load, slice_, seeds)
                 if r is not None:
                     out["ratios"].append({"a": a, "b": b, "load": load, "slice": slice_, **r})
     for name in contenders:
@@ -133,8 +145,7 @@ def summarise(results: dict, contenders: Sequence[str], loads: Sequence[str], se
             for slice_ in (*slices, ALL):
                 per_seed = []
                 for seed in range(seeds):
-                    served = [s for s in results[(name, load, seed)] if slice_ == ALL or slice_of(s.index) == slice_]
-                    per_seed.append(cell(served, *slo))
+                    per_seed.append(cell(groups[(name, load, seed)].get(slice_, []), *slo))
                 out["cells"][f"{name}|{load}"][slice_] = _merge(per_seed)
     return out
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.replay.book import PLAIN, Option, RoundBook
-from gateway.replay.choosers import Choice, FixedChooser, PolicyChooser, Prices
+from gateway.replay.choosers import FixedChooser, PolicyChooser, Prices
 from gateway.replay.sim import Load, Served, Simulation
 
 MIXES = ("interleaved", "by-slice")
@@ -164,5 +164,3 @@ def load_policy(path: str | Path):
         raise ValueError(f"--policy {path}: invalid policy (specgate policy check {path}):\n"
                          + "\n".join(exc.errors)) from None
 
-
-__all__ = ["Choice", "Contender", "RoundBook", "blocks", "load_policy", "parse_arm", "sweep"]
