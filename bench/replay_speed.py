@@ -5,7 +5,7 @@
 The issue's bar (issue 25): 10,000 requests, 8 contenders, 3 loads, 20 seeds in under 5 minutes on this
 2-core machine. The N requests are the trace's, repeated with new ids until there are N (each copy is
 replayed from scratch: nothing is shared between copies), in one interleaved stream per seed. Prints the
-wall time of each phase: reading, the rounds of every (request, option) and the simulation runs.
+wall time of each phase and of each contender (one sweep per contender, its rounds and profiles included).
 """
 
 from __future__ import annotations
@@ -55,19 +55,21 @@ def main(argv: list[str] | None = None) -> int:
     prices = Prices(book, load_cost_model(args.costs, revision=trace.header.revision))
     contenders = [parse_arm(a, book) for a in args.arms]
     contenders.append(Contender("default", policy=load_policy(args.policy)))
-    done = [0]
-
-    def progress(n: int, total: int) -> None:
-        if n == total or n % max(1, total // 10) == 0:
-            print(f"  {n}/{total} runs, {time.perf_counter() - t2:.0f} s", file=sys.stderr)
-
-    results = sweep(prices, contenders, args.loads, args.seeds, "interleaved", max_running=16,
-                    max_total_tokens=65536, processes=args.processes, progress=progress)
+    simulated, per = 0, []
+    for contender in contenders:  # one sweep each: its time per simulated request is printed
+        started = time.perf_counter()
+        results = sweep(prices, [contender], args.loads, args.seeds, "interleaved", max_running=16,
+                        max_total_tokens=65536, processes=args.processes)
+        count = sum(len(v) for v in results.values())
+        per.append((contender.name, time.perf_counter() - started, count))
+        simulated += count
+        print(f"  {contender.name}: {per[-1][1]:.1f} s, {1e6 * per[-1][1] / count:.1f} us per simulated request "
+              "(its rounds and profiles included)", file=sys.stderr)
     t3 = time.perf_counter()
-    simulated = sum(len(v) for v in results.values())
-    done[0] = simulated
     print(f"{args.requests} requests x {len(contenders)} contenders x {len(args.loads)} loads x {args.seeds} seeds "
           f"({simulated} simulated requests, {args.processes} processes)")
+    for name, seconds, count in per:
+        print(f"  {name}: {seconds:.1f} s ({1e6 * seconds / count:.1f} us per simulated request)")
     print(f"write + read the trace: {t1 - t0:.1f} + {t2 - t1:.1f} s; rounds and simulation: {t3 - t2:.1f} s; "
           f"total {t3 - t0:.1f} s")
     return 0
