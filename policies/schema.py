@@ -83,7 +83,19 @@ class Range(_Strict, kw_only=True):
             raise ValueError("empty comparison; give at least one of gt, gte, lt, lte, eq")
 
 
+class FractionRange(Range, kw_only=True):
+    """A comparison on a 0..1 score (``code_score``, ``prompt_repeat``): a bound outside [0, 1] is an error, not
+    a condition that silently always or never holds."""
+
+    gt: Fraction | None = None
+    gte: Fraction | None = None
+    lt: Fraction | None = None
+    lte: Fraction | None = None
+    eq: Fraction | None = None
+
+
 NumCond = float | Range
+ScoreCond = Fraction | FractionRange
 StrCond = str | list[str]
 FormatCond = ResponseFormat | list[ResponseFormat]
 
@@ -99,7 +111,8 @@ class SliceWhen(_Strict, kw_only=True):
     max_tokens: NumCond | None = None
     temperature: NumCond | None = None
     stream: bool | None = None
-    code_score: NumCond | None = None
+    code_score: ScoreCond | None = None
+    prompt_repeat: ScoreCond | None = None
     headers: dict[str, StrCond] | None = None
 
 

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.decide import decide
-from policies.features import RequestFeatures, approx_tokens, code_score, features_from_openai, referenced_headers
+from policies.features import (RequestFeatures, approx_tokens, code_score, features_from_openai, prompt_repeat,
+                               referenced_headers)
 from policies.load import load_policy, load_policy_file
 from policies.slicing import classify
 from policies.snapshot import PoolState, Snapshot, SnapshotData
@@ -112,6 +113,7 @@ def test_feature_estimators() -> None:
                               "response_format": {"type": "json_object"}, "max_tokens": 9},
                              route="ide", headers={"X-Canary": "1", "Other": "x"}, wanted_headers={"x-canary"})
     assert (f.has_tools, f.response_format, f.max_tokens, f.headers) == (True, "json_object", 9, {"x-canary": "1"})
+    assert (f.code_score, f.prompt_repeat) == (code_score(code), prompt_repeat(code)) and prompt_repeat(prose) == 0.0
 
 
 @settings(max_examples=150, deadline=None)

@@ -112,6 +112,29 @@ def test_base_policy_is_valid() -> None:
     ("draft: {kind: ngram}", "draft: {kind: suffix}",
      "p.yaml:9:21: pools.ngram.proposer: proposer ngram cannot run pair 'p' (draft kind suffix); use proposer "
      "suffix"),
+    # the 0..1 scores take only bounds in [0, 1]; a string or a bool is not a number
+    ("when: {code_score: {gte: 0.5}}", "when: {prompt_repeat: 1.5}",
+     "p.yaml:3:40: slices[0] (Slice 'code').when.prompt_repeat: expected float <= 1.0, got 1.5"),
+    ("when: {code_score: {gte: 0.5}}", "when: {prompt_repeat: {gte: 1.5}}",
+     "p.yaml:3:46: slices[0] (Slice 'code').when.prompt_repeat.gte: expected float <= 1.0, got 1.5"),
+    ("when: {code_score: {gte: 0.5}}", "when: {prompt_repeat: {lt: -0.1}}",
+     "p.yaml:3:45: slices[0] (Slice 'code').when.prompt_repeat.lt: expected float >= 0.0, got -0.1"),
+    ("when: {code_score: {gte: 0.5}}", "when: {prompt_repeat: high}",
+     "p.yaml:3:40: slices[0] (Slice 'code').when.prompt_repeat: expected float | mapping | null, got 'high'"),
+    ("when: {code_score: {gte: 0.5}}", "when: {prompt_repeat: {gte: high}}",
+     "p.yaml:3:46: slices[0] (Slice 'code').when.prompt_repeat.gte: expected float | null, got 'high'"),
+    ("when: {code_score: {gte: 0.5}}", "when: {prompt_repeat: {}}",
+     "p.yaml:3:40: slices[0] (Slice 'code').when.prompt_repeat: empty comparison; give at least one of gt, gte, "
+     "lt, lte, eq"),
+    ("when: {code_score: {gte: 0.5}}", "when: {prompt_repeat: {gte: 0.3, lte: 2}}",
+     "p.yaml:3:56: slices[0] (Slice 'code').when.prompt_repeat.lte: expected float <= 1.0, got 2"),
+    ("when: {code_score: {gte: 0.5}}", "when: {prompt_repeat: {gte: 0.2}, prompt_repeats: 0.1}",
+     "p.yaml:3:52: slices[0] (Slice 'code').when.prompt_repeats: unknown key 'prompt_repeats'; did you mean "
+     "'prompt_repeat'?"),
+    ("when: {code_score: {gte: 0.5}}", "when: {code_score: {gte: 1.5}}",
+     "p.yaml:3:43: slices[0] (Slice 'code').when.code_score.gte: expected float <= 1.0, got 1.5"),
+    ("when: {max_tokens: {lt: 8}}", "when: {max_tokens: {lt: 8}, prompt_repeat: true}",
+     "p.yaml:11:61: rules[0] (Rule 'tiny').when.prompt_repeat: expected float | mapping | null, got true"),
 ])
 def test_exact_error_messages(old: str, new: str, expected: str) -> None:
     assert old in BASE

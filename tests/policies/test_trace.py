@@ -57,6 +57,16 @@ def test_a_written_trace_reads_back_equal_and_is_private(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["trace.jsonl"]
 
 
+def test_prompt_repeat_is_recorded_and_traces_older_than_it_still_read(trace_file):
+    records = [request("new", features=RequestFeatures(prompt_tokens=3, code_score=0.4, prompt_repeat=0.3333))]
+    assert read_trace(trace_file(lines(HEADER, *records))).requests == records
+    old = msgspec.to_builtins(request("old", features=RequestFeatures(prompt_tokens=3, code_score=0.4)))
+    del old["features"]["prompt_repeat"]  # written before the feature existed
+    assert "prompt_repeat" not in json.dumps(old)
+    (read,) = read_trace(trace_file(lines(HEADER, msgspec.json.encode(old) + b"\n"))).requests
+    assert (read.features.prompt_repeat, read.features.code_score) == (0.0, 0.4)
+
+
 def test_a_failed_write_leaves_nothing(tmp_path):
     path = tmp_path / "trace.jsonl"
 
