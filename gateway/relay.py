@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from backends.sglang.client import OpenAIResult
+from backends.sglang.openai_wire import SglExt
 from backends.sglang.spec_stats import SpecStats, spec_stats_from_sglext
 from backends.sglang.token_ids import TokenIds, strip
 from gateway.stages import Admitted, Relayed
@@ -34,17 +35,28 @@ def inject(raw: bytes, info: bytes) -> bytes:
     return body[:-1] + b',"specgate":' + info + b"}"
 
 
-class Tally:
-    """What the answer has told so far (usage, speculation counters, first-token time, and the token ids and
-    finish reason once ``want_ids`` was called); ``relayed()`` freezes it into the stage value."""
+def worker_decode_s(sglext: SglExt) -> float | None:
+    """The worker's own decode time of the first choice (``specgate_decode_s`` in
+    ``sglext.spec_tokens_details``: specgate's embedded worker sends it, a real SGLang server does not)."""
+    details = sglext.spec_tokens_details
+    if isinstance(details, list):
+        details = details[0] if details else None
+    return details.specgate_decode_s if details is not None else None
 
-    __slots__ = ("t0", "prompt_tokens", "completion_tokens", "stats", "ttft_s", "ids", "finish")
+
+class Tally:
+    """What the answer has told so far (usage, speculation counters, first-token time, the worker's decode
+    time, and the token ids and finish reason once ``want_ids`` was called); ``relayed()`` freezes it into the
+    stage value."""
+
+    __slots__ = ("t0", "prompt_tokens", "completion_tokens", "stats", "ttft_s", "decode_s", "ids", "finish")
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
         self.prompt_tokens = self.completion_tokens = 0
         self.stats: SpecStats | None = None
         self.ttft_s: float | None = None
+        self.decode_s: float | None = None
         self.ids: TokenIds | None = None
         self.finish: str | None = None
 
@@ -57,6 +69,8 @@ class Tally:
             self.completion_tokens = parsed.usage.completion_tokens
         if parsed.sglext is not None:
             self.stats = spec_stats_from_sglext(parsed.sglext) or self.stats
+            if (decode_s := worker_decode_s(parsed.sglext)) is not None:
+                self.decode_s = decode_s
         if self.ids is not None:
             self.ids.take(parsed)
             for choice in parsed.choices[:1]:
@@ -69,8 +83,9 @@ class Tally:
     def relayed(self) -> Relayed:
         ids = self.ids
         return Relayed(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
-                       stats=self.stats, ttft_s=self.ttft_s, prompt_ids=ids.prompt_ids if ids else None,
-                       output_ids=ids.output_ids if ids else None, finish=self.finish)
+                       stats=self.stats, ttft_s=self.ttft_s, decode_s=self.decode_s,
+                       prompt_ids=ids.prompt_ids if ids else None, output_ids=ids.output_ids if ids else None,
+                       finish=self.finish)
 
 
 def _same(raw: bytes) -> bytes:

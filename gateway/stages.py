@@ -1,7 +1,7 @@
 """A request's stages as values: each stage produces one immutable value, the next stage reads it.
 
     Arrival -> Admitted (auth, parse, features, checks) -> Decision (policies.decide)
-            -> Dispatched (pool, worker, retries, fallback) -> Relayed (usage, speculation stats, TTFT)
+            -> Dispatched (pool, worker, retries, fallback) -> Relayed (usage, speculation stats, TTFT, decode time)
             -> Ending (how it ended)                         => Finished: the one final result
 
 The values are frozen msgspec Structs: several are built per request, and a frozen dataclass costs an
@@ -67,13 +67,17 @@ class Dispatched(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Relayed(msgspec.Struct, frozen=True, kw_only=True):
-    """What the worker's answer told: token counts, speculation counters, first-token time; for a request
-    selected for the trace also its token ids and finish reason (None otherwise, or when the worker sent none)."""
+    """What the worker's answer told: token counts, speculation counters, first-token time, the worker's decode
+    time; for a request selected for the trace also its token ids and finish reason (None otherwise, or when
+    the worker sent none)."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     stats: SpecStats | None = None
     ttft_s: float | None = None  # since arrival, to the first generated content (streams only)
+    # the worker's own time from its first committed token to the end (``specgate_decode_s``; specgate's
+    # embedded worker sends it, a real SGLang server does not)
+    decode_s: float | None = None
     prompt_ids: list[int] | None = None
     output_ids: list[int] | None = None
     finish: str | None = None  # the choice's finish_reason
@@ -123,10 +127,28 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True):
         return self.relayed.ttft_s if self.stream else self.e2e_s
 
     @property
-    def tpot_s(self) -> float | None:
-        n, ttft = self.relayed.completion_tokens, self.relayed.ttft_s
+    def tpot_source(self) -> str | None:
+        """Where ``tpot_s`` comes from: ``stream``, the gateway's clock on a streamed answer (first content
+        chunk to the end: the network path the client sees); ``worker``, the worker's decode time of a whole
+        answer (``Relayed.decode_s``); None: no TPOT (fewer than 2 tokens, or a whole answer from a worker that
+        reports no decode time)."""
+        r = self.relayed
+        if r.completion_tokens < 2:
+            return None
         if self.stream:
-            return (self.e2e_s - ttft) / (n - 1) if ttft is not None and n >= 2 else None
+            return "stream" if r.ttft_s is not None else None
+        return "worker" if r.decode_s is not None else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first: (e2e - ttft) / (n - 1) streamed, decode_s / (n - 1) whole."""
+        r, source = self.relayed, self.tpot_source
+        if source == "stream":
+            assert r.ttft_s is not None
+            return (self.e2e_s - r.ttft_s) / (r.completion_tokens - 1)
+        if source == "worker":
+            assert r.decode_s is not None
+            return r.decode_s / (r.completion_tokens - 1)
         return None
 
 
@@ -193,6 +215,15 @@ def _positions(values: tuple[int, ...] | None) -> list[int] | None:
     return list(values) if values else None
 
 
+def _learned_tpot(f: Finished) -> float | None:
+    """``Finished.tpot_s``; for a whole answer whose worker reports no decode time (a real SGLang server),
+    e2e per token, as the learner had before workers reported it."""
+    tpot, n = f.tpot_s, f.relayed.completion_tokens
+    if tpot is None and not f.stream and n:
+        return f.e2e_s / n
+    return tpot
+
+
 def outcome(f: Finished) -> Outcome | None:
     """What the policy learner sees; None when the request never got a pool."""
     pool, proposer, k = served_by(f.decision, f.dispatched)
@@ -205,8 +236,7 @@ def outcome(f: Finished) -> Outcome | None:
         correct_drafts_histogram=list(s.histogram or ()) if s else [],
         accepted_per_position=_positions(s.accepted_per_position) if s else None,
         reached_per_position=_positions(s.reached_per_position) if s else None,
-        ttft_s=f.relayed.ttft_s if f.stream else None,
-        tpot_s=f.tpot_s if f.stream else (f.e2e_s / n if n else None), e2e_s=f.e2e_s,
+        ttft_s=f.relayed.ttft_s if f.stream else None, tpot_s=_learned_tpot(f), e2e_s=f.e2e_s,
         concurrency=round(f.mean_concurrency), ok=f.ok, status=f.ending.http_status,
         draft_s=s.draft_s if s else None, verify_s=s.verify_s if s else None, timestamp=time.monotonic())
 
@@ -237,7 +267,8 @@ def record(f: Finished) -> RequestRecord:
         draft_tokens=k, exploration=d.exploration if d else None, endpoint=f.arrival.endpoint, stream=f.stream,
         status=f.ending.status, http_status=f.ending.http_status, error_type=f.ending.error_type,
         error_message=f.ending.error_message, prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
-        ttft_s=f.ttft_s if f.ok else None, tpot_s=f.tpot_s, e2e_s=f.e2e_s, overhead_s=f.overhead_s,
+        ttft_s=f.ttft_s if f.ok else None, tpot_s=f.tpot_s, tpot_source=f.tpot_source, e2e_s=f.e2e_s,
+        overhead_s=f.overhead_s,
         verify_ct=s.verify_ct if s else None, accept_length=s.accept_length if s else None,
         num_proposed_drafts=s.num_proposed_drafts if s else None,
         num_correct_drafts=s.num_correct_drafts if s else None,

@@ -91,8 +91,9 @@ class Metrics:
         self.ttft = Histogram("specgate_time_to_first_token_seconds", "Gateway-observed time to first token.",
                               L, buckets=TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("specgate_time_per_output_token_seconds", "Time per output token after the "
-                              "first: (e2e - ttft) / (completion_tokens - 1).", L, buckets=TPOT_BUCKETS,
-                              registry=r)
+                              "first: streamed, (e2e - ttft) / (completion_tokens - 1) at the gateway; a whole "
+                              "answer, the worker's decode time / (completion_tokens - 1) when it reports one.",
+                              L, buckets=TPOT_BUCKETS, registry=r)
         self.e2e = Histogram("specgate_request_duration_seconds", "End-to-end request latency at the gateway.",
                              L, buckets=E2E_BUCKETS, registry=r)
         self.accept_length = Histogram(

@@ -33,7 +33,10 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     ttft_s: float | None = None  # gateway-observed: request received -> first content byte sent
-    tpot_s: float | None = None  # (e2e - ttft) / (completion_tokens - 1)
+    # streamed: (e2e - ttft) / (completion_tokens - 1) on the gateway's clock; whole answer: the worker's decode
+    # time (first token to end) / (completion_tokens - 1), when the worker reports it (specgate's embedded one)
+    tpot_s: float | None = None
+    tpot_source: str | None = None  # stream | worker (which of the two above); None when tpot_s is None
     e2e_s: float | None = None
     overhead_s: float | None = None  # time the gateway itself added (parse, decide, dispatch, relay)
     # speculation as reported by the worker (absent for plain or when SGLang reports nothing)

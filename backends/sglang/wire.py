@@ -168,7 +168,9 @@ class FinishReason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
 class SpecFields(msgspec.Struct, frozen=True, kw_only=True):
     """Every spec_* name any release used, all optional; ``meta_info`` and ``sglext.spec_tokens_details``
     carry the same ones (``spec_stats.py`` normalises them). The embedded worker sends the 0.5.x names and
-    its extras, never the aliases."""
+    its extras, never the aliases. The worker's request timings (``specgate_*``) are fields here, not of
+    ``MetaInfo`` alone, because the OpenAI endpoints the gateway relays have no ``meta_info``: they reach
+    it in ``sglext.spec_tokens_details`` (of the whole answer, or of a stream's final ``sglext`` chunk)."""
 
     # 0.5.x names
     spec_verify_ct: int | None = None
@@ -190,6 +192,12 @@ class SpecFields(msgspec.Struct, frozen=True, kw_only=True):
     spec_reached_per_position: list[int] | None = None
     spec_draft_s: float | None = None
     spec_verify_s: float | None = None
+    # specgate's embedded worker: the engine's own clock, seconds, final chunk only. SGLang's meta_info has
+    # no such durations (with --enable-metrics it adds wall-clock timestamps, ``prefill_finished_ts``,
+    # ``decode_finished_ts``, and a ``decode_throughput``, taken in its tokenizer manager and defined
+    # differently across releases), so the names are specgate's and only this worker sends them.
+    specgate_first_token_s: float | None = None  # engine intake -> first committed token (queue + prefill + round 1)
+    specgate_decode_s: float | None = None  # first committed token -> finished (TPOT = this / (completion_tokens - 1))
 
 
 LogprobEntry = tuple[float | None, int, str | None]
@@ -210,6 +218,7 @@ class MetaInfo(SpecFields, frozen=True, kw_only=True, omit_defaults=True):
     cached_tokens: int = always(0)
     weight_version: str | None = always(None)
     e2e_latency: float | None = None
+    queue_time: float | None = None  # seconds waiting before the first forward (SGLang's name, --enable-metrics)
     num_retractions: int | None = None
     reasoning_tokens: int | None = None
     output_token_logprobs: list[LogprobEntry] | None = None

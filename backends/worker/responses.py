@@ -8,6 +8,11 @@ spec_accept_rate = spec_num_correct_drafts / spec_num_proposed_drafts.
 Spec fields are reported for every request (a plain request has accept_length 1.0 and no drafts), so a
 gateway can compare proposers on the same fields.
 
+Timings, on the final chunk beside them, from the engine's clock (``RequestStats``): ``queue_time`` (SGLang's
+meta_info name: waiting before the first forward; /generate only), ``specgate_first_token_s`` (intake to the
+first committed token) and ``specgate_decode_s`` (first committed token to the end), the last two also in
+``sglext.spec_tokens_details``, so the gateway has a TPOT for a whole (non-streamed) answer too.
+
 Token ids, when asked for, where SGLang 0.5.23 puts them (``backends/sglang/token_ids.py``): chat in the
 response-level ``sglext`` (``input_ids``, ``output_ids`` per choice; streamed, in the sglext chunk), completions
 per choice (``prompt_token_ids`` on the first chunk a stream sends, ``token_ids`` with the ids each chunk adds).
@@ -38,7 +43,16 @@ def spec_fields(stats: RequestStats) -> dict[str, Any]:
         spec_accepted_per_position=list(stats.accepted_per_position),
         spec_proposed_per_position=list(stats.proposed_per_position),
         spec_reached_per_position=list(stats.reached_per_position),
-        spec_draft_s=stats.draft_s, spec_verify_s=stats.verify_s))
+        spec_draft_s=stats.draft_s, spec_verify_s=stats.verify_s, **timing_fields(stats)))
+
+
+def timing_fields(stats: RequestStats) -> dict[str, float]:
+    """``specgate_first_token_s`` and ``specgate_decode_s`` of a finished request; none before its first
+    token (aborted while waiting or in prefill)."""
+    first, e2e = stats.first_token_s, stats.e2e_s
+    if first is None or e2e is None:
+        return {}
+    return {"specgate_first_token_s": first, "specgate_decode_s": max(0.0, e2e - first)}
 
 
 def spec_tokens_details(stats: RequestStats) -> openai_wire.SpecTokensDetails:
@@ -66,7 +80,10 @@ def meta_info(out: RequestOutput, prompt_tokens: int, weight_version: str, logpr
         if prompt_from is not None and out.prompt_logprobs:
             extra.update(sglang_meta(out.prompt_logprobs[prompt_from:], logprobs, texts, side="input"))
     if out.finished:
-        extra.update(e2e_latency=out.stats.e2e_s, **spec_fields(out.stats))
+        stats = out.stats
+        extra.update(e2e_latency=stats.e2e_s, **spec_fields(stats))
+        if stats.first_token_s is not None or stats.queue_s:  # 0.0: never admitted
+            extra["queue_time"] = stats.queue_s
     return wire.MetaInfo(id=out.rid, finish_reason=finish_reason(out), prompt_tokens=prompt_tokens,
                          completion_tokens=len(out.output_ids), cached_tokens=0, weight_version=weight_version,
                          **extra)

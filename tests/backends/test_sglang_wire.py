@@ -172,7 +172,7 @@ def test_the_client_reads_every_spec_field_the_embedded_worker_sends():
     sent = spec_fields(RequestStats(
         completion_tokens=10, verify_ct=4, num_correct_drafts=6, num_proposed_drafts=12,
         correct_drafts_histogram=[1, 1, 0, 2], accepted_per_position=[3, 2, 1], proposed_per_position=[4, 4, 4],
-        reached_per_position=[4, 3, 2], draft_s=0.01, verify_s=0.02))
+        reached_per_position=[4, 3, 2], draft_s=0.01, verify_s=0.02, first_token_s=0.25, e2e_s=1.0))
     raw = msgspec.json.encode(MetaInfo(id="r", **sent))
     meta = msgspec.json.decode(raw, type=MetaInfo)
     assert {k for k, v in sent.items() if v is not None} <= set(msgspec.json.decode(raw))
@@ -184,6 +184,20 @@ def test_the_client_reads_every_spec_field_the_embedded_worker_sends():
     assert (stats.verify_ct, stats.num_correct_drafts, stats.num_proposed_drafts, stats.histogram) == (
         4, 6, 12, (1, 1, 0, 2))
     assert (stats.accept_length, stats.accept_rate, stats.draft_s, stats.verify_s) == (2.5, 0.5, 0.01, 0.02)
+    assert (meta.specgate_first_token_s, meta.specgate_decode_s) == (0.25, 0.75)
+
+
+def test_worker_timings_are_optional_and_sglangs_queue_time_is_read():
+    """specgate's timing fields are absent from a real SGLang answer (None), and a request that never got a
+    first token sends none; SGLang's own ``queue_time`` (--enable-metrics) is read when sent."""
+    from backends.engine.types import RequestStats
+    from backends.worker.responses import spec_fields
+
+    real = msgspec.json.decode(b'{"id":"r","e2e_latency":0.5,"queue_time":0.01,"prefill_launch_delay":0.002}',
+                               type=MetaInfo)
+    assert (real.queue_time, real.specgate_first_token_s, real.specgate_decode_s) == (0.01, None, None)
+    aborted = spec_fields(RequestStats(e2e_s=0.3))  # aborted before its first token
+    assert (aborted["specgate_first_token_s"], aborted["specgate_decode_s"]) == (None, None)
 
 
 REQUESTS = {"SamplingParams", "SpeculationOverride", "GenerateReqInput", "GenerateRequest", "AbortRequest",

@@ -1,5 +1,5 @@
 """Pure parts of the gateway: keys -> routes, token buckets and caps, request validation messages,
-worker-error mapping, the JSON splice, the policy watcher (incl. a ConfigMap symlink swap)."""
+worker-error mapping, the JSON splice, the policy watcher (incl. a ConfigMap symlink swap), TPOT by source."""
 
 from __future__ import annotations
 
@@ -221,3 +221,64 @@ def test_the_specgate_object_says_whether_the_decision_explored():
         info = json.loads(info_json(arrival, "r", decision, served, Relayed()))
         assert (info["explored"], info["exploration"], info["pool"], info["draft_tokens"], info["rule"]) == (
             flag, kind, "ngram", 8, "learned")
+
+
+def _finished(relayed, *, stream: bool, e2e_s: float = 2.0):
+    from gateway.stages import OK, Arrival, Dispatched, Finished
+    from policies.decide import Decision
+
+    arrival = Arrival(request_id="r1", endpoint="chat", t0=0.0)
+    decision = Decision(slice="code", pool="ngram", proposer="ngram", draft_tokens=4, bypass=False, rule="r",
+                        reason="r")
+    served = Dispatched(pool="ngram", proposer="ngram", draft_tokens=4, worker="http://w", rid="r1-1", retries=0,
+                        fallback=False, fallback_note="")
+    return Finished(arrival=arrival, route="default", stream=stream, admitted=None, decision=decision,
+                    dispatched=served, retries=0, relayed=relayed, ending=OK, e2e_s=e2e_s, overhead_s=0.001,
+                    mean_concurrency=1.0, slo=None, pair_version="")
+
+
+def _answer(details: str) -> bytes:
+    """A whole chat answer of 11 tokens, as a worker sends it; ``details``: its spec_tokens_details."""
+    return (b'{"id":"a","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":'
+            b'{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,'
+            b'"completion_tokens":11,"total_tokens":16},"sglext":{"spec_tokens_details":' + details.encode() + b'}}')
+
+
+def test_a_whole_answer_has_the_workers_tpot_and_a_real_sglang_one_has_none():
+    """Non-streamed: TPOT = the worker's decode time / (n - 1), exactly, for telemetry and the learner; a worker
+    that sends no decode time (a real SGLang server) gives no TPOT to telemetry, and the learner keeps e2e / n."""
+    import msgspec
+
+    from backends.sglang.openai_wire import ChatCompletionResponse
+    from gateway.relay import Tally
+    from gateway.stages import outcome, record
+
+    embedded = ('{"spec_verify_ct":4,"spec_num_correct_drafts":7,"specgate_first_token_s":0.5,'
+                '"specgate_decode_s":0.25}')
+    for details, tpot, source, learned in ((embedded, 0.025, "worker", 0.025),
+                                           ('{"spec_verify_ct":4,"spec_num_correct_drafts":7}', None, None, 2.0 / 11)):
+        tally = Tally(0.0)
+        tally.take(msgspec.json.decode(_answer(details), type=ChatCompletionResponse))
+        f = _finished(tally.relayed(), stream=False)
+        assert (f.tpot_s, f.tpot_source) == (tpot, source)
+        rec = record(f)
+        assert (rec.tpot_s, rec.tpot_source, rec.ttft_s) == (tpot, source, 2.0)  # a whole answer's TTFT: e2e
+        assert outcome(f).tpot_s == learned
+    # n > 1 choices: one details object per choice, the first one's counts
+    tally = Tally(0.0)
+    tally.take(msgspec.json.decode(_answer(f"[{embedded}]"), type=ChatCompletionResponse))
+    assert tally.relayed().decode_s == 0.25
+
+
+def test_a_streamed_answer_keeps_the_gateways_tpot():
+    """Streamed: (e2e - ttft) / (n - 1) on the gateway's clock (the path the client sees), even when the worker
+    also reported its decode time; one token: no TPOT either way."""
+    from gateway.stages import Relayed, outcome, record
+
+    f = _finished(Relayed(completion_tokens=11, ttft_s=0.5, decode_s=0.25), stream=True)
+    assert (f.tpot_s, f.tpot_source) == (0.15, "stream")
+    assert (record(f).tpot_s, record(f).tpot_source, outcome(f).tpot_s) == (0.15, "stream", 0.15)
+    assert _finished(Relayed(completion_tokens=11, decode_s=0.25), stream=True).tpot_s is None  # no content seen
+    for stream in (True, False):
+        one = _finished(Relayed(completion_tokens=1, ttft_s=0.5, decode_s=0.0), stream=stream)
+        assert (one.tpot_s, one.tpot_source, record(one).tpot_source) == (None, None, None)

@@ -65,10 +65,18 @@ def test_known_requests_give_exact_counters(gw):
     assert _total(found, "specgate_spec_accept_length_sum", **code) == pytest.approx(
         sum(r["specgate"]["accept_length"] for r in responses))
     assert _total(found, "specgate_time_to_first_token_seconds_count") == 3
+    # whole (non-streamed) answers have a TPOT too: the worker's decode time / (n - 1)
+    two_plus = [r["usage"]["completion_tokens"] >= 2 for r in everything]
+    assert _total(found, "specgate_time_per_output_token_seconds_count") == sum(two_plus)
+    assert _total(found, "specgate_time_per_output_token_seconds_sum") > 0
     assert _total(found, "specgate_slo_met_total") + _total(found, "specgate_slo_missed_total") == 3
     assert _total(found, "specgate_pool_workers", pool="ngram") == 1
     assert _total(found, "specgate_policy_last_reload_success") == 1
 
     data = httpx.get(f"{gw}/dashboard/data").json()
-    assert sum(sum(g["requests"]) for g in data["series"]["groups"]) == 4
+    groups = data["series"]["groups"]
+    assert sum(sum(g["requests"]) for g in groups) == 4
+    # the "TPOT speculative vs plain" chart has both lines for this non-streamed traffic
+    assert sum(sum(g["tpot_spec_n"]) for g in groups) == sum(two_plus[:2])
+    assert sum(sum(g["tpot_plain_n"]) for g in groups) == two_plus[2]
     assert httpx.get(f"{gw}/dashboard").status_code == 200

@@ -22,8 +22,8 @@ KEY = "sk-proj-Zq8vR2mX4nT7kL1pW9sB3dF6gH0jA5cE"
 def _record(**kw) -> RequestRecord:
     base = dict(request_id="req-42", route="ide", slice="code", pool="ngram", proposer="ngram", rule="code-ngram",
                 reason="rule 'code-ngram' pins pool 'ngram' with k=4", draft_tokens=4, prompt_tokens=17,
-                completion_tokens=12, ttft_s=0.1234, tpot_s=0.021, e2e_s=0.3544, verify_ct=5, accept_length=2.4,
-                slo_met=True, worker="http://127.0.0.1:30001", prompt_text=PROMPT, completion_text=COMPLETION)
+                completion_tokens=12, ttft_s=0.1234, tpot_s=0.021, tpot_source="stream", e2e_s=0.3544, verify_ct=5,
+                accept_length=2.4, slo_met=True, worker="http://127.0.0.1:30001", prompt_text=PROMPT, completion_text=COMPLETION)
     return RequestRecord(**{**base, **kw})
 
 
@@ -44,7 +44,8 @@ def test_one_json_line_per_request_with_its_fields_and_no_text(stream):
     expected = {"request_id": "req-42", "route": "ide", "slice": "code", "rule": "code-ngram", "pool": "ngram",
                 "proposer": "ngram", "k": 4, "explored": False, "exploration": None, "status": "ok", "http_status": 200,
                 "prompt_tokens": 17,
-                "completion_tokens": 12, "ttft_ms": 123.4, "tpot_ms": 21.0, "e2e_ms": 354.4, "accept_length": 2.4,
+                "completion_tokens": 12, "ttft_ms": 123.4, "tpot_ms": 21.0, "tpot_source": "stream", "e2e_ms": 354.4,
+                "accept_length": 2.4,
                 "verify_ct": 5, "slo_met": True, "level": "info"}
     assert {k: line[k] for k in expected} == expected
     assert "prompt_text" not in line and "completion_text" not in line

@@ -14,6 +14,17 @@ META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cache
 SPEC_KEYS = {"spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
              "spec_num_proposed_drafts", "spec_correct_drafts_histogram", "spec_accepted_per_position",
              "spec_proposed_per_position", "spec_draft_s", "spec_verify_s"}
+TIMING_KEYS = {"specgate_first_token_s", "specgate_decode_s"}  # also in sglext.spec_tokens_details
+
+
+def _sane_timings(fields: dict, e2e: float | None = None) -> None:
+    """The engine's own clock: first token (after the queue) then decode, adding up to the e2e latency."""
+    first, decode = fields["specgate_first_token_s"], fields["specgate_decode_s"]
+    assert 0 < first and decode >= 0
+    if "queue_time" in fields:
+        assert 0 <= fields["queue_time"] <= first
+    if e2e is not None:
+        assert first <= e2e and abs(first + decode - e2e) < 1e-9
 
 
 def _sse(response) -> list:
@@ -36,7 +47,9 @@ def test_generate_body_and_meta_info(worker, real_tokenizer):
         "max_new_tokens": 7, "temperature": 0, "ignore_eos": True}})
     body = response.json()
     meta = body["meta_info"]
-    assert set(meta) == META_KEYS | SPEC_KEYS | {"e2e_latency", "spec_reached_per_position"}
+    assert set(meta) == META_KEYS | SPEC_KEYS | TIMING_KEYS | {"e2e_latency", "queue_time",
+                                                               "spec_reached_per_position"}
+    _sane_timings(meta, meta["e2e_latency"])
     assert meta["id"] == "r-1"
     assert meta["finish_reason"] == {"type": "length", "length": 7}
     assert meta["prompt_tokens"] == len(real_tokenizer.encode(REPEAT, add_special_tokens=False))
@@ -88,9 +101,10 @@ def test_generate_stream_is_cumulative_and_ends_with_done(worker):
         assert after["text"].startswith(before["text"])
         assert after["output_ids"][:len(before["output_ids"])] == before["output_ids"]
     assert all(c["meta_info"]["finish_reason"] is None and "e2e_latency" not in c["meta_info"]
-               for c in chunks[:-1])
+               and not TIMING_KEYS & set(c["meta_info"]) for c in chunks[:-1])
     final = chunks[-1]["meta_info"]
     assert final["finish_reason"] == {"type": "length", "length": 6} and final["spec_verify_ct"] == 6
+    _sane_timings(final, final["e2e_latency"])
     assert _generate(worker, max_new_tokens=6)["text"] == chunks[-1]["text"]
 
 
@@ -115,6 +129,8 @@ def test_chat_completion_with_spec_details(worker):
     details = out["sglext"]["spec_tokens_details"]
     assert details["spec_verify_ct"] >= 3 and details["spec_num_proposed_drafts"] > 0
     assert {"spec_cap_length", "spec_block_accept_length", "spec_cap_lens_histogram"} <= set(details)
+    assert TIMING_KEYS <= set(details) and "queue_time" not in details  # queue_time: meta_info's (SGLang)
+    _sane_timings(details)
     assert "sglext" not in worker.post("/v1/chat/completions", json={**body, "return_spec_tokens_details": False}).json()
 
     stream = _sse(worker.post("/v1/chat/completions", json={**body, "stream": True,
@@ -125,6 +141,7 @@ def test_chat_completion_with_spec_details(worker):
     assert [c["choices"][0]["finish_reason"] for c in stream if c["choices"]][-1] == "length"
     sglext, usage = stream[-2], stream[-1]
     assert sglext["choices"] == [] and sglext["sglext"]["spec_tokens_details"]["spec_verify_ct"] == details["spec_verify_ct"]
+    _sane_timings(sglext["sglext"]["spec_tokens_details"])
     assert usage["choices"] == [] and usage["usage"] == out["usage"]
 
 
