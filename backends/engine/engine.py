@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.engine.adaptive import AdaptiveDraftLength, StepCosts
+from backends.engine.adaptive import StepCosts, controller_for
 from backends.engine.config import EngineConfig
 from backends.engine.proposers.base import EMPTY, SequenceProposer
 from backends.engine.proposers.draft_model import DraftModelProposer, layer_truncated_draft
@@ -53,7 +53,7 @@ class _Slot:
     generator: torch.Generator
     penalty: PenaltyState | None
     proposer: SequenceProposer | None
-    adaptive: AdaptiveDraftLength | None
+    adaptive: object | None  # a controller of backends/engine/adaptive.py
     on_output: OutputCallback
 
 
@@ -78,6 +78,7 @@ class Engine:
         self._draft_runner: ModelRunner | None = None
         self._suffix_store: SuffixStore | None = None
         self._slots: dict[str, _Slot] = {}
+        self._shared_controllers: dict = {}  # engine-wide per-round controllers (adaptive.controller_for)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -151,18 +152,21 @@ class Engine:
         self._drain_inbox()
         for seq in self.scheduler.admit():
             seq.stats.queue_s = time.perf_counter() - seq.submitted_at
+        batch = len(self.scheduler.running)
         for seq in list(self.scheduler.running):
             slot = self._slots[seq.rid]
             try:
                 if seq.status is Status.PREFILL:
                     self._prefill(seq, slot)
                 else:
-                    self._round(seq, slot)
+                    self._round(seq, slot, batch)
             except Exception as exc:  # a bug in one request must not take the worker down
                 log.exception("request %s failed", seq.rid)
                 seq.finish = FinishReason(type="abort", message=f"internal error: {exc}", status_code=500)
             if seq.finish is not None:
                 self._finish(seq)
+        for controller in self._shared_controllers.values():
+            controller.end_step()
         return bool(self.scheduler.running or self.scheduler.waiting)
 
     def _drain_inbox(self) -> None:
@@ -198,12 +202,12 @@ class Engine:
         if end == target:
             seq.status = Status.DECODE
 
-    def _round(self, seq: Sequence, slot: _Slot) -> None:
+    def _round(self, seq: Sequence, slot: _Slot, batch: int = 1) -> None:
         started = time.perf_counter()
         params = seq.request.sampling
         k = 0
         if slot.proposer is not None:
-            k = slot.adaptive.choose() if slot.adaptive else seq.request.speculation.draft_tokens
+            k = slot.adaptive.choose(batch) if slot.adaptive else seq.request.speculation.draft_tokens
             k = max(0, min(k, seq.remaining - 1))
         context = seq.context
         proposal = slot.proposer.propose(context, k, params, slot.penalty, slot.generator) if k else EMPTY
@@ -227,9 +231,10 @@ class Engine:
         if slot.proposer is not None:
             self.costs.observe_draft(slot.proposer.name, len(drafts), proposal.seconds)
             slot.proposer.observe(len(drafts), verdict.accepted, seq.context)
-            if slot.adaptive is not None and drafts:
+            if slot.adaptive is not None:
                 slot.adaptive.observe(len(drafts), verdict.accepted)
         elapsed = time.perf_counter() - started
+        self.costs.observe_overhead(max(0.0, elapsed - proposal.seconds - forward.seconds))
         seq.stats.record(RoundStats(
             k=len(drafts), accepted=verdict.accepted, budget=k, committed=len(committed), bonus=verdict.bonus,
             draft_s=proposal.seconds, verify_s=forward.seconds,
@@ -292,8 +297,11 @@ class Engine:
             proposer = self.suffix_store.open(spec.scope, list(seq.prompt_ids))
         elif spec.proposer == "draft_model":
             proposer = DraftModelProposer(self.draft_runner, seq.stop_token_ids)
-        adaptive = (AdaptiveDraftLength(k_max=spec.draft_tokens, proposer=spec.proposer, costs=self.costs)
-                    if proposer is not None and spec.adaptive else None)
+        adaptive = None
+        if proposer is not None and spec.adaptive:
+            name = spec.proposer
+            adaptive = controller_for(spec, lambda k: self.costs.round_s(name, k),
+                                      seed=generator.initial_seed(), shared=self._shared_controllers)
         return _Slot(cache=self.runner.new_cache(), generator=generator, penalty=penalty,
                      proposer=proposer, adaptive=adaptive, on_output=on_output)
 

@@ -19,6 +19,7 @@ NgramMatch = Literal["earliest", "latest"]
 NGRAM_MATCHES: tuple[str, ...] = ("earliest", "latest")
 SCOPE_MAX_CHARS = 128
 MAX_DRAFT_TOKENS = 16
+ADAPTIVE_STRATEGIES: tuple[str, ...] = ("beta", "sglang", "vllm")  # backends/engine/adaptive.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,11 @@ class SpeculationParams:
     proposer: Proposer = "none"
     draft_tokens: int = 4  # k, 1..MAX_DRAFT_TOKENS; with adaptive, the upper bound
     adaptive: bool = False  # let the engine pick k per round (backends/engine/adaptive.py)
+    # with adaptive: which controller picks k (adaptive.STRATEGIES); "vllm" reads k_by_batch, (lowest batch
+    # size, k) pairs ascending; "beta" starts from prior, per-position acceptance rates (empty: uniform)
+    strategy: str = "beta"
+    k_by_batch: tuple[tuple[int, int], ...] = ()
+    prior: tuple[float, ...] = ()
     # n-gram lookup (proposers/ngram.py): the longest suffix of n in ngram_min..ngram_max tokens that occurred
     # earlier; of its occurrences, the earliest (transformers' prompt lookup and vLLM do the same) or latest
     ngram_min: int = 1
@@ -71,6 +77,12 @@ class SpeculationParams:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}..{self.ngram_max}")
         if self.ngram_match not in NGRAM_MATCHES:
             raise ValueError(f"ngram_match must be one of {', '.join(NGRAM_MATCHES)}, got {self.ngram_match!r}")
+        if self.strategy not in ADAPTIVE_STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(ADAPTIVE_STRATEGIES)}, got {self.strategy!r}")
+        if any(lo < 1 or k < 0 for lo, k in self.k_by_batch) or list(self.k_by_batch) != sorted(self.k_by_batch):
+            raise ValueError("k_by_batch must be ascending (lowest batch size >= 1, k >= 0) pairs")
+        if len(self.prior) > MAX_DRAFT_TOKENS or not all(0.0 <= p <= 1.0 for p in self.prior):
+            raise ValueError(f"prior must be at most {MAX_DRAFT_TOKENS} acceptance rates in [0, 1]")
         if len(self.scope) > SCOPE_MAX_CHARS:
             raise ValueError(f"scope must be at most {SCOPE_MAX_CHARS} characters, got {len(self.scope)}")
 
@@ -180,6 +192,9 @@ class RequestStats:
     # counting only drafted positions over-predicted such a proposer (its rounds that drafted all k were the
     # only ones seen at position k). SGLang's histogram gives the same counts (policies/accept.py).
     reached_per_position: list[int] = field(default_factory=list)
+    # chosen_per_k[k] = rounds whose budget was k drafts (the draft length asked for, after the cap by the
+    # tokens left): what a per-round controller chose; one bar at draft_tokens for a fixed pool
+    chosen_per_k: list[int] = field(default_factory=list)
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0
@@ -199,6 +214,9 @@ class RequestStats:
         while len(self.correct_drafts_histogram) <= r.accepted:
             self.correct_drafts_histogram.append(0)
         self.correct_drafts_histogram[r.accepted] += 1
+        while len(self.chosen_per_k) <= r.budget:
+            self.chosen_per_k.append(0)
+        self.chosen_per_k[r.budget] += 1
         while len(self.proposed_per_position) < max(r.k, r.budget):
             self.proposed_per_position.append(0)
             self.accepted_per_position.append(0)
