@@ -29,10 +29,13 @@ class Option:
     proposer: str = "none"
     k: int = 0
     pair: str = ""
+    strategy: str = ""  # "": k every round; else the engine's per-round controller (adaptive.STRATEGIES), k its max
+    table: tuple[tuple[int, int], ...] = ()  # strategy "vllm": (lowest batch size, k) pairs
 
     @property
     def label(self) -> str:
-        return "plain" if self.proposer == "none" else f"{self.proposer}-k{self.k}"
+        base = "plain" if self.proposer == "none" else f"{self.proposer}-k{self.k}"
+        return f"{base}-{self.strategy}" if self.strategy else base
 
 
 PLAIN = Option()
@@ -71,6 +74,9 @@ class RoundBook:
         """Refuse an option the trace cannot replay, naming what to rebuild."""
         if option.proposer not in ("none", "ngram", "suffix", "draft_model"):
             raise ValueError(f"proposer {option.proposer!r}: replay knows none, ngram, suffix and draft_model")
+        if option.strategy and option.proposer not in ("ngram", "draft_model"):
+            raise ValueError(f"{option.label}: a per-round draft length replays with ngram and draft_model, not "
+                             f"{option.proposer} (its drafts depend on the order of requests)")
         if option.proposer == "draft_model" and option.pair not in self.trace.header.pairs:
             known = ", ".join(self.trace.header.pairs) or "none"
             raise ValueError(f"draft_model pair {option.pair or '(none)'}: the trace has no match flags for it "
@@ -154,6 +160,27 @@ class RoundBook:
                 runs.append(run)
             hit = self._ngram[i] = (lens, runs)
         return hit
+
+    def positions(self, i: int, option: Option) -> tuple[list[int], list[int]]:
+        """Per output position: how many tokens ``option``'s proposer would draft there at most, and how many
+        of them lead the committed output. A round starting at p with budget b drafts min(b, lens[p]) and
+        accepts min(that, runs[p]): any sequence of draft lengths replays exactly (n-gram: see
+        :meth:`_ngram_positions`; draft_model: its teacher-forced greedy drafts are its argmax at every
+        position, so the run of match flags from p is what a round there accepts)."""
+        if option.proposer == "ngram":
+            return self._ngram_positions(i)
+        if option.proposer != "draft_model":
+            raise ValueError(f"{option.label}: per-round draft lengths replay ngram and draft_model, not "
+                             f"{option.proposer} (its drafts depend on the order of requests)")
+        request = self.requests[i]
+        flags = request.draft_matches.get(option.pair)
+        if flags is None:
+            raise ValueError(f"request {request.id!r}: no draft_matches for pair {option.pair}")
+        n = len(request.output_ids)
+        runs = [0] * (n + 1)
+        for p in range(n - 1, -1, -1):
+            runs[p] = runs[p + 1] + 1 if p < len(flags) and flags[p] == "1" else 0
+        return [NGRAM_SPAN] * n, runs[:n]
 
     def _ngram_rounds(self, i: int, k: int) -> Rounds:
         lens, runs = self._ngram_positions(i)

@@ -70,6 +70,8 @@ class Prices:
         r = self.book.requests[i]
         costs = self.costs_of(run.worker_of)
         estimated = not r.sampling.greedy
+        if option.strategy:
+            return self.walker(i, option, run), estimated
         if estimated and option.proposer != "none":
             rounds = self.book.estimated_rounds(i, option, run.rng)
         elif option.proposer == "suffix":
@@ -90,6 +92,23 @@ class Prices:
                        self.prefill_chunk), estimated
 
 
+    def walker(self, i: int, option: Option, run: RunState):
+        """A :class:`~gateway.replay.walk.Walker` for a per-round option (its controller seeded per run and
+        request); a sampled request's per-position runs are drawn from its slice's rates."""
+        from gateway.replay.walk import Walker, drawn_positions
+
+        r = self.book.requests[i]
+        n = len(r.output_ids)
+        if r.sampling.greedy:
+            lens, runs = self.book.positions(i, option)
+        else:
+            rates = self.book.position_rates(r.slice, Option(option.proposer, option.k, option.pair))
+            lens, runs = drawn_positions(rates, n, run.rng)
+        seed = random.Random(f"controller:{run.seed}:{i}").getrandbits(63)
+        return Walker(self.costs_of(run.worker_of), len(r.prompt_ids), n, r.sampling.max_new_tokens, option,
+                      lens, runs, seed, self.prefill_chunk)
+
+
 class RunState:
     """What one simulation run owns: the rng of estimated rounds and one suffix store per worker."""
 
@@ -97,7 +116,7 @@ class RunState:
         """``order``: a key of the stream order when every request reaches the suffix tree in that order
         whatever the load (a fixed arm under closed-loop or Poisson arrivals: the worker admits FIFO in
         arrival order), so its suffix rounds are shared between loads; None when they cannot be."""
-        self.order = order
+        self.order, self.seed = order, seed
         self.rng = random.Random(f"estimated:{seed}")
         self._stores: dict[str, object] = {}
         self.worker_of = ""

@@ -75,18 +75,30 @@ class Profile:
     verify_s: float
 
 
-def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rounds,
-            prefill_chunk: int) -> Profile:
-    """The timeline of one request (``costs``: a policies.costmodel.CostModel or its :class:`CachedCosts`).
-    The proposer's once-per-request setup (``setup_s``: indexing the prompt) is paid by its first draft."""
+def round_parts(costs, proposer: str, drafted: int, budget: int, context: int) -> tuple[float, float]:
+    """(draft seconds, verify seconds) of one round at ``context`` cached positions: the proposer is called
+    when the round's budget is >= 1 (it may draft fewer), the target scores the last token and the drafts."""
+    draft = costs.draft_s(proposer, max(drafted, 1), context) if budget > 0 else 0.0
+    return draft, costs.forward_s(drafted + 1, context)
+
+
+def prefill_units(costs, prompt_len: int, prefill_chunk: int) -> list[float]:
+    """The engine's _prefill: one chunk per turn, at least one turn (even for a 1-token prompt)."""
     units: list[float] = []
     target, done = prompt_len - 1, 0
-    while True:  # the engine's _prefill: one chunk per turn, at least one turn (even for a 1-token prompt)
+    while True:
         end = min(target, done + prefill_chunk)
         units.append(costs.prefill_s(end - done, done) if end > done else 0.0)
         done = end
         if done == target:
-            break
+            return units
+
+
+def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rounds,
+            prefill_chunk: int) -> Profile:
+    """The timeline of one request (``costs``: a policies.costmodel.CostModel or its :class:`CachedCosts`).
+    The proposer's once-per-request setup (``setup_s``: indexing the prompt) is paid by its first draft."""
+    units = prefill_units(costs, prompt_len, prefill_chunk)
     first = len(units)
     drafted_t, accepted_t, budgets = rounds
     width = max((max(d, b) for d, b in zip(drafted_t, budgets)), default=0)
@@ -97,10 +109,9 @@ def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rou
     setup = costs.setup_s(option.proposer, prompt_len) if option.proposer != "none" else 0.0
     for drafted, accepted, budget in zip(drafted_t, accepted_t, budgets):
         context = prompt_len - 1 + committed  # cached positions when the round's forward runs
-        draft = costs.draft_s(option.proposer, max(drafted, 1), context) if budget > 0 else 0.0
+        draft, verify = round_parts(costs, option.proposer, drafted, budget, context)
         if budget > 0:
             draft, setup = draft + setup, 0.0
-        verify = costs.forward_s(drafted + 1, context)
         units.append(draft + verify + costs.overhead_s + costs.serving_s)
         draft_total += draft
         verify_total += verify

@@ -21,7 +21,8 @@ from gateway.replay.choosers import FixedChooser, PolicyChooser, Prices
 from gateway.replay.sim import Load, Served, Simulation
 
 MIXES = ("interleaved", "by-slice")
-_ARM = re.compile(r"^(?P<proposer>ngram|suffix|draft(?P<layers>\d+)?)-k(?P<k>\d+)$")
+_ARM = re.compile(r"^(?P<proposer>ngram|suffix|draft(?P<layers>\d+)?)-k(?P<k>\d+)"
+                  r"(?:-(?P<strategy>beta|sglang|vllm)(?:=(?P<table>[0-9:,-]+))?)?$")
 
 
 @dataclass(frozen=True)
@@ -39,16 +40,27 @@ class Contender:
 
 def parse_arm(name: str, book: RoundBook) -> Contender:
     """``plain``, ``ngram-k4``, ``suffix-k8``, ``draft-k4`` (the trace's self-draft pair; ``draft20-k4`` picks
-    the 20-layer one when the trace carries several)."""
+    the 20-layer one when the trace carries several). A per-round draft length up to k appends the engine's
+    controller (backends/engine/adaptive.py): ``ngram-k8-beta`` (specgate's), ``ngram-k7-sglang`` (SGLang's
+    --speculative-adaptive), ``ngram-k8-vllm=1:8,4:4,16:2`` (vLLM's per-batch-size table, LO:K or LO-HI:K)."""
     if name == "plain":
         return Contender(name, PLAIN)
     match = _ARM.match(name)
-    if match is None or not 1 <= int(match["k"]) <= 16:
+    if match is None or not 1 <= int(match["k"]) <= 16 or (match["table"] is None) != (match["strategy"] != "vllm"):
         raise ValueError(f"--arms: {name!r} is not an arm; use plain, ngram-kN, suffix-kN, draft-kN or draftL-kN "
-                         "(L layers of the self-draft), N in 1..16")
+                         "(L layers of the self-draft), N in 1..16, optionally with a per-round controller: "
+                         "-beta, -sglang, or -vllm=TABLE (e.g. ngram-k8-vllm=1:8,4:4,16:2)")
     k, proposer = int(match["k"]), match["proposer"]
+    strategy = match["strategy"] or ""
+    table = ()
+    if match["table"]:
+        from backends.engine.adaptive import parse_k_by_batch
+
+        table = parse_k_by_batch(match["table"])
     if proposer in ("ngram", "suffix"):
-        return Contender(name, Option(proposer, k))
+        option = Option(proposer, k, strategy=strategy, table=table)
+        book.check(option)
+        return Contender(name, option)
     pairs = {v: p for v, p in book.trace.header.pairs.items() if p.draft.kind == "layer_truncated"}
     if match["layers"]:
         pairs = {v: p for v, p in pairs.items() if p.draft.layers == int(match["layers"])}
@@ -56,7 +68,7 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
         have = ", ".join(f"{p.draft.layers} layers ({v})" for v, p in book.trace.header.pairs.items()) or "none"
         raise ValueError(f"--arms {name}: the trace carries {len(pairs)} matching self-draft pairs (it has: {have}); "
                          "name the layers (draft8-k4), or rebuild the trace with --draft-layers N")
-    option = Option("draft_model", k, next(iter(pairs)))
+    option = Option("draft_model", k, next(iter(pairs)), strategy=strategy, table=table)
     book.check(option)
     return Contender(name, option)
 
@@ -86,7 +98,7 @@ class Job:
 
 def seedless(contender: Contender, load: Load, mix: str, book: RoundBook) -> bool:
     """Whether the contender's result at ``load`` is the same for every seed."""
-    return (not contender.is_policy and contender.option.proposer != "suffix"
+    return (not contender.is_policy and contender.option.proposer != "suffix" and not contender.option.strategy
             and (mix == "by-slice" or load.label == "trace") and load.rate is None and all(r.sampling.greedy for r in book.requests))
 
 

@@ -59,7 +59,7 @@ class Flight:
     Scheduler reads and writes."""
 
     index: int
-    profile: Profile
+    profile: Profile | None  # None while a walker (gateway/replay/walk.py) picks its rounds turn by turn
     reserved_tokens: int
     arrival: float
     choice: object
@@ -67,6 +67,7 @@ class Flight:
     pos: int = 0
     ttft: float | None = None
     area: float = 0.0  # the gateway's busy area at arrival (mean concurrency)
+    walker: object = None
 
 
 @dataclass(slots=True)
@@ -76,6 +77,7 @@ class Worker:
     inbox: list[Flight] = field(default_factory=list)
     turn_pending: bool = False
     free_at: float = 0.0  # when its last turn's work ended: a request arriving earlier waits for it
+    controllers: dict = field(default_factory=dict)  # engine-wide per-round controllers (SGLang's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,11 +171,14 @@ class Simulation:
                 self._finish(item, t)
 
     def _arrive(self, index: int, t: float) -> None:
-        choice, worker_name, profile, reserve = self.chooser.choose(index, t, self)
-        flight = Flight(index=index, profile=profile, reserved_tokens=reserve, arrival=t, choice=choice,
-                        area=self.busy_area(t))
-        self._in_flight(+1, t)
+        choice, worker_name, plan, reserve = self.chooser.choose(index, t, self)
         worker = self.workers[worker_name]
+        walker = None if isinstance(plan, Profile) else plan
+        if walker is not None:
+            walker.bind(worker.controllers)
+        flight = Flight(index=index, profile=None if walker else plan, reserved_tokens=reserve, arrival=t,
+                        choice=choice, area=self.busy_area(t), walker=walker)
+        self._in_flight(+1, t)
         worker.scheduler.check(flight)  # a request that can never fit is refused, as the worker refuses it
         worker.inbox.append(flight)
         if not worker.turn_pending:
@@ -192,16 +197,27 @@ class Simulation:
             if scheduler.waiting:
                 scheduler.admit()
             finished = False
+            batch = len(running)
             for flight in list(running):
-                units = flight.profile.units
-                t += units[flight.pos]
-                flight.pos += 1
-                if flight.pos == flight.profile.first + 1:
+                walker = flight.walker
+                if walker is None:
+                    units = flight.profile.units
+                    t += units[flight.pos]
+                    first, flight.pos = flight.profile.first, flight.pos + 1
+                    done = flight.pos == len(units)
+                else:
+                    t += walker.next_unit(batch)
+                    first, flight.pos, done = walker.first, walker.pos, walker.finished
+                if flight.pos == first + 1:
                     flight.ttft = t - flight.arrival
-                if flight.pos == len(units):
+                if done:
+                    if walker is not None:
+                        flight.profile = walker.profile()
                     scheduler.remove(flight)
                     self._push(t, FINISH, flight)
                     finished = True
+            for controller in worker.controllers.values():
+                controller.end_step()
             if not (running or scheduler.waiting):
                 worker.turn_pending, worker.free_at = False, t
                 return

@@ -1,0 +1,95 @@
+"""A request whose draft length the engine picks every round (``adaptive`` with a strategy of
+backends/engine/adaptive.py), walked one unit per simulated engine turn.
+
+A fixed option's rounds are a function of the request alone (gateway/replay/book.py), so its timeline is
+computed once. A per-round controller's k depends on what it observed so far and, for the SGLang and vLLM
+controllers, on the engine's batch at that turn (SGLang's EMA is shared by the sequences of one engine and
+moves once per engine step; vLLM's table reads the batch size). So the walker asks the real controller for
+k at each of its turns, with the batch the simulated engine runs, and replays the round exactly: a round
+starting at output position p with budget b drafts min(b, lens[p]) tokens and accepts min(that, runs[p])
+(:meth:`RoundBook.positions`). Its seconds are priced like a fixed round (:func:`profile.round_parts`); the
+controller's own cost model is the engine's view (forward by width at the request's prompt length, draft
+and overhead: ``StepCosts.round_s``). The recorded rounds give the request's Profile when it finishes.
+"""
+
+from __future__ import annotations
+
+import random
+
+from backends.engine.adaptive import controller_for
+from backends.engine.types import SpeculationParams
+from gateway.replay.book import NGRAM_SPAN, Option
+from gateway.replay.profile import Profile, prefill_units, profile, round_parts
+
+
+class Walker:
+    """One request under a per-round ``option`` (``option.strategy`` set). ``lens``/``runs``: per output
+    position, as RoundBook.positions gives them; ``seed``: the controller's sampling seed."""
+
+    def __init__(self, costs, prompt_len: int, output_len: int, max_new: int, option: Option,
+                 lens: list[int], runs: list[int], seed: int, prefill_chunk: int) -> None:
+        self.costs, self.option = costs, option
+        self.prompt_len, self.output_len, self.max_new = prompt_len, output_len, max_new
+        self.lens, self.runs, self.seed, self.prefill_chunk = lens, runs, seed, prefill_chunk
+        self.prefill = prefill_units(costs, prompt_len, prefill_chunk)
+        self.first = len(self.prefill)
+        self.spec = SpeculationParams(proposer=option.proposer, draft_tokens=option.k, adaptive=True,
+                                      strategy=option.strategy, k_by_batch=option.table)
+        self.controller = None
+        self.pos = self.done = 0
+        self.drafted: list[int] = []
+        self.accepted: list[int] = []
+        self.budgets: list[int] = []
+        self.setup = costs.setup_s(option.proposer, prompt_len)
+
+    def bind(self, shared: dict) -> None:
+        """Make the controller; ``shared``: the simulated worker's engine-wide controllers."""
+        ctx, proposer, costs = self.prompt_len, self.option.proposer, self.costs
+        overhead = costs.overhead_s
+
+        def cost(k: int) -> float:
+            return costs.forward_s(k + 1, ctx) + (costs.draft_s(proposer, k, ctx) if k else 0.0) + overhead
+
+        self.controller = controller_for(self.spec, cost, self.seed, shared)
+
+    @property
+    def finished(self) -> bool:
+        return self.pos >= self.first and self.done >= self.output_len
+
+    def next_unit(self, batch: int) -> float:
+        """Seconds of this request's next unit in an engine step running ``batch`` sequences."""
+        if self.pos < self.first:
+            self.pos += 1
+            return self.prefill[self.pos - 1]
+        done = self.done
+        budget = max(0, min(self.controller.choose(batch), self.max_new - done - 1))
+        drafted = min(budget, self.lens[done])
+        accepted = min(drafted, self.runs[done])
+        self.controller.observe(drafted, accepted)
+        draft, verify = round_parts(self.costs, self.option.proposer, drafted, budget, self.prompt_len - 1 + done)
+        if budget > 0:
+            draft, self.setup = draft + self.setup, 0.0
+        self.drafted.append(drafted)
+        self.accepted.append(accepted)
+        self.budgets.append(budget)
+        self.done = min(self.output_len, done + accepted + 1)
+        self.pos += 1
+        return draft + verify + self.costs.overhead_s + self.costs.serving_s
+
+    def profile(self) -> Profile:
+        """The finished request's Profile (the same units it was walked with)."""
+        rounds = (tuple(self.drafted), tuple(self.accepted), tuple(self.budgets))
+        return profile(self.costs, self.prompt_len, self.output_len, self.option, rounds, self.prefill_chunk)
+
+
+def drawn_positions(rates: list[float], output_len: int, rng: random.Random) -> tuple[list[int], list[int]]:
+    """Per-position runs for a sampled request (no exact counterfactual): from each position, draft j
+    accepted with its slice's measured conditional rate (RoundBook.position_rates), drawn from ``rng``;
+    labelled estimated like RoundBook.estimated_rounds."""
+    runs = []
+    for p in range(output_len):
+        run = 0
+        while run < len(rates) and p + run < output_len and rng.random() < rates[run]:
+            run += 1
+        runs.append(run)
+    return [NGRAM_SPAN] * output_len, runs

@@ -1,0 +1,125 @@
+"""Per-round draft lengths in replay (gateway/replay/walk.py): a walker asks the engine's real controller
+for k every turn and replays each round exactly. A controller that always answers k is the fixed arm to the
+last second; SGLang's shared controller is stepped once per simulated engine step; and on a bimodal trace
+(requests that copy their prompt, requests that never repeat) specgate's per-round controller beats plain,
+every fixed k and both engines' adaptive algorithms."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+
+from gateway.replay.book import Option
+from gateway.replay.choosers import FixedChooser
+from gateway.replay.run import Contender, blocks, parse_arm, sweep
+from gateway.replay.sim import Load, Simulation
+from policies.schema import DraftId, ModelId, Pair, pair_version
+from policies.trace import FORMAT, Header
+from tests.gateway.test_replay_sim import REVISION, prices_of, request, simulate
+
+SELF8 = Pair(target=ModelId(model="m", revision=REVISION), draft=DraftId(kind="layer_truncated", layers=8))
+V = pair_version(SELF8)
+HEADER = Header(format=FORMAT, model="m", revision=REVISION, tokenizer="t", pairs={V: SELF8})
+
+
+def copying(rid: str, seed: int, n: int = 120) -> object:
+    """Prompt of unique ids; the output copies a stretch of it: n-gram drafts are accepted in long runs."""
+    rng = random.Random(seed)
+    prompt = rng.sample(range(1000, 30000), 300)
+    start = rng.randrange(0, 150)
+    return request(0, 0, rid=rid, slice_="code", prompt=prompt, output=prompt[start:start + n])
+
+
+def novel(rid: str, seed: int, n: int = 120) -> object:
+    """Output tokens drawn at random from the prompt's: the n-gram proposer finds a match almost every round
+    and its drafts are almost always rejected (common tokens, new text)."""
+    rng = random.Random(seed)
+    prompt = rng.sample(range(1000, 30000), 300)
+    return request(0, 0, rid=rid, slice_="prose", prompt=prompt, output=[rng.choice(prompt) for _ in range(n)])
+
+
+def repetitive(rid: str, seed: int, n: int = 120) -> object:
+    """A short cycle: drafts are accepted for a while then rejected where the cycle changes."""
+    rng = random.Random(seed)
+    prompt = rng.sample(range(1000, 30000), 40)
+    cycle = prompt[:7]
+    out = [cycle[i % 7] if (i // 20) % 2 == 0 else 50000 + seed * 1000 + i for i in range(n)]
+    return request(0, 0, rid=rid, slice_="code_edit", prompt=prompt, output=out)
+
+
+def test_a_controller_that_always_answers_k_is_the_fixed_arm_exactly():
+    prices = prices_of(copying("a", 1), novel("b", 2), repetitive("c", 3),
+                       request(30, 40, rid="d", flags={V: "1101111011" * 4}), header=HEADER)
+    for load in ("c1", "c3"):
+        for fixed, walked in ((Option("ngram", 4), Option("ngram", 4, strategy="vllm", table=((1, 4),))),
+                              (Option("draft_model", 3, V), Option("draft_model", 5, V, strategy="vllm",
+                                                                     table=((1, 3),)))):
+            order = [[0, 1, 2, 3]] if fixed.proposer == "ngram" else [[3]]
+            want = simulate(prices, load, order, option=fixed)
+            got = simulate(prices, load, order, option=walked)
+            assert {i: (s.ttft, s.e2e, s.verify_ct, s.accepted) for i, s in got.items()} == {
+                i: (s.ttft, s.e2e, s.verify_ct, s.accepted) for i, s in want.items()}, (load, fixed)
+
+
+def test_vllm_table_reads_the_batch_of_each_turn():
+    prices = prices_of(*(copying(f"r{i}", i) for i in range(4)))
+    table = Option("ngram", 8, strategy="vllm", table=((1, 8), (2, 1)))
+    alone = simulate(prices, "c1", [[0, 1, 2, 3]], option=table)
+    k8 = simulate(prices, "c1", [[0, 1, 2, 3]], option=Option("ngram", 8))
+    assert [s.verify_ct for s in alone.values()] == [s.verify_ct for s in k8.values()]
+    crowded = simulate(prices, "c4", [[0, 1, 2, 3]], option=table)
+    k1 = simulate(prices, "c4", [[0, 1, 2, 3]], option=Option("ngram", 1))
+    assert [s.verify_ct for s in crowded.values()] == [s.verify_ct for s in k1.values()]  # 4 in every batch
+
+
+def test_sglang_controller_is_shared_and_stepped_once_per_engine_turn():
+    prices = prices_of(*(novel(f"r{i}", i) for i in range(3)))
+    option = Option("ngram", 7, strategy="sglang")
+    chooser = FixedChooser(option, prices, 0)
+    sim = Simulation(chooser, Load.parse("c3"), [[0, 1, 2]], 0, max_running=8, max_total_tokens=1 << 16)
+    sim.run()
+    (controller,) = sim.workers["worker"].controllers.values()
+    # three sequences share it; nothing is ever accepted, so after warm-up it walks down to its smallest step
+    assert controller.current == 1 and controller.ema < 0.01
+    rounds = sum(s.verify_ct for s in sim.served)
+    assert 120 <= controller.batches < rounds  # one EMA update per turn, not per sequence (turns: >= 120)
+
+
+def geomean_tpot(results, name: str, load: str, seeds: int) -> float:
+    logs = [math.log(s.tpot) for seed in range(seeds) for s in results[(name, load, seed)]]
+    return math.exp(statistics.mean(logs))
+
+
+def test_on_a_bimodal_mix_the_per_round_controller_beats_plain_fixed_k_and_the_engines_adaptive_ones():
+    """The ordering issue 26 asks of the mixed workload, on a small trace: 6 copying, 6 novel, 4 that switch."""
+    reqs = ([copying(f"c{i}", i) for i in range(6)] + [novel(f"n{i}", 10 + i) for i in range(6)]
+            + [repetitive(f"r{i}", 20 + i) for i in range(4)])
+    prices = prices_of(*reqs)
+    names = ["plain", "ngram-k2", "ngram-k4", "ngram-k8", "ngram-k8-beta", "ngram-k7-sglang",
+             "ngram-k8-vllm=1:8,4:4,8:2"]
+    contenders = [parse_arm(n, prices.book) for n in names]
+    seeds = 5
+    results = sweep(prices, contenders, ["c1", "c4"], seeds, "interleaved", max_running=8,
+                    max_total_tokens=1 << 16)
+    for load in ("c1", "c4"):
+        tpot = {n: geomean_tpot(results, n, load, seeds) for n in names}
+        fixed = min(tpot[n] for n in names[:4])
+        assert tpot["ngram-k8-beta"] < 0.95 * fixed, (load, tpot)
+        assert tpot["ngram-k8-beta"] < min(tpot["ngram-k7-sglang"], tpot[names[-1]]), (load, tpot)
+
+
+def test_arm_names_with_a_controller():
+    prices = prices_of(copying("a", 1))
+    assert parse_arm("ngram-k8-beta", prices.book).option == Option("ngram", 8, strategy="beta")
+    assert parse_arm("ngram-k8-vllm=1-3:8,4:2", prices.book).option == Option(
+        "ngram", 8, strategy="vllm", table=((1, 8), (4, 2)))
+    for bad in ("ngram-k8-vllm", "ngram-k8-beta=1:2", "ngram-k8-eagle"):
+        with pytest.raises(ValueError, match="per-round controller"):
+            parse_arm(bad, prices.book)
+    with pytest.raises(ValueError, match="not suffix"):
+        parse_arm("suffix-k8-beta", prices.book)
+    assert Contender("x", Option("ngram", 8, strategy="beta")).option.label == "ngram-k8-beta"
+    assert blocks(prices.book, "interleaved", 0) == [[0]]
