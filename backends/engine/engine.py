@@ -18,11 +18,11 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from backends.engine.adaptive import StepCosts, controller_for
+from backends.engine.adaptive import StepCosts, controller_for, match_context
 from backends.engine.config import EngineConfig
 from backends.engine.proposers.base import EMPTY, SequenceProposer
 from backends.engine.proposers.draft_model import DraftModelProposer, layer_truncated_draft
@@ -205,12 +205,18 @@ class Engine:
     def _round(self, seq: Sequence, slot: _Slot, batch: int = 1) -> None:
         started = time.perf_counter()
         params = seq.request.sampling
-        k = 0
-        if slot.proposer is not None:
-            k = slot.adaptive.choose(batch) if slot.adaptive else seq.request.speculation.draft_tokens
-            k = max(0, min(k, seq.remaining - 1))
+        k, proposal, controller = 0, EMPTY, slot.adaptive
         context = seq.context
-        proposal = slot.proposer.propose(context, k, params, slot.penalty, slot.generator) if k else EMPTY
+        if slot.proposer is not None:
+            k_cap = max(0, min(seq.request.speculation.draft_tokens, seq.remaining - 1))
+            if controller is not None and slot.proposer.prefix_drafts:  # draft first, then pick k knowing it
+                proposal = slot.proposer.propose(context, k_cap, params, slot.penalty, slot.generator) if k_cap else EMPTY
+                k = controller.choose(batch, match_context(proposal.match), cap=len(proposal.tokens))
+                if k < len(proposal.tokens):
+                    proposal = replace(proposal, tokens=proposal.tokens[:k])
+            else:
+                k = max(0, min(controller.choose(batch) if controller else k_cap, k_cap))
+                proposal = slot.proposer.propose(context, k, params, slot.penalty, slot.generator) if k else EMPTY
         drafts = proposal.tokens
         feed = [context[-1], *drafts]
         forward = self.runner.forward(slot.cache, feed, keep=len(feed))
@@ -231,8 +237,8 @@ class Engine:
         if slot.proposer is not None:
             self.costs.observe_draft(slot.proposer.name, len(drafts), proposal.seconds)
             slot.proposer.observe(len(drafts), verdict.accepted, seq.context)
-            if slot.adaptive is not None:
-                slot.adaptive.observe(len(drafts), verdict.accepted)
+            if controller is not None:
+                controller.observe(len(drafts), verdict.accepted, match_context(proposal.match))
         elapsed = time.perf_counter() - started
         self.costs.observe_overhead(max(0.0, elapsed - proposal.seconds - forward.seconds))
         seq.stats.record(RoundStats(

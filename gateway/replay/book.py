@@ -68,7 +68,7 @@ class RoundBook:
         self._memo: dict[tuple[int, Option], Rounds] = {}
         self._records = None
         self._rates: dict[tuple[str, Option], list[float]] = {}
-        self._ngram: dict[int, tuple[list[int], list[int]]] = {}
+        self._ngram: dict[int, tuple[list[int], list[int], list[int]]] = {}
 
     def check(self, option: Option) -> None:
         """Refuse an option the trace cannot replay, naming what to rebuild."""
@@ -119,9 +119,10 @@ class RoundBook:
         pair = (result.drafted, result.accepted)
         return result.drafted, result.accepted, _budgets(pair, n, max_new, option.k)
 
-    def _ngram_positions(self, i: int) -> tuple[list[int], list[int]]:
+    def _ngram_positions(self, i: int) -> tuple[list[int], list[int], list[int]]:
         """For every output position p: how many tokens the n-gram proposer drafts there (at most
-        ``NGRAM_SPAN``) and how many of them lead the committed output. The proposer's draft is a function of
+        ``NGRAM_SPAN``), how many of them lead the committed output, and the length of the context suffix
+        that found them (0: none; what the engine's per-round controller conditions on). The proposer's draft is a function of
         the context alone (``NgramProposer``: the continuation of the occurrence of the longest suffix of n in
         [min, max] tokens that ends before the last token, its earliest or its latest occurrence, up to k
         tokens), and the draft for k is the first k tokens of the draft for more, so one proposal per
@@ -138,10 +139,10 @@ class RoundBook:
             ids = [*request.prompt_ids, *output]
             data = struct.pack(f"<{len(ids)}I", *ids)
             find = data.find if match == "earliest" else data.rfind
-            lens, runs = [], []
+            lens, runs, matches = [], [], []
             for p in range(len(output)):
                 size = len(request.prompt_ids) + p  # the context: prompt + output[:p]
-                follow = -1
+                follow, found = -1, 0
                 for n in range(min(high, size), low - 1, -1):
                     needle = data[4 * (size - n):4 * size]
                     at = find(needle, 0, 4 * (size - 1))  # occurrences ending before the last token
@@ -149,7 +150,7 @@ class RoundBook:
                         at = (data.find(needle, at + 1, 4 * (size - 1)) if match == "earliest"
                               else data.rfind(needle, 0, at + 4 * n - 1))
                     if at >= 0:
-                        follow = at // 4 + n
+                        follow, found = at // 4 + n, n
                         break
                 length = run = 0
                 if follow >= 0:
@@ -158,12 +159,13 @@ class RoundBook:
                         run += 1
                 lens.append(length)
                 runs.append(run)
-            hit = self._ngram[i] = (lens, runs)
+                matches.append(found)
+            hit = self._ngram[i] = (lens, runs, matches)
         return hit
 
-    def positions(self, i: int, option: Option) -> tuple[list[int], list[int]]:
-        """Per output position: how many tokens ``option``'s proposer would draft there at most, and how many
-        of them lead the committed output. A round starting at p with budget b drafts min(b, lens[p]) and
+    def positions(self, i: int, option: Option) -> tuple[list[int], list[int], list[int]]:
+        """Per output position: how many tokens ``option``'s proposer would draft there at most, how many
+        of them lead the committed output, and the n-gram match length that found them (0 for draft_model). A round starting at p with budget b drafts min(b, lens[p]) and
         accepts min(that, runs[p]): any sequence of draft lengths replays exactly (n-gram: see
         :meth:`_ngram_positions`; draft_model: its teacher-forced greedy drafts are its argmax at every
         position, so the run of match flags from p is what a round there accepts)."""
@@ -180,10 +182,10 @@ class RoundBook:
         runs = [0] * (n + 1)
         for p in range(n - 1, -1, -1):
             runs[p] = runs[p + 1] + 1 if p < len(flags) and flags[p] == "1" else 0
-        return [NGRAM_SPAN] * n, runs[:n]
+        return [NGRAM_SPAN] * n, runs[:n], [0] * n
 
     def _ngram_rounds(self, i: int, k: int) -> Rounds:
-        lens, runs = self._ngram_positions(i)
+        lens, runs, _ = self._ngram_positions(i)
         n, max_new = len(lens), self.requests[i].sampling.max_new_tokens
         drafted, accepted, budgets, done = [], [], [], 0
         while done < n:

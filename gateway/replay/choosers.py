@@ -100,13 +100,14 @@ class Prices:
         r = self.book.requests[i]
         n = len(r.output_ids)
         if r.sampling.greedy:
-            lens, runs = self.book.positions(i, option)
+            lens, runs, matches = self.book.positions(i, option)
         else:
             rates = self.book.position_rates(r.slice, Option(option.proposer, option.k, option.pair))
             lens, runs = drawn_positions(rates, n, run.rng)
+            matches = [0] * n
         seed = random.Random(f"controller:{run.seed}:{i}").getrandbits(63)
         return Walker(self.costs_of(run.worker_of), len(r.prompt_ids), n, r.sampling.max_new_tokens, option,
-                      lens, runs, seed, self.prefill_chunk)
+                      lens, runs, matches, seed, self.prefill_chunk)
 
 
 class RunState:

@@ -15,8 +15,9 @@ and overhead: ``StepCosts.round_s``). The recorded rounds give the request's Pro
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
-from backends.engine.adaptive import controller_for
+from backends.engine.adaptive import controller_for, match_context
 from backends.engine.types import SpeculationParams
 from gateway.replay.book import NGRAM_SPAN, Option
 from gateway.replay.profile import Profile, prefill_units, profile, round_parts
@@ -27,10 +28,14 @@ class Walker:
     position, as RoundBook.positions gives them; ``seed``: the controller's sampling seed."""
 
     def __init__(self, costs, prompt_len: int, output_len: int, max_new: int, option: Option,
-                 lens: list[int], runs: list[int], seed: int, prefill_chunk: int) -> None:
+                 lens: list[int], runs: list[int], matches: list[int], seed: int, prefill_chunk: int) -> None:
         self.costs, self.option = costs, option
         self.prompt_len, self.output_len, self.max_new = prompt_len, output_len, max_new
-        self.lens, self.runs, self.seed, self.prefill_chunk = lens, runs, seed, prefill_chunk
+        self.lens, self.runs, self.matches = lens, runs, matches
+        self.seed, self.prefill_chunk = seed, prefill_chunk
+        self.prefix = option.proposer == "ngram"  # drafts first, the controller picks k knowing them (engine)
+        self.units: list[float] = []
+        self.draft_total = self.verify_total = 0.0
         self.prefill = prefill_units(costs, prompt_len, prefill_chunk)
         self.first = len(self.prefill)
         self.spec = SpeculationParams(proposer=option.proposer, draft_tokens=option.k, adaptive=True,
@@ -60,26 +65,38 @@ class Walker:
         """Seconds of this request's next unit in an engine step running ``batch`` sequences."""
         if self.pos < self.first:
             self.pos += 1
-            return self.prefill[self.pos - 1]
-        done = self.done
-        budget = max(0, min(self.controller.choose(batch), self.max_new - done - 1))
+            self.units.append(self.prefill[self.pos - 1])
+            return self.units[-1]
+        done, controller = self.done, self.controller
+        k_cap = max(0, min(self.option.k, self.max_new - done - 1))
+        context = match_context(self.matches[done])
+        if self.prefix:  # Engine._round: propose k_cap, then k <= the drafts found, knowing their match
+            budget = controller.choose(batch, context, cap=min(k_cap, self.lens[done]))
+            called = k_cap
+        else:
+            budget = called = max(0, min(controller.choose(batch), k_cap))
         drafted = min(budget, self.lens[done])
         accepted = min(drafted, self.runs[done])
-        self.controller.observe(drafted, accepted)
-        draft, verify = round_parts(self.costs, self.option.proposer, drafted, budget, self.prompt_len - 1 + done)
-        if budget > 0:
+        controller.observe(drafted, accepted, context)
+        draft, verify = round_parts(self.costs, self.option.proposer, drafted, called, self.prompt_len - 1 + done)
+        if called > 0:
             draft, self.setup = draft + self.setup, 0.0
         self.drafted.append(drafted)
         self.accepted.append(accepted)
         self.budgets.append(budget)
+        self.draft_total += draft
+        self.verify_total += verify
         self.done = min(self.output_len, done + accepted + 1)
         self.pos += 1
-        return draft + verify + self.costs.overhead_s + self.costs.serving_s
+        self.units.append(draft + verify + self.costs.overhead_s + self.costs.serving_s)
+        return self.units[-1]
 
     def profile(self) -> Profile:
-        """The finished request's Profile (the same units it was walked with)."""
+        """The finished request's Profile: the worker's statistics of its rounds, the units it was walked
+        with (an n-gram round calls the proposer whatever k the controller then picks)."""
         rounds = (tuple(self.drafted), tuple(self.accepted), tuple(self.budgets))
-        return profile(self.costs, self.prompt_len, self.output_len, self.option, rounds, self.prefill_chunk)
+        stats = profile(self.costs, self.prompt_len, self.output_len, self.option, rounds, self.prefill_chunk)
+        return replace(stats, units=tuple(self.units), draft_s=self.draft_total, verify_s=self.verify_total)
 
 
 def drawn_positions(rates: list[float], output_len: int, rng: random.Random) -> tuple[list[int], list[int]]:

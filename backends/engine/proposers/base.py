@@ -21,15 +21,21 @@ class Proposal:
     tokens: list[int]  # [k'] with k' <= k (a proposer may find fewer, even none)
     draft_probs: torch.Tensor | None  # [k', vocab] q for sampled verification; None = deterministic
     seconds: float
+    match: int = 0  # n-gram: tokens of the context suffix that found the draft (0: not an n-gram draft)
 
 
 EMPTY = Proposal(tokens=[], draft_probs=None, seconds=0.0)
 
 
 class SequenceProposer(ABC):
-    """Per-sequence proposer state. Created by the engine when a sequence starts decoding."""
+    """Per-sequence proposer state. Created by the engine when a sequence starts decoding.
+
+    ``prefix_drafts``: the draft for k is the first k tokens of the draft for more, and drafting costs
+    microseconds, so a per-round controller may look at the longest draft (and its ``match``) before it
+    picks k (n-gram); otherwise it picks k first (a draft model pays per token)."""
 
     name: str
+    prefix_drafts: bool = False
 
     @abstractmethod
     def propose(

@@ -29,6 +29,7 @@ from backends.engine.types import NgramMatch, SamplingParams
 
 class NgramProposer(SequenceProposer):
     name = "ngram"
+    prefix_drafts = True
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 12, match: NgramMatch = "earliest") -> None:
         self.ngram_min = ngram_min
@@ -68,5 +69,5 @@ class NgramProposer(SequenceProposer):
             follow = self._next_after.get(tuple(context[-n:]))
             if follow is not None and follow < len(context):
                 tokens = context[follow:follow + k]
-                return Proposal(tokens=tokens, draft_probs=None, seconds=time.perf_counter() - start)
+                return Proposal(tokens=tokens, draft_probs=None, seconds=time.perf_counter() - start, match=n)
         return EMPTY

@@ -1,0 +1,143 @@
+"""Issue 26's targets, measured with replay: per-round draft length against every fixed arm and against the
+engines' own adaptive algorithms, on the mixed stream and per slice, at each load.
+
+    python -m bench.replay_adaptive --trace TRACE --costs COSTS [--loads c1 c4 c16 p0.25 p0.5] [--seeds 20]
+
+Contenders: the fixed arms (plain, n-gram k in --ks; draft-k2 if the trace has a self-draft pair), specgate's
+per-round controller (``ngram-k{K}-beta``), SGLang's ``--speculative-adaptive`` at its usual launch
+(``ngram-k7-sglang``: steps {1, 3, 7}) and vLLM's per-batch-size table (``ngram-k{K}-vllm=TABLE``), tuned
+here as its docs ask, offline, per hardware: at each closed-loop load the fixed n-gram k with the best mixed
+geomean TPOT, keyed by that load's concurrency (so the table is the best fixed arm of every c-load).
+
+Prints, per load: (1) mixed stream, paired geomean TPOT of each per-round contender over the best single
+fixed arm of that load (and over plain), 95% interval over seeds; (2) per slice x load cell, specgate's p50
+TPOT over the cell's best fixed arm (target <= 1.03), its SLO goodput over that arm's (>= 0.97) and its p50
+TPOT over plain's (<= 1.0); (3) the cost of learning: the stream replayed twice on one engine, the first
+pass (cold: the engine's pooled acceptance empty) over the second (warm), paired geomean TPOT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from gateway.replay.book import RoundBook
+from gateway.replay.choosers import FixedChooser, Prices
+from gateway.replay.report import ALL, interval, ratio, split, summarise
+from gateway.replay.run import blocks, parse_arm, sweep
+from gateway.replay.sim import Load, Simulation
+from policies.costmodel import load_cost_model
+from policies.trace import read_trace
+
+SLO = (2.0, 0.150)  # deploy/policies/default.yaml
+
+
+def vllm_table(results: dict, fixed: list[str], loads: list[str], seeds: int, slice_of) -> str:
+    """The best fixed n-gram k at each closed-loop load, as LO:K entries of vLLM's schedule."""
+    groups = split(results, slice_of)
+    entries = []
+    for load in loads:
+        c = Load.parse(load).concurrency
+        if c is None:
+            continue
+        scores = {n: ratio(groups, n, "plain", load, ALL, seeds)["ratio"] for n in fixed if n.startswith("ngram")}
+        entries.append((c, int(min(scores, key=scores.get).split("-k")[1])))
+    return ",".join(f"{c}:{k}" for c, k in sorted(entries)) or "1:4"
+
+
+def cold_over_warm(prices: Prices, arm: str, load: str, seeds: int, max_running: int) -> tuple[float, float, float]:
+    """Geomean TPOT of the first pass over the second when the stream is served twice on one engine."""
+    book = prices.book
+    logs = []
+    for seed in range(seeds):
+        order = blocks(book, "interleaved", seed)[0]
+        chooser = FixedChooser(parse_arm(arm, book).option, prices, seed)
+        served = Simulation(chooser, Load.parse(load), [order, order], seed, max_running=max_running,
+                            max_total_tokens=1 << 16).run()
+        cold, warm = served[:len(order)], served[len(order):]
+        tpot = {s.index: s.tpot for s in warm if s.tpot}
+        logs.append(statistics.fmean(math.log(s.tpot / tpot[s.index]) for s in cold if s.tpot and s.index in tpot))
+    mean, lo, hi = interval(logs)
+    return math.exp(mean), math.exp(lo), math.exp(hi)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.replay_adaptive", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", type=Path, required=True, help="specgate trace build's output")
+    parser.add_argument("--costs", type=Path, required=True, help="specgate trace calibrate's output")
+    parser.add_argument("--loads", nargs="+", default=["c1", "c4", "c16", "p0.25", "p0.5"])
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--ks", nargs="+", type=int, default=[1, 2, 3, 4, 8, 12, 16],
+                        help="fixed n-gram draft lengths")
+    parser.add_argument("--k-max", type=int, default=16, help="the per-round contenders' largest k")
+    parser.add_argument("--max-running-requests", type=int, default=16)
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+
+    trace = read_trace(args.trace)
+    book = RoundBook(trace)
+    prices = Prices(book, load_cost_model(args.costs, revision=trace.header.revision))
+    slice_of = {i: r.slice for i, r in enumerate(trace.requests)}.__getitem__
+    slices = list(dict.fromkeys(r.slice for r in trace.requests))
+    fixed = ["plain", *(f"ngram-k{k}" for k in args.ks)]
+    if any(p.draft.kind == "layer_truncated" for p in trace.header.pairs.values()):
+        fixed.append("draft-k2")
+    common = dict(max_running=args.max_running_requests, max_total_tokens=1 << 16, processes=args.processes)
+    arms = {n: parse_arm(n, book) for n in fixed}
+    results = sweep(prices, list(arms.values()), args.loads, args.seeds, "interleaved", **common)
+    table = vllm_table(results, fixed, args.loads, args.seeds, slice_of)
+    adaptive = [f"ngram-k{args.k_max}-beta", "ngram-k7-sglang", f"ngram-k{args.k_max}-vllm={table}"]
+    results.update(sweep(prices, [parse_arm(n, book) for n in adaptive], args.loads, args.seeds, "interleaved",
+                         **common))
+    groups = split(results, slice_of)
+    names = fixed + adaptive
+    summary = summarise(results, names, args.loads, args.seeds, slice_of, slices, SLO)
+    mine = adaptive[0]
+    print(f"# {args.trace}: {len(trace.requests)} requests, {args.seeds} seeds, costs {args.costs}; "
+          f"vLLM table {table}\n")
+    print("## Mixed stream: paired geomean TPOT over the best single fixed arm of the load (target <= 0.909)\n")
+    print("| load | best fixed (/ plain) | " + " | ".join(adaptive) + " | specgate / plain |")
+    print("|---|---|" + "---|" * (len(adaptive) + 1))
+    for load in args.loads:
+        best = min(fixed, key=lambda n: ratio(groups, n, "plain", load, ALL, args.seeds)["ratio"]
+                   if n != "plain" else 1.0)
+        over_plain = ratio(groups, best, "plain", load, ALL, args.seeds)["ratio"] if best != "plain" else 1.0
+        cells = []
+        for name in adaptive:
+            r = ratio(groups, name, best, load, ALL, args.seeds)
+            cells.append(f"{r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}]")
+        mp = ratio(groups, mine, "plain", load, ALL, args.seeds)
+        print(f"| {load} | {best} ({over_plain:.3f}) | " + " | ".join(cells) + f" | {mp['ratio']:.3f} |")
+    print(f"\n## Per slice x load: {mine}'s p50 TPOT and SLO goodput against the cell's best fixed arm\n")
+    print("| load | slice | best fixed | p50 TPOT / best (<= 1.03) | goodput / best's (>= 0.97) | p50 TPOT / plain |")
+    print("|---|---|---|---|---|---|")
+    met = total = 0
+    for load in args.loads:
+        for slice_ in slices:
+            def p50(name: str) -> float:
+                return summary["cells"][f"{name}|{load}"][slice_]["tpot_ms"]["p50"]
+
+            def goodput(name: str) -> float:
+                return summary["cells"][f"{name}|{load}"][slice_]["goodput_rps"]
+
+            best = min(fixed, key=p50)
+            tp, gp = p50(mine) / p50(best), (goodput(mine) / goodput(best) if goodput(best) else float("nan"))
+            vs_plain = p50(mine) / p50("plain")
+            ok = tp <= 1.03 and (not goodput(best) or gp >= 0.97) and vs_plain <= 1.0
+            met, total = met + ok, total + 1
+            print(f"| {load} | {slice_} | {best} | {tp:.3f} | {gp:.3f} | {vs_plain:.3f} |")
+    print(f"\ncells meeting all three: {met}/{total}")
+    print(f"\n## Cost of learning: {mine}, first pass (cold engine) over second (warm), paired geomean TPOT\n")
+    for load in ("c1", "c4"):
+        r, lo, hi = cold_over_warm(prices, mine, load, min(args.seeds, 10), args.max_running_requests)
+        print(f"- {load}: {r:.3f} [{lo:.3f}, {hi:.3f}] ({len(trace.requests)} requests per pass, "
+              f"{len(trace.requests) // max(1, len(slices))} per slice)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
