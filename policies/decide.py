@@ -144,6 +144,10 @@ def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason
     spec = policy.pools[pool]
     override = ({"proposer": spec.proposer, "draft_tokens": k, "adaptive": spec.adaptive}
                 if spec.speculation == "per_request" else None)
+    if override is not None and spec.adaptive:
+        override["strategy"] = spec.strategy
+        if spec.strategy == "vllm":
+            override["k_by_batch"] = [list(pair) for pair in spec.batch_table]
     return Decision(slice=slice_, pool=pool, proposer=spec.proposer, draft_tokens=k, bypass=False, rule=rule,
                     reason=reason, speculation_override=override, exploration=exploration,
                     predicted_speedup=speedup)

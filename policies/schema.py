@@ -152,13 +152,32 @@ class DraftRange(_Strict, kw_only=True):
             raise ValueError(f"min {self.min} > max {self.max}; swap them")
 
 
+def parse_k_by_batch(text: str) -> tuple[tuple[int, int], ...]:
+    """vLLM's schedule written ``"1-3:8,4-15:4,16-4096:0"`` (inclusive ranges, ``LO-HI:K`` or ``LO:K``) as
+    ascending (lowest batch size, k) pairs."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        span, sep, k = item.partition(":")
+        lo = span.split("-")[0]
+        if not sep or not lo.isdigit() or not k.isdigit() or int(lo) < 1:
+            raise ValueError(f"k_by_batch: {item!r} is not LO-HI:K or LO:K (batch sizes >= 1, k >= 0), "
+                             "e.g. 1-3:8,4-15:4,16-4096:0")
+        pairs.append((int(lo), int(k)))
+    if not pairs:
+        raise ValueError("k_by_batch is empty; write ranges like 1-3:8,4-15:4,16-4096:0")
+    return tuple(sorted(pairs))
+
+
 class Pool(_Strict, kw_only=True):
     """Workers serving one speculative configuration. ``speculation: server`` means SGLang servers launched
     with it (k fixed); ``per_request`` means the embedded worker, told per request via
     ``custom_params.speculation = {proposer, draft_tokens, adaptive}``. ``adaptive: true`` (per_request only)
     lets the worker pick k per round and per sequence, 0 to ``draft_tokens`` (its adaptive draft length:
     plain steps where the prompt gives the proposer nothing to copy); auto then treats the pool as one
-    option, judged by its measured TPOT."""
+    option, judged by its measured TPOT. ``strategy`` picks the worker's per-round controller
+    (backends/engine/adaptive.py): ``beta`` (specgate's), ``sglang`` (SGLang's --speculative-adaptive) or
+    ``vllm`` with ``k_by_batch``, vLLM's ``num_speculative_tokens_per_batch_size`` ({"1-3": 8, "4-15": 4,
+    "16-4096": 0}: inclusive batch-size ranges, gaps keep the previous range's k)."""
 
     proposer: Proposer
     draft_tokens: DraftLen | DraftRange | None = None
@@ -166,8 +185,18 @@ class Pool(_Strict, kw_only=True):
     workers: Annotated[list[Url], Meta(min_length=1)]
     speculation: Literal["server", "per_request"] = "server"
     adaptive: bool = False
+    strategy: Literal["beta", "sglang", "vllm"] = "beta"
+    k_by_batch: dict[str, Annotated[int, Meta(ge=0, le=64)]] | None = None
 
     def __post_init__(self) -> None:
+        if not self.adaptive and (self.strategy != "beta" or self.k_by_batch is not None):
+            raise ValueError("strategy and k_by_batch choose the worker's per-round controller; they need "
+                             "adaptive: true")
+        if (self.strategy == "vllm") != (self.k_by_batch is not None):
+            raise ValueError("k_by_batch goes with strategy: vllm, and strategy: vllm needs k_by_batch "
+                             '(e.g. {"1-3": 8, "4-15": 4, "16-4096": 0})')
+        if self.k_by_batch is not None:
+            parse_k_by_batch(",".join(f"{span}:{k}" for span, k in self.k_by_batch.items()))
         if self.proposer == "none":
             if self.draft_tokens is not None:
                 raise ValueError("proposer none takes no draft_tokens; remove it")
@@ -188,6 +217,13 @@ class Pool(_Strict, kw_only=True):
             if isinstance(self.draft_tokens, DraftRange):
                 raise ValueError("an adaptive pool's draft_tokens is the largest k the worker may pick "
                                  f"(an int, e.g. {self.draft_tokens.max}), not a range")
+
+    @property
+    def batch_table(self) -> tuple[tuple[int, int], ...]:
+        """``k_by_batch`` as ascending (lowest batch size, k) pairs (empty without it)."""
+        if self.k_by_batch is None:
+            return ()
+        return parse_k_by_batch(",".join(f"{span}:{k}" for span, k in self.k_by_batch.items()))
 
     @property
     def k_range(self) -> tuple[int, int]:

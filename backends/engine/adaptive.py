@@ -307,22 +307,6 @@ class VllmDynamic:
         pass
 
 
-def parse_k_by_batch(text: str) -> tuple[tuple[int, int], ...]:
-    """vLLM's schedule written ``"1-3:8,4-15:4,16-4096:0"`` (inclusive ranges, ``LO-HI:K`` or ``LO:K``) as
-    ascending (lowest batch size, k) pairs."""
-    pairs = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        span, sep, k = item.partition(":")
-        lo = span.split("-")[0]
-        if not sep or not lo.isdigit() or not k.isdigit() or int(lo) < 1:
-            raise ValueError(f"k_by_batch: {item!r} is not LO-HI:K or LO:K (batch sizes >= 1, k >= 0), "
-                             "e.g. 1-3:8,4-15:4,16-4096:0")
-        pairs.append((int(lo), int(k)))
-    if not pairs:
-        raise ValueError("k_by_batch is empty; write ranges like 1-3:8,4-15:4,16-4096:0")
-    return tuple(sorted(pairs))
-
-
 def controller_for(spec, cost: Callable[[int], float], seed: int, shared: dict):
     """The controller of a sequence speculating with ``spec`` (a SpeculationParams with adaptive set):
     its own for ``beta`` (starting from the engine's pooled acceptance of the proposer, which ``shared`` holds);

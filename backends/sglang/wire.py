@@ -36,7 +36,7 @@ function each shape comes from): ``/generate``: ``srt/managers/io_struct.py::Gen
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, UnsetType
@@ -107,6 +107,12 @@ class SpeculationOverride(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     proposer: Proposer | None = None
     draft_tokens: Annotated[int, Meta(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
     adaptive: bool | None = None
+    # with adaptive: the engine's per-round controller (backends/engine/adaptive.py); "vllm" reads
+    # k_by_batch ([lowest batch size, k] pairs, ascending); "beta" may start from prior (per-position rates)
+    strategy: Literal["beta", "sglang", "vllm"] | None = None
+    k_by_batch: Annotated[list[tuple[Annotated[int, Meta(ge=1)], Annotated[int, Meta(ge=0, le=MAX_DRAFT_TOKENS)]]],
+                          Meta(max_length=64)] | None = None
+    prior: Annotated[list[Annotated[float, Meta(ge=0.0, le=1.0)]], Meta(max_length=MAX_DRAFT_TOKENS)] | None = None
     scope: str | None = None
 
 

@@ -77,13 +77,15 @@ def sampling_params(body: wire.SamplingParams, prompt_len: int, limits: Limits, 
 
 # what custom_params.speculation takes, quoted in every message about it
 SPECULATION_SHAPE = (f"{{proposer: {'|'.join(PROPOSERS)}, draft_tokens: 1..{MAX_DRAFT_TOKENS}, adaptive: bool, "
+                     "strategy: beta|sglang|vllm, k_by_batch: [[lowest batch size, k], ...], "
+                     f"prior: up to {MAX_DRAFT_TOKENS} rates in [0, 1], "
                      f"scope: string of at most {SCOPE_MAX_CHARS} characters}}")
 
 
 def speculation(custom_params: dict[str, Any] | None, default: SpeculationParams, where: str) -> SpeculationParams:
     """``custom_params.speculation`` merged over the worker's launch default (absent: the default).
 
-    Only proposer, draft_tokens, adaptive and scope are per request; the n-gram settings (``ngram_*``)
+    Only proposer, draft_tokens, adaptive (with strategy, k_by_batch and prior) and scope are per request; the n-gram settings (``ngram_*``)
     always come from the launch default: they are server settings, part of the pair version."""
     raw = (custom_params or {}).get("speculation")
     if raw is None:
@@ -99,11 +101,20 @@ def speculation(custom_params: dict[str, Any] | None, default: SpeculationParams
     _check(override.scope is None or len(override.scope) <= SCOPE_MAX_CHARS, f"{field}.scope",
            f"must be at most {SCOPE_MAX_CHARS} characters, got {len(override.scope or '')}; send a shorter "
            "name (the gateway sends the route's name)")
+    table = default.k_by_batch if override.k_by_batch is None else tuple(map(tuple, override.k_by_batch))
+    _check(list(table) == sorted(table) and len({lo for lo, _ in table}) == len(table), f"{field}.k_by_batch",
+           "must list [lowest batch size, k] pairs in ascending order of batch size, each size once, "
+           "e.g. [[1, 8], [4, 4], [16, 0]]")
+    strategy = override.strategy or default.strategy
+    _check(strategy != "vllm" or table, f"{field}.k_by_batch",
+           "strategy vllm needs k_by_batch (vLLM's num_speculative_tokens_per_batch_size), e.g. [[1, 8], [4, 4]]")
     return replace(
         default,
         proposer=override.proposer or default.proposer,
         draft_tokens=override.draft_tokens or default.draft_tokens,
         adaptive=default.adaptive if override.adaptive is None else override.adaptive,
+        strategy=strategy, k_by_batch=table,
+        prior=default.prior if override.prior is None else tuple(override.prior),
         scope=default.scope if override.scope is None else override.scope,
     )
 

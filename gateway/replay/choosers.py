@@ -173,9 +173,9 @@ class PolicyChooser:
         header = prices.book.trace.header
         self.excluded: list[str] = []
         for name, pool in policy.pools.items():
-            if pool.adaptive:
-                raise ValueError(f"pool {name}: adaptive pools (the worker picks k per round) are not modelled "
-                                 "by replay yet; replay the policy without it, or with a fixed draft length")
+            if pool.adaptive and pool.proposer not in ("ngram", "draft_model"):
+                raise ValueError(f"pool {name}: a per-round draft length replays with ngram and draft_model, "
+                                 f"not {pool.proposer} (its drafts depend on the order of requests)")
             pair = policy.pairs.get(pool.pair) if pool.pair else None
             if pool.proposer == "draft_model" and pair is not None:
                 if without_flags == "exclude" and self.pair_versions[name] not in header.pairs:
@@ -225,7 +225,9 @@ class PolicyChooser:
         option = PLAIN
         if not d.bypass and d.proposer != "none" and d.draft_tokens > 0:
             pair = self.pair_versions.get(d.pool, "") if d.proposer == "draft_model" else ""
-            option = Option(d.proposer, d.draft_tokens, pair)
+            pool = self.policy.pools[d.pool]
+            option = (Option(d.proposer, d.draft_tokens, pair, strategy=pool.strategy, table=pool.batch_table)
+                      if pool.adaptive else Option(d.proposer, d.draft_tokens, pair))
         urls = self.policy.pools[d.pool].workers
         url = min(urls, key=lambda u: len(sim.workers[u].scheduler.running) + len(sim.workers[u].scheduler.waiting))
         self.run.worker_of = url

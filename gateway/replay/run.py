@@ -54,7 +54,7 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
     strategy = match["strategy"] or ""
     table = ()
     if match["table"]:
-        from backends.engine.adaptive import parse_k_by_batch
+        from policies.schema import parse_k_by_batch
 
         table = parse_k_by_batch(match["table"])
     if proposer in ("ngram", "suffix"):

@@ -9,8 +9,9 @@ import pytest
 
 from backends.engine.adaptive import (
     DISCOUNT, POOL_STRENGTH, PRIOR_STRENGTH, BetaDraftLength, PooledAcceptance, SglangAdaptive, StepCosts,
-    VllmDynamic, best_k, controller_for, expected_tokens, match_context, parse_k_by_batch,
+    VllmDynamic, best_k, controller_for, expected_tokens, match_context,
 )
+from policies.schema import parse_k_by_batch
 from backends.engine.types import SpeculationParams
 
 # Costs shaped like this CPU in fp32 (DESIGN.md: 43 / 68 / 82 ms for widths 1 / 5 / 9).

@@ -353,16 +353,28 @@ def test_the_default_policy_decides_explores_and_learns():
         f"{s.choice.pool if s.choice.option.proposer != 'none' else 'none'}|{s.choice.slice}" for s in served}
 
 
-def test_a_policy_with_an_adaptive_pool_is_refused():
+def test_a_policy_with_an_adaptive_pool_is_replayed_with_its_per_round_controller():
     text = DEFAULT_POLICY.read_text()
     text = re.sub(r"^pools:.*$", 'pools:\n  ngram-adaptive: {proposer: ngram, draft_tokens: 8, adaptive: true, '
                   'pair: smollm2-ngram, workers: ["http://127.0.0.1:30000"], speculation: per_request}',
                   text, count=1, flags=re.MULTILINE)
     policy = load_policy(text, "adaptive.yaml")
-    assert policy.pools["ngram-adaptive"].adaptive
     revision = policy.pairs["smollm2-self8"].target.revision
     header = Header(format=FORMAT, model="SmolLM2-135M-Instruct", revision=revision, tokenizer="t")
-    with pytest.raises(ValueError) as caught:
-        PolicyChooser(policy, prices_of(request(10, 3), header=header), seed=0)
-    assert str(caught.value) == ("pool ngram-adaptive: adaptive pools (the worker picks k per round) are not "
-                                 "modelled by replay yet; replay the policy without it, or with a fixed draft length")
+    phrase = list(range(11, 43))
+    reqs = [request(0, 0, rid=f"r{i}", prompt=phrase * 3, output=phrase[i % 8:] * 2) for i in range(40)]
+    chooser = PolicyChooser(policy, prices_of(*reqs, header=header), seed=0, without_flags="exclude")
+    sim = Simulation(chooser, Load.parse("c1"), [list(range(40))], 0, max_running=8, max_total_tokens=1 << 16)
+    served = sim.run()
+    adaptive = [s for s in served if s.choice.pool == "ngram-adaptive"]
+    assert adaptive and {s.choice.option.label for s in adaptive} == {"ngram-k8-beta"}
+    assert all(s.accepted > 0 for s in adaptive)  # copied text: its rounds accept drafts
+    tpot = chooser.learning.snapshot(sim.now, {}, 1).data.tpot
+    assert any(key.startswith("ngram-adaptive|") for key in tpot)  # the learner saw its outcomes
+    suffix = load_policy(text.replace("ngram-adaptive: {proposer: ngram", "ngram-adaptive: {proposer: suffix")
+                         .replace("pair: smollm2-ngram, workers", "pair: sfx, workers")
+                         .replace("pairs:\n", 'pairs:\n  sfx: {target: {model: SmolLM2-135M-Instruct, revision: "'
+                                  + revision + '"}, draft: {kind: suffix}}\n', 1), "s.yaml")
+    with pytest.raises(ValueError, match="pool ngram-adaptive: a per-round draft length replays with ngram and "
+                                         "draft_model, not suffix"):
+        PolicyChooser(suffix, prices_of(*reqs, header=header), seed=0, without_flags="exclude")

@@ -314,7 +314,8 @@ def test_an_adaptive_pool_is_one_option_judged_by_measured_tpot_and_tells_the_wo
     assert cand.note == "measured TPOT (the worker picks k per sequence, up to this one)"
     assert cand.draft_tokens == 2 and math.isclose(cand.speedup, 0.05 / 0.03)
     d = decide(p, FEATURES, snap)
-    assert not d.bypass and d.speculation_override == {"proposer": "ngram", "draft_tokens": 2, "adaptive": True}
+    assert not d.bypass and d.speculation_override == {"proposer": "ngram", "draft_tokens": 2, "adaptive": True,
+                                                       "strategy": "beta"}
 
 
 def test_failed_outcomes_are_counted_not_learned() -> None:

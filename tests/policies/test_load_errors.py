@@ -82,6 +82,22 @@ def test_base_policy_is_valid() -> None:
      "draft_tokens: {min: 1, max: 8}, adaptive: true, pair: p, workers: [\"http://w:1\"], speculation: per_request}",
      "p.yaml:9:10: pools.ngram: an adaptive pool's draft_tokens is the largest k the worker may pick (an int, "
      "e.g. 8), not a range"),
+    ("draft_tokens: 4, pair: p, workers: [\"http://w:1\"]}",
+     "draft_tokens: 4, strategy: sglang, pair: p, workers: [\"http://w:1\"], speculation: per_request}",
+     "p.yaml:9:10: pools.ngram: strategy and k_by_batch choose the worker's per-round controller; they need "
+     "adaptive: true"),
+    ("draft_tokens: 4, pair: p, workers: [\"http://w:1\"]}",
+     "draft_tokens: 8, adaptive: true, strategy: vllm, pair: p, workers: [\"http://w:1\"], speculation: per_request}",
+     "p.yaml:9:10: pools.ngram: k_by_batch goes with strategy: vllm, and strategy: vllm needs k_by_batch "
+     "(e.g. {\"1-3\": 8, \"4-15\": 4, \"16-4096\": 0})"),
+    ("draft_tokens: 4, pair: p, workers: [\"http://w:1\"]}",
+     "draft_tokens: 8, adaptive: true, strategy: vllm, k_by_batch: {\"1-3\": 8, \"x\": 2}, pair: p, "
+     "workers: [\"http://w:1\"], speculation: per_request}",
+     "p.yaml:9:10: pools.ngram: k_by_batch: 'x:2' is not LO-HI:K or LO:K (batch sizes >= 1, k >= 0), "
+     "e.g. 1-3:8,4-15:4,16-4096:0"),
+    ("draft_tokens: 4, pair: p, workers: [\"http://w:1\"]}",
+     "draft_tokens: 8, adaptive: true, strategy: eagle, pair: p, workers: [\"http://w:1\"], speculation: per_request}",
+     "p.yaml:9:71: pools.ngram.strategy: invalid value 'eagle'; expected one of: beta, sglang, vllm"),
     ("plain: {proposer: none,", "plain: {proposer: none, adaptive: true,",
      "p.yaml:8:10: pools.plain: proposer none takes no adaptive; remove it"),
     ("version: 1", "version: 2", "p.yaml:1:10: version: invalid value 2; expected one of: 1"),

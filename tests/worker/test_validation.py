@@ -130,6 +130,7 @@ def test_free_text_response_format_and_unforced_tool_choice_are_served(worker):
 
 
 SHAPE = ("{proposer: none|ngram|draft_model|suffix, draft_tokens: 1..16, adaptive: bool, "
+         "strategy: beta|sglang|vllm, k_by_batch: [[lowest batch size, k], ...], prior: up to 16 rates in [0, 1], "
          "scope: string of at most 128 characters}")
 
 
@@ -171,3 +172,29 @@ def test_override_cannot_change_the_server_ngram_settings():
         speculation({"speculation": {"ngram_match": "earliest"}}, LAUNCH, "sampling_params.")
     assert str(info.value) == ("invalid sampling_params.custom_params.speculation: Object contains unknown field "
                                f"`ngram_match`; expected {SHAPE}")
+
+
+def test_override_carries_the_per_round_controller():
+    merged = speculation({"speculation": {"strategy": "vllm", "k_by_batch": [[1, 8], [4, 2]]}}, LAUNCH, "")
+    assert (merged.strategy, merged.k_by_batch, merged.adaptive) == ("vllm", ((1, 8), (4, 2)), True)
+    mine = speculation({"speculation": {"strategy": "beta", "prior": [0.9, 0.5]}}, LAUNCH, "")
+    assert (mine.strategy, mine.prior, mine.k_by_batch) == ("beta", (0.9, 0.5), ())
+
+
+@pytest.mark.parametrize("override, param, message", [
+    ({"strategy": "vllm"}, "custom_params.speculation.k_by_batch",
+     "strategy vllm needs k_by_batch (vLLM's num_speculative_tokens_per_batch_size), e.g. [[1, 8], [4, 4]]"),
+    ({"strategy": "vllm", "k_by_batch": [[4, 2], [1, 8]]}, "custom_params.speculation.k_by_batch",
+     "must list [lowest batch size, k] pairs in ascending order of batch size, each size once, "
+     "e.g. [[1, 8], [4, 4], [16, 0]]"),
+])
+def test_a_bad_controller_override_names_the_field(override, param, message):
+    with pytest.raises(BadRequest) as info:
+        speculation({"speculation": override}, LAUNCH, "")
+    assert str(info.value) == f"{param} {message}"
+
+
+def test_a_prior_out_of_range_is_refused_with_the_shape():
+    with pytest.raises(BadRequest) as info:
+        speculation({"speculation": {"prior": [1.5]}}, LAUNCH, "")
+    assert str(info.value).startswith("invalid custom_params.speculation.prior[0]: Expected `float` <= 1.0")
