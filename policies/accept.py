@@ -7,9 +7,14 @@ reached and not accepted: the round got no token there, which is what E[P](k) pr
 acceptance rate, with a prior of ``prior.rounds`` pseudo-rounds accepting with probability
 ``prior.accept`` (so a new pair version starts cautious and unvisited positions fall back to it), is
 
-    a_j = (f * accepted_j + prior.accept * prior.rounds) / (f * reached_j + prior.rounds)
+    a_j = (accepted_j + prior.accept * prior.rounds) / (reached_j + prior.rounds)
 
-with f the decay factor. Expected committed tokens per round with k drafts (accept length, including the
+with the counts as of the pool's last outcome (decayed between outcomes, so recent rounds weigh more), not
+decayed further to now: a pool that is not served keeps the estimate its evidence gave. Decaying them to
+now pulled an unserved pool's estimate toward the cautious prior (a_j -> 0.3), so the longer a pool was
+not served the worse it looked, and it was never chosen again (issue 26). Time without evidence makes the
+estimate uncertain, not pessimistic: the decayed amount of evidence (``rounds * f``) is what marks it
+stale and gets it re-measured (policies/auto.py). Expected committed tokens per round with k drafts (accept length, including the
 recovered/bonus token) is
 
     E[P](k) = 1 + sum_{j=1..k} prod_{i=1..j} a_i
@@ -46,14 +51,14 @@ class AcceptanceSummary(msgspec.Struct, frozen=True, kw_only=True):
         return self.tokens / self.rounds if self.rounds > 0 else None
 
 
-def conditional_curve(summary: AcceptanceSummary | None, factor: float, prior_accept: float,
-                      prior_rounds: float, k_max: int) -> list[float]:
+def conditional_curve(summary: AcceptanceSummary | None, prior_accept: float, prior_rounds: float,
+                      k_max: int) -> list[float]:
     """a_1..a_{k_max} (see module docstring)."""
     curve = []
     for j in range(k_max):
         reached = accepted = 0.0
         if summary is not None and j < len(summary.reached):
-            reached, accepted = summary.reached[j] * factor, summary.accepted[j] * factor
+            reached, accepted = summary.reached[j], summary.accepted[j]
         denom = reached + prior_rounds
         curve.append((accepted + prior_accept * prior_rounds) / denom if denom > 0 else prior_accept)
     return curve

@@ -130,7 +130,7 @@ def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, p
                                  cold=not (curve_ok or totals_ok), stale=stale,
                                  note="no plain TPOT measured yet for this slice"))
         elif use_curve:
-            curve = conditional_curve(summary, f, learn.prior.accept, learn.prior.rounds, hi)
+            curve = conditional_curve(summary, learn.prior.accept, learn.prior.rounds, hi)
             e_p = expected_tokens(curve)
             unconfirmed = summary.ever_requests < learn.confirm_requests
             line = fit.round_time(learn.draft_token_cost, learn.min_rounds)

@@ -6,6 +6,11 @@ Policy files name the worker ``http://127.0.0.1:30000`` and the converted model'
 serves a copy with the benchmark worker's URL and the prepared model's revision, so a re-converted model
 or a busy port 30000 cannot silently turn every arm into plain decoding.
 
+``ngram-k16-beta`` and ``ngram-k7-sglang`` let the worker pick k every round (specgate's controller,
+SGLang's); both keep engine-wide state in the shared worker for the whole run (the pooled acceptance per
+n-gram match length; SGLang's EMA), as a production worker would. vLLM's per-batch-size table, tuned on this
+machine with ``python -m bench.replay_adaptive``, is k = 2 at every batch size: the ``ngram-k2`` arm.
+
 ``suffix`` (suffix decoding, k = 8) is the one arm whose proposer keeps state across requests: its global
 tree of earlier outputs lives in the worker for the whole run, so a later load point or repeat drafts from
 the same prompts' earlier answers (see ``deploy/policies/bench/suffix.yaml``).
@@ -33,7 +38,8 @@ class Arm:
 
 ARMS: dict[str, Arm] = {
     **{name: Arm(name, BENCH_POLICIES / f"{name}.yaml")
-       for name in ("plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4")},
+       for name in ("plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4",
+                    "ngram-k16-beta", "ngram-k7-sglang")},
     "adaptive": Arm("adaptive", DEFAULT_POLICY),
     "adaptive-warm": Arm("adaptive-warm", DEFAULT_POLICY, warm=True),
 }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from policies.accept import conditional_curve, counts_from_histogram, expected_tokens
 from policies.auto import FAR_RATE
 from policies.cost import FitSummary
@@ -54,7 +56,7 @@ def test_histogram_to_position_counts_and_curve() -> None:
     reached, accepted = counts_from_histogram([20, 40, 40], 2)
     assert (reached, accepted) == ([100, 80], [80, 40])
     assert expected_tokens([0.8, 0.5]) == [1.0, 1.8, 1.8 + 0.4]
-    assert conditional_curve(None, 1.0, 0.3, 20.0, 3) == [0.3, 0.3, 0.3]
+    assert conditional_curve(None, 0.3, 20.0, 3) == [0.3, 0.3, 0.3]
 
 
 def test_cold_start_bypasses_with_reason() -> None:
@@ -322,3 +324,22 @@ def test_failed_outcomes_are_counted_not_learned() -> None:
     state = LearningState(policy().learning)
     state.record(Outcome(route="default", slice="prose", pool="plain", ok=False, status=503))
     assert state.failures == 1 and state.snapshot(0.0, HEALTHY, 1).data.tpot == {}
+
+
+def test_decay_does_not_lower_an_unserved_pools_estimate() -> None:
+    """Issue 26: the acceptance estimate of a pool that is not served stays where its evidence put it
+    (only the amount of evidence decays, which marks it stale); it used to slide to the cautious prior."""
+    p = policy()
+    pv = p.pool_pair_version("ngram")
+    state = LearningState(p.learning)
+    state.record(plain_outcome(0.05))
+    state.record(spec_outcome(pv, rounds=400))
+    half_life = p.learning.half_life_s
+    early = state.snapshot(1.0, HEALTHY, 1)
+    late = state.snapshot(20 * half_life, HEALTHY, 1)
+    summary, f = late.acceptance("default", "prose", "ngram", pv, p.learning.min_rounds)
+    assert f < 1e-5  # twenty half-lives later the evidence is all but gone...
+    curve_early = conditional_curve(early.acceptance("default", "prose", "ngram", pv, 64)[0], 0.3, 20.0, 2)
+    curve_late = conditional_curve(summary, 0.3, 20.0, 2)
+    assert curve_late == curve_early  # ...but the estimate is the same
+    assert curve_late[0] == pytest.approx((320 + 0.3 * 20) / (400 + 20))
