@@ -14,8 +14,9 @@ decayed further to now: a pool that is not served keeps the estimate its evidenc
 now pulled an unserved pool's estimate toward the cautious prior (a_j -> 0.3), so the longer a pool was
 not served the worse it looked, and it was never chosen again (issue 26). Time without evidence makes the
 estimate uncertain, not pessimistic: the decayed amount of evidence (``rounds * f``) is what marks it
-stale and gets it re-measured (policies/auto.py). Expected committed tokens per round with k drafts (accept length, including the
-recovered/bonus token) is
+stale and gets it re-measured (policies/auto.py).
+
+Expected committed tokens per round with k drafts (accept length, including the recovered/bonus token) is
 
     E[P](k) = 1 + sum_{j=1..k} prod_{i=1..j} a_i
 

@@ -32,8 +32,8 @@ occasionally says k >= 1 pays. Tuned on scripted acceptance (Bernoulli 0 / 0.3 /
 position, and 20-round copy spans in 60; tests/engine/test_adaptive.py): within 8% of the best fixed k in
 each from a uniform prior (5% lost to probes where nothing is ever accepted; 6-7% at rates 0.9 and 1, where
 a 256-token request's 28-40 rounds are all the evidence there is: the gateway's prior is what removes that),
-where choosing on the posterior mean without sampling lost 26-35% on the always-accepted and changing cases. No probe schedule,
-no special case for cold, stale or plain.
+where choosing on the posterior mean without sampling lost 26-35% on the always-accepted and changing
+cases. No probe schedule, no special case for cold, stale or plain.
 
 ``sglang`` (:class:`SglangAdaptive`, engine-wide per proposer): SGLang's ``--speculative-adaptive``, as
 ``python/sglang/srt/speculative/adaptive_spec_params.py`` implements it (sgl-project/sglang#21599; #24055 adds

@@ -210,7 +210,8 @@ class Engine:
         if slot.proposer is not None:
             k_cap = max(0, min(seq.request.speculation.draft_tokens, seq.remaining - 1))
             if controller is not None and slot.proposer.prefix_drafts:  # draft first, then pick k knowing it
-                proposal = slot.proposer.propose(context, k_cap, params, slot.penalty, slot.generator) if k_cap else EMPTY
+                if k_cap:
+                    proposal = slot.proposer.propose(context, k_cap, params, slot.penalty, slot.generator)
                 k = controller.choose(batch, match_context(proposal.match), cap=len(proposal.tokens))
                 if k < len(proposal.tokens):
                     proposal = replace(proposal, tokens=proposal.tokens[:k])

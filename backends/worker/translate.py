@@ -85,8 +85,9 @@ SPECULATION_SHAPE = (f"{{proposer: {'|'.join(PROPOSERS)}, draft_tokens: 1..{MAX_
 def speculation(custom_params: dict[str, Any] | None, default: SpeculationParams, where: str) -> SpeculationParams:
     """``custom_params.speculation`` merged over the worker's launch default (absent: the default).
 
-    Only proposer, draft_tokens, adaptive (with strategy, k_by_batch and prior) and scope are per request; the n-gram settings (``ngram_*``)
-    always come from the launch default: they are server settings, part of the pair version."""
+    Only proposer, draft_tokens, adaptive (with strategy, k_by_batch and prior) and scope are per request;
+    the n-gram settings (``ngram_*``) always come from the launch default: they are server settings, part of
+    the pair version."""
     raw = (custom_params or {}).get("speculation")
     if raw is None:
         return default

@@ -122,13 +122,13 @@ class RoundBook:
     def _ngram_positions(self, i: int) -> tuple[list[int], list[int], list[int]]:
         """For every output position p: how many tokens the n-gram proposer drafts there (at most
         ``NGRAM_SPAN``), how many of them lead the committed output, and the length of the context suffix
-        that found them (0: none; what the engine's per-round controller conditions on). The proposer's draft is a function of
-        the context alone (``NgramProposer``: the continuation of the occurrence of the longest suffix of n in
-        [min, max] tokens that ends before the last token, its earliest or its latest occurrence, up to k
-        tokens), and the draft for k is the first k tokens of the draft for more, so one proposal per
-        position serves every k and every round boundary; ``rounds`` then only walks the positions.
-        The occurrence is found with ``bytes.find``/``rfind`` over the ids packed 4 bytes each (C speed; the
-        proposer's dict index costs ~6 ms per request in Python), at a 4-byte-aligned offset.
+        that found them (0: none; what the engine's per-round controller conditions on). The proposer's draft
+        is a function of the context alone (``NgramProposer``: the continuation of the occurrence of the
+        longest suffix of n in [min, max] tokens that ends before the last token, its earliest or its latest
+        occurrence, up to k tokens), and the draft for k is the first k tokens of the draft for more, so one
+        proposal per position serves every k and every round boundary; ``rounds`` then only walks the
+        positions. The occurrence is found with ``bytes.find``/``rfind`` over the ids packed 4 bytes each (C
+        speed; the proposer's dict index costs ~6 ms per request in Python), at a 4-byte-aligned offset.
         tests/gateway/test_replay_book.py checks the result against ``counterfactual.replay_request``, which
         runs the engine's own proposer round by round."""
         hit = self._ngram.get(i)
@@ -165,10 +165,11 @@ class RoundBook:
 
     def positions(self, i: int, option: Option) -> tuple[list[int], list[int], list[int]]:
         """Per output position: how many tokens ``option``'s proposer would draft there at most, how many
-        of them lead the committed output, and the n-gram match length that found them (0 for draft_model). A round starting at p with budget b drafts min(b, lens[p]) and
-        accepts min(that, runs[p]): any sequence of draft lengths replays exactly (n-gram: see
-        :meth:`_ngram_positions`; draft_model: its teacher-forced greedy drafts are its argmax at every
-        position, so the run of match flags from p is what a round there accepts)."""
+        of them lead the committed output, and the n-gram match length that found them (0 for draft_model).
+        A round starting at p with budget b drafts min(b, lens[p]) and accepts min(that, runs[p]): any
+        sequence of draft lengths replays exactly (n-gram: see :meth:`_ngram_positions`; draft_model: its
+        teacher-forced greedy drafts are its argmax at every position, so the run of match flags from p is
+        what a round there accepts)."""
         if option.proposer == "ngram":
             return self._ngram_positions(i)
         if option.proposer != "draft_model":

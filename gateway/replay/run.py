@@ -99,7 +99,8 @@ class Job:
 def seedless(contender: Contender, load: Load, mix: str, book: RoundBook) -> bool:
     """Whether the contender's result at ``load`` is the same for every seed."""
     return (not contender.is_policy and contender.option.proposer != "suffix" and not contender.option.strategy
-            and (mix == "by-slice" or load.label == "trace") and load.rate is None and all(r.sampling.greedy for r in book.requests))
+            and (mix == "by-slice" or load.label == "trace") and load.rate is None
+            and all(r.sampling.greedy for r in book.requests))
 
 
 _CONTEXT: dict = {}

@@ -123,3 +123,18 @@ def test_arm_names_with_a_controller():
         parse_arm("suffix-k8-beta", prices.book)
     assert Contender("x", Option("ngram", 8, strategy="beta")).option.label == "ngram-k8-beta"
     assert blocks(prices.book, "interleaved", 0) == [[0]]
+
+
+def test_match_lengths_are_the_engines_proposers():
+    """The context the per-round controller learns under (RoundBook.positions' match lengths) is what the
+    engine's NgramProposer reports at every output position."""
+    from backends.engine.proposers.ngram import NgramProposer
+    from backends.engine.types import SamplingParams
+
+    prices = prices_of(copying("a", 1), novel("b", 2), repetitive("c", 3))
+    for i, r in enumerate(prices.book.requests):
+        lens, runs, matches = prices.book.positions(i, Option("ngram", 8, strategy="beta"))
+        proposer = NgramProposer(1, 12, "earliest")
+        for p in range(len(r.output_ids)):
+            got = proposer.propose([*r.prompt_ids, *r.output_ids[:p]], 16, SamplingParams(), None, None)
+            assert (got.match, len(got.tokens)) == (matches[p], lens[p]), (r.id, p)
