@@ -140,11 +140,18 @@ class Snapshot:
     def plain_and(self, slice_: str, kind: str, pool: str, min_evidence: float = 0.0
                   ) -> tuple[MeanSummary | None, Any]:
         """Plain TPOT of ``slice_`` and the pool's ``kind`` entry ("rounds" fit or "tpot" mean), taken
-        from one concurrency bucket when some bucket has both (preferring the nearest where both have
+        from one concurrency bucket (a rounds fit of the slice itself when some bucket has ``min_evidence`` of
+        it and of plain, else the pool's fit over every slice: plain TPOT is per slice, and a round-time fit
+        pooled with shorter contexts made long contexts look cheap to speculate on) when some bucket has both (preferring the nearest where both have
         ``min_evidence``: one request's timing at a new load is not a fit), so that a speedup never divides
         times measured at different loads; otherwise each from its own nearest bucket."""
         key = ("plain_and", slice_, kind, pool, min_evidence)
         hit = self._memo.get(key)
+        if hit is None and kind == "rounds":  # the slice's own round time, where measured enough
+            own = self._nearest_common((self.data.tpot, f"none|{slice_}"), (self.data.rounds, f"{pool}|{slice_}"),
+                                       min_evidence)
+            if own is not None and own[0].evidence >= min_evidence and own[1].evidence >= min_evidence:
+                hit = self._memo[key] = own
         if hit is None:
             other = (self.data.tpot, f"{pool}|{slice_}") if kind == "tpot" else (getattr(self.data, kind), pool)
             hit = self._nearest_common((self.data.tpot, f"none|{slice_}"), other, min_evidence)

@@ -15,7 +15,9 @@ Keys and what x is:
 - tpot ``pool|slice|bucket`` (``none|slice|bucket`` for any request served without speculation): weight
   += completion_tokens - 1, total += tpot_s * (completion_tokens - 1) (a token-weighted mean TPOT).
 - rounds/draft/verify ``pool|bucket``: a weighted line fit of seconds per round against k, weight =
-  verify_ct (:mod:`policies.cost`), plus rounds per k without decay (whether the slope is trusted).
+  verify_ct (:mod:`policies.cost`), plus rounds per k without decay (whether the slope is trusted); rounds
+  also per slice, ``pool|slice|bucket``: a round over a long context costs more, as plain TPOT of that slice
+  does, and a speedup divides the two (:meth:`Snapshot.plain_and`).
 
 Each key also keeps its sums without decay (``ever_*``): how much evidence was ever seen, which decides
 whether a candidate has been measured at all (cold) as opposed to measured long ago (stale).
@@ -155,6 +157,7 @@ class LearningState:
         if o.tpot_s is not None and o.completion_tokens >= 2:
             per_round = o.tpot_s * (o.completion_tokens - 1) / o.verify_ct
             self._fit("rounds", f"{o.pool}|{bucket}", t, o.draft_tokens, per_round, o.verify_ct)
+            self._fit("rounds", f"{o.pool}|{o.slice}|{bucket}", t, o.draft_tokens, per_round, o.verify_ct)
         for table, total in (("draft", o.draft_s), ("verify", o.verify_s)):
             if total is not None:
                 self._fit(table, f"{o.pool}|{bucket}", t, o.draft_tokens, total / o.verify_ct, o.verify_ct)

@@ -343,3 +343,27 @@ def test_decay_does_not_lower_an_unserved_pools_estimate() -> None:
     curve_late = conditional_curve(summary, 0.3, 20.0, 2)
     assert curve_late == curve_early  # ...but the estimate is the same
     assert curve_late[0] == pytest.approx((320 + 0.3 * 20) / (400 + 20))
+
+
+def test_round_time_is_fitted_per_slice_where_the_slice_has_its_own() -> None:
+    """Issue 26: plain TPOT is per slice, so the round time it is divided by must be too. Two slices whose
+    contexts make every forward 2x slower in one: pooled, the long slice's speculation looked cheaper than it
+    is and the short one's dearer; per slice, each speedup is its own plain TPOT over its own round time."""
+    text = POLICY.replace("slices: [{name: prose}]",
+                          "slices: [{name: long, when: {prompt_tokens: {gte: 512}}}, {name: prose}]")
+    p = load_policy(text.replace("REV", "r1").replace("EXPLORE", "0.0").replace("GAIN", "1.05")
+                    .replace("COLD", "0.0"), "t.yaml")
+    pv = p.pool_pair_version("ngram")
+    state = LearningState(p.learning)
+    for slice_, scale in (("prose", 1.0), ("long", 2.0)):
+        state.record(Outcome(route="default", slice=slice_, pool="plain", completion_tokens=201,
+                             tpot_s=0.040 * scale, timestamp=0.0))
+        # 100 rounds of k=2 committing 2.2 tokens each (a_1 0.8, a_2 0.5): 220 tokens, 0.066 s per round
+        state.record(Outcome(route="default", slice=slice_, pool="ngram", pair_version=pv, proposer="ngram",
+                             draft_tokens=2, completion_tokens=221, verify_ct=100, reached_per_position=[100, 80],
+                             accepted_per_position=[80, 40], tpot_s=0.066 * scale * 100 / 220, timestamp=0.0))
+    snap = state.snapshot(0.0, HEALTHY, 1)
+    for slice_, prompt in (("prose", 10), ("long", 2000)):
+        d = decide(p, RequestFeatures(max_tokens=256, prompt_tokens=prompt), snap)
+        assert (d.slice, d.bypass) == (slice_, False)
+        assert d.predicted_speedup == pytest.approx(0.040 / (0.066 / 2.2))  # the same in both slices
