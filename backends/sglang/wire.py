@@ -196,6 +196,7 @@ class SpecFields(msgspec.Struct, frozen=True, kw_only=True):
     spec_accepted_per_position: list[int] | None = None
     spec_proposed_per_position: list[int] | None = None
     spec_reached_per_position: list[int] | None = None
+    spec_chosen_per_k: list[int] | None = None  # rounds per draft length asked for (a per-round controller's picks)
     spec_draft_s: float | None = None
     spec_verify_s: float | None = None
     # specgate's embedded worker: the engine's own clock, seconds, final chunk only. SGLang's meta_info has

@@ -13,7 +13,7 @@ REPEAT = "alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta a
 META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version"}
 SPEC_KEYS = {"spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
              "spec_num_proposed_drafts", "spec_correct_drafts_histogram", "spec_accepted_per_position",
-             "spec_proposed_per_position", "spec_draft_s", "spec_verify_s"}
+             "spec_proposed_per_position", "spec_chosen_per_k", "spec_draft_s", "spec_verify_s"}
 TIMING_KEYS = {"specgate_first_token_s", "specgate_decode_s"}  # also in sglext.spec_tokens_details
 
 
@@ -64,7 +64,10 @@ def test_generate_body_and_meta_info(worker, real_tokenizer):
 def test_per_request_speculation_keeps_greedy_output_and_reports_drafts(worker):
     plain = _generate(worker)
     for speculation in ({"proposer": "ngram", "draft_tokens": 3}, {"proposer": "draft_model", "draft_tokens": 2},
-                        {"proposer": "ngram", "draft_tokens": 4, "adaptive": True}):
+                        {"proposer": "ngram", "draft_tokens": 4, "adaptive": True},
+                        {"proposer": "ngram", "draft_tokens": 4, "adaptive": True, "strategy": "sglang"},
+                        {"proposer": "ngram", "draft_tokens": 4, "adaptive": True, "strategy": "vllm",
+                         "k_by_batch": [[1, 2]]}):
         spec = _generate(worker, speculation)
         assert spec["output_ids"] == plain["output_ids"], speculation
         meta = spec["meta_info"]
@@ -75,6 +78,10 @@ def test_per_request_speculation_keeps_greedy_output_and_reports_drafts(worker):
         assert meta["spec_num_proposed_drafts"] == sum(meta["spec_proposed_per_position"])
         assert len(meta["spec_proposed_per_position"]) <= speculation["draft_tokens"]
         assert meta["spec_accept_length"] == meta["completion_tokens"] / meta["spec_verify_ct"]
+        chosen = meta["spec_chosen_per_k"]  # rounds per draft length asked for: what the controller picked
+        assert sum(chosen) == meta["spec_verify_ct"] and len(chosen) <= speculation["draft_tokens"] + 1
+        if speculation.get("strategy") == "vllm":  # one request running: the table's k = 2, fewer where the
+            assert len(chosen) <= 3 and len(meta["spec_proposed_per_position"]) <= 2  # n-gram found fewer
         assert meta["spec_accept_rate"] == (meta["spec_num_correct_drafts"] / meta["spec_num_proposed_drafts"]
                                             if meta["spec_num_proposed_drafts"] else 0.0)
 
