@@ -14,8 +14,8 @@ from typing import Any, Literal, get_args
 
 import msgspec
 
-from policies.auto import (FAR, FAR_RATE, Candidate, best_option, candidates, explore_target, slope_probe,
-                           unconfirmed)
+from policies.auto import (FAR, FAR_RATE, Candidate, best_option, candidates, explore_target, far_behind,
+                           slope_probe, unconfirmed)
 from policies.compiled import Compiled, Ctx, compiled
 from policies.features import RequestFeatures
 from policies.schema import Policy, PoolAction
@@ -217,6 +217,16 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     plain_new = (not plain_cold and snap.plain_nearby(slice_) < learn.min_rounds and best is not None
                  and learn.min_gain <= best.speedup <= 1.0 / FAR)
     unsure = unconfirmed(options, best, learn.min_gain)
+    if best is not None and best.speedup < learn.min_gain:
+        # plain is served and a pool was measured only at loads more than a factor of two away: its gain
+        # changes with load (n-gram lost at c1 and was 1.5-1.9x faster under Poisson load), so it is re-measured
+        # here at the cold rate, at its largest k, as plain is at a new load (plain_new)
+        largest: dict[str, Candidate] = {}
+        for c in options:
+            if c.eligible and not c.cold and c.draft_tokens > getattr(largest.get(c.pool), "draft_tokens", -1):
+                largest[c.pool] = c
+        unsure += [c for c in largest.values() if c not in unsure and not far_behind(c, best)
+                   and snap.rounds_nearby(c.pool) < learn.min_rounds]
     probe = slope_probe(options, best, learn.min_gain)
     cold = plain_cold or plain_new or any(c.cold for c in options) or bool(unsure) or probe is not None
     rate = learn.explore_cold if cold else learn.explore

@@ -185,6 +185,12 @@ class Snapshot:
         b = self.bucket()
         return self._plain_tokens(slice_, (b - 1, b, b + 1))
 
+    def rounds_nearby(self, pool: str) -> float:
+        """Rounds of ``pool`` ever measured in the current concurrency bucket or the two next to it."""
+        b = self.bucket()
+        return max((e.evidence for cand in (b - 1, b, b + 1)
+                    if (e := self.data.rounds.get(f"{pool}|{cand}")) is not None), default=0.0)
+
     def _plain_tokens(self, slice_: str, buckets: Any) -> float:
         """Most plain tokens ever measured in ``slice_`` in one of ``buckets`` (indices), memoized."""
         key = ("plain_tokens", slice_, tuple(buckets))
