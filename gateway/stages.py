@@ -195,6 +195,10 @@ class SpecgateInfo(msgspec.Struct, frozen=True, kw_only=True):
     accept_length: float | None = None
     accept_rate: float | None = None
     completion_tokens: int | None = None
+    # auto's prediction for what it chose (None for fixed rules, bypass and explorations): speedup over plain
+    # and the expected accept length behind it (the posterior mean of the acceptance curve, or the measured one)
+    predicted_speedup: float | None = None
+    expected_accept_length: float | None = None
 
 
 _INFO = msgspec.json.Encoder()
@@ -208,7 +212,8 @@ def info_json(arrival: Arrival, route: str, decision: Decision, dispatched: Disp
         fallback=dispatched.fallback, retries=dispatched.retries, explored=decision.explored,
         exploration=decision.exploration, verify_rounds=s.verify_ct if s else None,
         accept_length=s.accept_length if s else None, accept_rate=s.accept_rate if s else None,
-        completion_tokens=relayed.completion_tokens))
+        completion_tokens=relayed.completion_tokens, predicted_speedup=decision.predicted_speedup,
+        expected_accept_length=decision.expected_accept_length))
 
 
 def _positions(values: tuple[int, ...] | None) -> list[int] | None:

@@ -45,7 +45,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     speculation_override: dict[str, Any] | None = None
     fallback: bool = False
     exploration: Exploration | None = None
-    predicted_speedup: float | None = None
+    predicted_speedup: float | None = None  # auto's prediction for the option it chose to exploit
+    expected_accept_length: float | None = None
 
     @property
     def explored(self) -> bool:
@@ -140,7 +141,8 @@ def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: st
 
 
 def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason: str,
-               exploration: Exploration | None = None, speedup: float | None = None) -> Decision:
+               exploration: Exploration | None = None, speedup: float | None = None,
+               accept_length: float | None = None) -> Decision:
     spec = policy.pools[pool]
     override = ({"proposer": spec.proposer, "draft_tokens": k, "adaptive": spec.adaptive}
                 if spec.speculation == "per_request" else None)
@@ -150,7 +152,7 @@ def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason
             override["k_by_batch"] = [list(pair) for pair in spec.batch_table]
     return Decision(slice=slice_, pool=pool, proposer=spec.proposer, draft_tokens=k, bypass=False, rule=rule,
                     reason=reason, speculation_override=override, exploration=exploration,
-                    predicted_speedup=speedup)
+                    predicted_speedup=speedup, expected_accept_length=accept_length)
 
 
 def _decide(policy: Policy, features: RequestFeatures, snap: Snapshot, rng: random.Random | None,
@@ -259,4 +261,4 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
     return _speculate(policy, slice_, best.pool, best.draft_tokens, rule,
                       f"rule '{rule}' auto: pool '{best.pool}' k={best.draft_tokens} predicted speedup "
                       f"{best.speedup:.2f}x (E[accept length] {best.expected_accept_length:.2f})",
-                      speedup=best.speedup)
+                      speedup=best.speedup, accept_length=best.expected_accept_length)

@@ -221,6 +221,10 @@ def test_the_specgate_object_says_whether_the_decision_explored():
         info = json.loads(info_json(arrival, "r", decision, served, Relayed()))
         assert (info["explored"], info["exploration"], info["pool"], info["draft_tokens"], info["rule"]) == (
             flag, kind, "ngram", 8, "learned")
+        assert (info["predicted_speedup"], info["expected_accept_length"]) == (None, None)
+    exploit = msgspec.structs.replace(d, exploration=None, predicted_speedup=1.31, expected_accept_length=2.4)
+    info = json.loads(info_json(arrival, "r", exploit, served, Relayed()))
+    assert (info["predicted_speedup"], info["expected_accept_length"]) == (1.31, 2.4)
 
 
 def _finished(relayed, *, stream: bool, e2e_s: float = 2.0):

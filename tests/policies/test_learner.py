@@ -367,6 +367,7 @@ def test_round_time_is_fitted_per_slice_where_the_slice_has_its_own() -> None:
         d = decide(p, RequestFeatures(max_tokens=256, prompt_tokens=prompt), snap)
         assert (d.slice, d.bypass) == (slice_, False)
         assert d.predicted_speedup == pytest.approx(0.040 / (0.066 / 2.2))  # the same in both slices
+        assert d.expected_accept_length == pytest.approx(2.2)  # 1 + 0.8 + 0.8 * 0.5
 
 
 def test_a_new_load_re_measures_a_pool_that_lost_at_another_load() -> None:
