@@ -107,8 +107,7 @@ class SpeculationOverride(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     proposer: Proposer | None = None
     draft_tokens: Annotated[int, Meta(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
     adaptive: bool | None = None
-    # with adaptive: the engine's per-round controller (backends/engine/adaptive.py); "vllm" reads
-    # k_by_batch ([lowest batch size, k] pairs, ascending); "beta" may start from prior (per-position rates)
+    # with adaptive, the per-round controller (engine/adaptive.py); vllm's table; beta's per-position prior
     strategy: Literal["beta", "sglang", "vllm"] | None = None
     k_by_batch: Annotated[list[tuple[Annotated[int, Meta(ge=1)], Annotated[int, Meta(ge=0, le=MAX_DRAFT_TOKENS)]]],
                           Meta(max_length=64)] | None = None
