@@ -101,13 +101,13 @@ class SpeculationOverride(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     Any field left out keeps the worker's launch default. ``scope`` (suffix decoding): whose earlier outputs
     the suffix proposer may draft from; the gateway sends the route's name (its length is checked by the
     worker, so the message can say what to do). The n-gram and suffix settings are server settings (launch
-    flags, part of the pair version), never per request.
+    flags, part of the pair version), never per request. With ``adaptive``: ``strategy``, the per-round
+    controller (backends/engine/adaptive.py), vLLM's ``k_by_batch`` table and beta's per-position ``prior``.
     """
 
     proposer: Proposer | None = None
     draft_tokens: Annotated[int, Meta(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
     adaptive: bool | None = None
-    # with adaptive, the per-round controller (engine/adaptive.py); vllm's table; beta's per-position prior
     strategy: Literal["beta", "sglang", "vllm"] | None = None
     k_by_batch: Annotated[list[tuple[Annotated[int, Meta(ge=1)], Annotated[int, Meta(ge=0, le=MAX_DRAFT_TOKENS)]]],
                           Meta(max_length=64)] | None = None
