@@ -36,6 +36,8 @@ SHORT_TOKENS = 128  # code, tool_call and prose prompts keep their last 128 toke
 CONFIGS = {
     **{f"ngram-k{k}": SpeculationParams(proposer="ngram", draft_tokens=k) for k in (1, 4, 8)},
     "ngram-adaptive": SpeculationParams(proposer="ngram", draft_tokens=8, adaptive=True),
+    "ngram-adaptive-sglang": SpeculationParams(proposer="ngram", draft_tokens=7, adaptive=True, strategy="sglang"),
+    "draft_model-adaptive": SpeculationParams(proposer="draft_model", draft_tokens=4, adaptive=True),
     **{f"draft_model-k{k}": SpeculationParams(proposer="draft_model", draft_tokens=k) for k in (1, 4, 8)},
     "suffix-k8": SpeculationParams(proposer="suffix", draft_tokens=8),
 }
