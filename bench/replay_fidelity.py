@@ -1,4 +1,4 @@
-"""Timing fidelity of replay: predict a serving-benchmark run's fixed arms and compare, cell by cell.
+"""Timing fidelity of replay: predict a serving-benchmark run's fixed (and per-round) arms and compare, cell by cell.
 
     python -m bench.replay_fidelity --trace TRACE --costs COSTS [--run docs/runs/full/merged/serve.json.gz]
 
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
               "the command in this module's docstring", file=sys.stderr)
         return 1
     loads = args.loads or run["settings"]["loads"]
-    arms = [a for a in (args.arms or run["settings"]["arms"]) if a in FIXED]
+    # fixed arms, and the arms whose worker picks k per round (their controller is replayed: walk.py)
+    arms = [a for a in (args.arms or run["settings"]["arms"]) if a in FIXED or a.endswith(("-beta", "-sglang"))]
     book = RoundBook(trace, ngram=(int(args.ngram[0]), int(args.ngram[1]), args.ngram[2]))  # type: ignore[arg-type]
     contenders = [parse_arm("suffix-k8" if a == "suffix" else a, book) for a in arms]
     if args.fit_serving:
@@ -95,14 +96,18 @@ def main(argv: list[str] | None = None) -> int:
                              "ttft_measured_ms": cell["ttft_ms"]["p50"], "ttft_predicted_ms": ttft})
                 print(f"| {arm} | {load} | {slice_} | {measured:.1f} | {tpot:.1f} | {ratio:.3f} | {'yes' if ok else 'NO'} "
                       f"| {cell['ttft_ms']['p50']:.0f} | {ttft:.0f} |")
-    same = different = 0
+    same: dict[bool, int] = {True: 0, False: 0}  # fixed arms must match exactly; per-round ones need not
+    different = dict(same)
     for r in run["requests"]:
         if r["arm"] in arms and r["ok"] and r.get("verify_rounds") is not None and r["load"] in loads:
             i = next(i for i, t in index.items() if t.id == r["item"])
             mine = next(s for s in results[(contenders[arms.index(r["arm"])].name, r["load"], 0)] if s.index == i)
-            same += mine.verify_ct == r["verify_rounds"]
-            different += mine.verify_ct != r["verify_rounds"]
-    print(f"\ntarget forwards per request, replayed vs the run's verify_rounds: {same} equal, {different} different")
+            fixed = r["arm"] in FIXED
+            same[fixed] += mine.verify_ct == r["verify_rounds"]
+            different[fixed] += mine.verify_ct != r["verify_rounds"]
+    print(f"\ntarget forwards per request, replayed vs the run's verify_rounds: fixed arms {same[True]} equal, "
+          f"{different[True]} different; per-round arms (their controller samples and learns: not comparable "
+          f"request by request) {same[False]} equal, {different[False]} different")
     print(f"{inside} of {total} cells within the bar (+-10% at c1, +-20% elsewhere)")
     for load in loads:
         ratios = [r["ratio"] for r in rows if r["load"] == load and r["ratio"]]
