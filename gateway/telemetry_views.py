@@ -41,6 +41,7 @@ def policy_view(policy: Policy) -> PolicyView:
                     for name, p in policy.pools.items()),
         proposers=PROPOSERS,
         explorations=EXPLORATION_KINDS,
+        load_buckets=tuple(sorted(set(policy.learning.concurrency_buckets))),
     )
 
 

@@ -24,6 +24,7 @@ from telemetry.logs import log_request
 from telemetry.metrics import Metrics
 from telemetry.record import RequestRecord
 from telemetry.series import History
+from telemetry.speedup import cells, sample
 from telemetry.views import PolicyView, PoolView, WorkerView
 
 
@@ -124,7 +125,11 @@ class Telemetry:
             sums[f"tpot_{mode}_n"] = 1
         if record.ttft_s is not None:
             sums.update(ttft_sum=record.ttft_s, ttft_n=1)
-        self.history.add_request(record.timestamp or time.time(), route, slice_, rule, sums)
+        at = record.timestamp or time.time()
+        self.history.add_request(at, route, slice_, rule, sums)
+        speed = sample(record, self.policy.load_buckets) if slice_ else None
+        if speed is not None:
+            self.history.add_speed(at, route, slice_, *speed)
 
     def count_trace(self, result: str) -> None:
         """One finished request as the trace recorder saw it; ``result`` is one of a fixed set (the metric's
@@ -203,8 +208,16 @@ class Telemetry:
         """(body, content type) of the Prometheus text exposition."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
+    def speedup(self, now: float) -> dict[str, Any]:
+        """The realised speedup table (:func:`telemetry.speedup.cells`) over the window the series cover:
+        ``window_s``, ``edges`` (the load bucket edges in force), ``loads`` and ``cells``."""
+        sums, window_s = self.history.speed_sums(now)
+        return {"window_s": window_s, "edges": list(self.policy.load_buckets),
+                **cells(sums, self.policy.load_buckets)}
+
     def dashboard_data(self, now: float | None = None) -> dict[str, Any]:
-        """What ``GET /dashboard/data`` returns: the policy, time series, acceptance curves and pools."""
+        """What ``GET /dashboard/data`` returns: the policy, time series, the speedup table, acceptance curves
+        and pools."""
         now = now if now is not None else time.time()
         policy = self.policy
         return {
@@ -216,6 +229,7 @@ class Telemetry:
                        "slo": {r.name: msgspec.to_builtins(r.slo)
                                for r in sorted(policy.routes, key=lambda r: r.name)}},
             "series": self.history.export(now),
+            "speedup": self.speedup(now),
             "positions": [{"route": r, "slice": s, "pool": p, "accepted": acc, "reached": reached}
                           for (r, s, p), (acc, reached) in sorted(self.positions.items())],
             "pools": self.pools,

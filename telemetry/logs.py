@@ -81,7 +81,7 @@ def request_fields(record: RequestRecord, *, debug_text: bool) -> dict[str, Any]
         "status": record.status, "http_status": record.http_status,
         "prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
         "ttft_ms": _ms(record.ttft_s), "tpot_ms": _ms(record.tpot_s),
-        "tpot_source": record.tpot_source, "e2e_ms": _ms(record.e2e_s),
+        "tpot_source": record.tpot_source, "e2e_ms": _ms(record.e2e_s), "concurrency": record.concurrency,
         "overhead_ms": _ms(record.overhead_s), "accept_length": record.accept_length,
         "verify_ct": record.verify_ct, "slo_met": record.slo_met, "retries": record.retries,
         "worker": record.worker,

@@ -39,6 +39,10 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     tpot_source: str | None = None  # stream | worker (which of the two above); None when tpot_s is None
     e2e_s: float | None = None
     overhead_s: float | None = None  # time the gateway itself added (parse, decide, dispatch, relay)
+    # mean requests the gateway had in flight over this request's life, itself included, rounded (what the
+    # learner buckets by: Outcome.concurrency); None when the gateway did not say. The dashboard's speedup table
+    # puts the request in the load bucket of this value.
+    concurrency: int | None = None
     # speculation as reported by the worker (absent for plain or when SGLang reports nothing)
     verify_ct: int | None = None
     accept_length: float | None = None

@@ -1,10 +1,11 @@
 """The dashboard's in-memory history: fixed-width time buckets of summed counts, bounded in memory.
 
-Each bucket holds additive sums per (route, slice) group, per (route, rule) and per pool, so the page
+Each bucket holds additive sums per (route, slice) group, per (route, rule), per pool, and per (route,
+slice, load bucket) for the speedup table (:mod:`telemetry.speedup`), so the page
 can filter by route and derive every ratio itself (accept length = 1 + accepted / rounds, attainment =
 met / (met + missed), goodput = met / bucket width). Older buckets fall off the end: memory is
-``buckets * (groups + rules + pools)`` small dicts whatever the traffic, and group keys are already
-bounded labels (:mod:`telemetry.labels`).
+``buckets * (groups + rules + pools + speed cells)`` small dicts whatever the traffic, and group keys are
+already bounded labels (:mod:`telemetry.labels`; load buckets are the learner's few edges).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from telemetry.speedup import SPEED_FIELDS, add
 
 GROUP_FIELDS = ("requests", "ok", "errors", "explored", "slo_met", "slo_missed", "output_tokens", "rounds",
                 "accepted", "drafts", "tpot_spec_sum", "tpot_spec_n", "tpot_plain_sum", "tpot_plain_n", "ttft_sum",
@@ -25,6 +28,8 @@ class Bucket:
     groups: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     rules: dict[tuple[str, str], int] = field(default_factory=dict)
     pools: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # (route, slice, load bucket's upper edge or None) -> telemetry.speedup.SPEED_FIELDS sums
+    speed: dict[tuple[str, str, int | None], dict[str, float]] = field(default_factory=dict)
 
 
 class History:
@@ -57,6 +62,25 @@ class History:
         for name, value in sums.items():
             group[name] += value
         bucket.rules[(route, rule)] = bucket.rules.get((route, rule), 0) + 1
+
+    def add_speed(self, at: float, route: str, slice_: str, edge: int | None, sums: dict[str, float]) -> None:
+        """One request's speedup sums (:func:`telemetry.speedup.sample`) in its load bucket."""
+        bucket = self._bucket(at)
+        if bucket is None:
+            return
+        group = bucket.speed.setdefault((route, slice_, edge), dict.fromkeys(SPEED_FIELDS, 0.0))
+        for name, value in sums.items():
+            group[name] += value
+
+    def speed_sums(self, now: float) -> tuple[dict[tuple[str, str, int | None], dict[str, float]], float]:
+        """The speedup sums over the window the series cover (every bucket kept, up to ``now``), and that
+        window's length in seconds."""
+        if self._buckets:
+            self._bucket(now)
+        out: dict[tuple[str, str, int | None], dict[str, float]] = {}
+        for bucket in self._buckets:
+            add(out, bucket.speed.items())
+        return out, len(self._buckets) * self.width_s
 
     def add_pools(self, at: float, pools: dict[str, dict[str, float | None]]) -> None:
         """The latest pool state in the bucket wins (a gauge, not a sum)."""

@@ -52,6 +52,9 @@ class PolicyView(_View):
     pools: tuple[PoolSpecView, ...]  # in policy order
     proposers: frozenset[str]
     explorations: frozenset[str]
+    # the learner's concurrency bucket edges (``learning.concurrency_buckets``), ascending: the load buckets of
+    # the dashboard's speedup table
+    load_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
 class WorkerView(_View):

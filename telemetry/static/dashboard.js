@@ -146,6 +146,37 @@ function renderPoolTable(pools) {
   box.replaceChildren(table);
 }
 
+// Speedup table: slice rows x load columns; the gateway sums the window and derives the ratios (route "*": all).
+function renderSpeedup(speedup, route) {
+  const cells = speedup.cells.filter(c => c.route === (route || "*"));
+  const loads = speedup.loads.filter(l => cells.some(c => c.load === l.load));
+  const slices = Array.from(new Set(cells.map(c => c.slice))).sort();
+  const table = document.createElement("table");
+  const head = table.insertRow();
+  for (const h of ["slice \\ in flight", ...loads.map(l => l.load)]) {
+    const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
+  }
+  const ms = v => v === null ? "–" : fmt(1000 * v, 1) + " ms";
+  for (const slice of slices) {
+    const row = table.insertRow();
+    row.appendChild(cell(slice));
+    for (const l of loads) {
+      const c = cells.find(x => x.slice === slice && x.load === l.load);
+      const td = !c || c.speedup === null ? cell("–", "none")
+        : cell(fmt(c.speedup, 2) + "x (n=" + c.spec_n + "/" + c.plain_n + ")", c.speedup >= 1 ? "up" : "down");
+      if (c) td.title = "speculative " + ms(c.spec_tpot_s) + " (" + c.spec_n + " requests), plain " + ms(c.plain_tpot_s) +
+        " (" + c.plain_n + " requests)";
+      row.appendChild(td);
+    }
+  }
+  if (!slices.length) {
+    const row = table.insertRow();
+    row.appendChild(cell("no request with a TPOT and a load in the window", "none"));
+  }
+  state.speedup = { rows: slices.length, loads: loads.length, ratios: cells.filter(c => c.speedup !== null).length };
+  document.getElementById("speedup").replaceChildren(table);
+}
+
 function renderTiles(total, width) {
   const last = a => sum(a.slice(-WINDOW_BUCKETS_1MIN));
   const span = Math.min(WINDOW_BUCKETS_1MIN, total.requests.length) * width;
@@ -186,6 +217,7 @@ function render(data) {
   renderAcceptLength(labels, s.groups, route);
   renderPositions(data.positions, route);
   renderTpot(labels, total);
+  renderSpeedup(data.speedup, route);
   renderGoodput(labels, total, s.width_s);
   renderExplorations(labels, s.groups, route);
   renderRules(labels, s.rules, route);

@@ -1,13 +1,14 @@
 """The dashboard in a real headless chromium against a real server process (tests/telemetry/dashboard_server.py).
 
 Chromium is Debian's package, installed here when missing (CI runs as root). The page must load with no
-console errors or exceptions, refresh live, and draw every chart with data; the route filter must show
-the acceptance curve of a route that has traffic. The screenshot lands in artifacts/telemetry/.
+console errors or exceptions, refresh live, draw every chart with data and the speedup table; the route
+filter must show the acceptance curve of a route that has traffic. The screenshot lands in artifacts/telemetry/.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -106,6 +107,16 @@ def test_dashboard_renders_every_chart_without_errors(chromium: Path, server: st
         tiles = browser.evaluate("['rps','goodput','attainment','accept'].map(t => "
                                  "document.getElementById('tile-' + t).textContent)")
         assert "–" not in tiles, tiles
+        # realised speedup table: slice rows x load columns; prose is served both ways, code and tool calls only
+        # speculatively (no plain side: "–"); the traffic cycles through 1, 2, 3, 6 and 12 requests in flight
+        speedup = browser.evaluate("Array.from(document.querySelectorAll('#speedup tr'))"
+                                   ".map(r => Array.from(r.cells).map(c => c.textContent))")
+        assert speedup[0] == ["slice \\ in flight", "1", "2", "3-4", "5-8", "9-16"]
+        rows = {row[0]: row[1:] for row in speedup[1:]}
+        assert sorted(rows) == ["code", "prose", "tool_call"]
+        assert rows["code"] == rows["tool_call"] == ["–"] * 5
+        assert all(re.fullmatch(r"\d+\.\d\dx \(n=\d+/\d+\)", text) for text in rows["prose"]), rows["prose"]
+        assert browser.evaluate("window.__dashboard.speedup") == {"rows": 3, "loads": 5, "ratios": 5}
 
         # filter to route "ide": its acceptance curves are per slice and pool, acceptance falls with position
         _select_route(browser, "ide")
@@ -127,6 +138,9 @@ def test_dashboard_renders_every_chart_without_errors(chromium: Path, server: st
         assert set(explore["code"]) == {0} and max(explore["tool_call"]) > 0
         rules = browser.evaluate("Chart.getChart('chart-rules').data.datasets.map(d => d.label)")
         assert rules == ["code-ngram", "kv-pressure", "learned"]
+        # the table follows the route filter too
+        assert browser.evaluate("document.querySelectorAll('#speedup tr').length") == 1 + 3
+        assert browser.evaluate("window.__dashboard.speedup.ratios") == 5
 
         _select_route(browser, "")
         browser.screenshot(SCREENSHOT)

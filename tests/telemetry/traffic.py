@@ -18,7 +18,7 @@ ACCEPT = {"code": (0.85, 0.75, 0.65, 0.55), "prose": (0.55, 0.4, 0.3, 0.2), "too
 
 def speculative_record(rng: random.Random, *, request_id: str, route: str, slice_: str, pool: str,
                        proposer: str, rule: str, k: int, at: float, slo_tpot_s: float,
-                       exploration: str | None = None) -> RequestRecord:
+                       exploration: str | None = None, concurrency: int | None = None) -> RequestRecord:
     """One speculative request whose per-position counts come from simulated rounds."""
     rounds = rng.randint(8, 24)
     accepted = [0] * k
@@ -41,11 +41,11 @@ def speculative_record(rng: random.Random, *, request_id: str, route: str, slice
         num_proposed_drafts=rounds * k, accept_length=completion / rounds, accepted_per_position=accepted,
         reached_per_position=reached, slo_ttft_s=0.5, slo_tpot_s=slo_tpot_s,
         slo_met=ttft <= 0.5 and tpot <= slo_tpot_s, timestamp=at, overhead_s=rng.uniform(0.0005, 0.003),
-        exploration=exploration)
+        exploration=exploration, concurrency=concurrency)
 
 
 def plain_record(rng: random.Random, *, request_id: str, route: str, slice_: str, rule: str, at: float,
-                 slo_tpot_s: float, status: str = "ok") -> RequestRecord:
+                 slo_tpot_s: float, status: str = "ok", concurrency: int | None = None) -> RequestRecord:
     completion = rng.randint(20, 200)
     tpot = rng.uniform(0.025, 0.05)
     ttft = rng.uniform(0.08, 0.6)
@@ -57,11 +57,12 @@ def plain_record(rng: random.Random, *, request_id: str, route: str, slice_: str
         prompt_tokens=rng.randint(50, 900), completion_tokens=completion if ok else 0,
         ttft_s=ttft if ok else None, tpot_s=tpot if ok else None,
         e2e_s=ttft + tpot * (completion - 1) if ok else 0.05, slo_ttft_s=0.5, slo_tpot_s=slo_tpot_s,
-        slo_met=(ttft <= 0.5 and tpot <= slo_tpot_s) if ok else None, timestamp=at)
+        slo_met=(ttft <= 0.5 and tpot <= slo_tpot_s) if ok else None, timestamp=at, concurrency=concurrency)
 
 
 def traffic(policy: Policy, rng: random.Random, start: float, end: float, per_s: float = 2.0) -> list[RequestRecord]:
-    """Records spread over [start, end): code on ngram, tool calls on draft, prose mostly plain."""
+    """Records spread over [start, end): code on ngram, tool calls on draft, prose mostly plain; the load each
+    saw cycles through 1, 2, 3, 6 and 12 requests in flight (by request number: the seeded draws stay the same)."""
     records: list[RequestRecord] = []
     t, n = start, 0
     while t < end:
@@ -70,18 +71,21 @@ def traffic(policy: Policy, rng: random.Random, start: float, end: float, per_s:
         slo_tpot = policy.route_slo(route).tpot_ms / 1e3
         slice_ = rng.choice(("code", "code", "prose", "tool_call"))
         rid = f"req-{n:05d}"
+        load = (1, 2, 3, 6, 12)[n % 5]
         if slice_ == "code":
             records.append(speculative_record(rng, request_id=rid, route=route, slice_=slice_, pool="ngram",
-                                              proposer="ngram", rule="code-ngram", k=4, at=t, slo_tpot_s=slo_tpot))
+                                              proposer="ngram", rule="code-ngram", k=4, at=t, slo_tpot_s=slo_tpot,
+                                              concurrency=load))
         elif slice_ == "tool_call" or rng.random() < 0.3:
             records.append(speculative_record(rng, request_id=rid, route=route, slice_=slice_, pool="draft",
                                               proposer="draft_model", rule="learned", k=3, at=t, slo_tpot_s=slo_tpot,
-                                              exploration="routine" if rng.random() < 0.2 else None))
+                                              exploration="routine" if rng.random() < 0.2 else None,
+                                              concurrency=load))
         else:
             status = "upstream_error" if rng.random() < 0.03 else "ok"
             rule = "kv-pressure" if rng.random() < 0.2 else "learned"
             records.append(plain_record(rng, request_id=rid, route=route, slice_=slice_, rule=rule, at=t,
-                                        slo_tpot_s=slo_tpot, status=status))
+                                        slo_tpot_s=slo_tpot, status=status, concurrency=load))
         t += rng.expovariate(per_s)
     return records
 
