@@ -19,10 +19,11 @@ SPECS = [SpeculationParams(proposer="ngram", draft_tokens=8), SpeculationParams(
          SpeculationParams(proposer="draft_model", draft_tokens=7),
          SpeculationParams(proposer="ngram", draft_tokens=8, adaptive=True),
          SpeculationParams(proposer="ngram", draft_tokens=7, adaptive=True, strategy="sglang"),
+         SpeculationParams(proposer="draft_model", draft_tokens=5, adaptive=True),
          SpeculationParams(proposer="draft_model", draft_tokens=6, adaptive=True, strategy="vllm",
                            k_by_batch=((1, 5), (2, 3))),
          SpeculationParams(proposer="suffix", draft_tokens=8)]
-SPEC_IDS = ["ngram8", "ngram4", "draft4", "draft7", "adaptive8", "sglang7", "vllm-draft6", "suffix8"]
+SPEC_IDS = ["ngram8", "ngram4", "draft4", "draft7", "adaptive8", "sglang7", "beta-draft5", "vllm-draft6", "suffix8"]
 
 
 @pytest.fixture(scope="module")
