@@ -283,4 +283,5 @@ def record(f: Finished) -> RequestRecord:
         slo_ttft_s=f.slo.ttft_ms / 1e3 if f.slo and f.slo.ttft_ms else None,
         slo_tpot_s=f.slo.tpot_ms / 1e3 if f.slo and f.slo.tpot_ms else None, slo_met=slo_met(f),
         retries=f.retries, worker=f.dispatched.worker if f.dispatched else "",
-        fallback=f.dispatched.fallback if f.dispatched else bool(d and d.fallback), timestamp=time.time())
+        fallback=f.dispatched.fallback if f.dispatched else bool(d and d.fallback), timestamp=time.time(),
+        concurrency=round(f.mean_concurrency))

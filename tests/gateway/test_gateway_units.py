@@ -227,7 +227,7 @@ def test_the_specgate_object_says_whether_the_decision_explored():
     assert (info["predicted_speedup"], info["expected_accept_length"]) == (1.31, 2.4)
 
 
-def _finished(relayed, *, stream: bool, e2e_s: float = 2.0):
+def _finished(relayed, *, stream: bool, e2e_s: float = 2.0, mean_concurrency: float = 1.0):
     from gateway.stages import OK, Arrival, Dispatched, Finished
     from policies.decide import Decision
 
@@ -238,7 +238,7 @@ def _finished(relayed, *, stream: bool, e2e_s: float = 2.0):
                         fallback=False, fallback_note="")
     return Finished(arrival=arrival, route="default", stream=stream, admitted=None, decision=decision,
                     dispatched=served, retries=0, relayed=relayed, ending=OK, e2e_s=e2e_s, overhead_s=0.001,
-                    mean_concurrency=1.0, slo=None, pair_version="")
+                    mean_concurrency=mean_concurrency, slo=None, pair_version="")
 
 
 def _answer(details: str) -> bytes:
@@ -268,6 +268,9 @@ def test_a_whole_answer_has_the_workers_tpot_and_a_real_sglang_one_has_none():
         rec = record(f)
         assert (rec.tpot_s, rec.tpot_source, rec.ttft_s) == (tpot, source, 2.0)  # a whole answer's TTFT: e2e
         assert outcome(f).tpot_s == learned
+    # the load the request saw, for the dashboard's speedup per load bucket: what the learner is given too
+    f = _finished(Tally(0.0).relayed(), stream=False, mean_concurrency=5.6)
+    assert record(f).concurrency == outcome(f).concurrency == 6
     # n > 1 choices: one details object per choice, the first one's counts
     tally = Tally(0.0)
     tally.take(msgspec.json.decode(_answer(f"[{embedded}]"), type=ChatCompletionResponse))

@@ -79,4 +79,7 @@ def test_known_requests_give_exact_counters(gw):
     # the "TPOT speculative vs plain" chart has both lines for this non-streamed traffic
     assert sum(sum(g["tpot_spec_n"]) for g in groups) == sum(two_plus[:2])
     assert sum(sum(g["tpot_plain_n"]) for g in groups) == two_plus[2]
+    # the realised-speedup table counts the same requests, each in its slice and load bucket
+    cells = [c for c in data["speedup"]["cells"] if c["route"] == "*"]
+    assert sum(c["spec_n"] for c in cells) == sum(two_plus[:2]) and sum(c["plain_n"] for c in cells) == two_plus[2]
     assert httpx.get(f"{gw}/dashboard").status_code == 200
