@@ -14,17 +14,19 @@ DEFAULT = load_policy_file(DEFAULT_POLICY)
 
 def test_the_arms_in_order():
     assert list(ARMS) == ["plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4",
-                          "adaptive", "adaptive-warm"]
+                          "ngram-k16-beta", "ngram-k7-sglang", "adaptive", "adaptive-warm"]
     assert [a.name for a in parse_arms(["suffix", "ngram-k8", "plain"])] == ["plain", "suffix", "ngram-k8"]
 
 
 @pytest.mark.parametrize("name", [n for n in ARMS if not n.startswith("adaptive")])
 def test_a_fixed_arm_is_the_default_policy_with_its_own_rules(name):
-    """Same SLO, slices, pairs and pools as the default policy (the suffix arm adds its pair and pool)."""
+    """Same SLO, slices, pairs and pools as the default policy (the suffix arm adds its pair and pool, the
+    SGLang-controller arm its pool)."""
     policy = load_policy_file(ARMS[name].policy)
     assert (policy.slo, policy.routes, policy.slices, policy.learning) == (
         DEFAULT.slo, DEFAULT.routes, DEFAULT.slices, DEFAULT.learning)
-    pools, pairs = ({"suffix"}, {"smollm2-suffix"}) if name == "suffix" else (set(), set())
+    pools, pairs = {"suffix": ({"suffix"}, {"smollm2-suffix"}), "ngram-k7-sglang": ({"ngram-sglang"}, set())}.get(
+        name, (set(), set()))
     assert {n: p for n, p in policy.pools.items() if n not in pools} == DEFAULT.pools
     assert {n: p for n, p in policy.pairs.items() if n not in pairs} == DEFAULT.pairs
     assert set(policy.pools) - set(DEFAULT.pools) == pools and set(policy.pairs) - set(DEFAULT.pairs) == pairs
@@ -43,3 +45,12 @@ def test_the_suffix_arm_serves_every_request_by_suffix_decoding_with_k8_on_the_e
     served = load_policy_file(served_policy(ARMS["suffix"], "http://127.0.0.1:31234", "sha256:abc", tmp_path))
     assert {w for p in served.pools.values() for w in p.workers} == {"http://127.0.0.1:31234"}
     assert {p.target.revision for p in served.pairs.values()} == {"sha256:abc"}
+
+
+def test_the_per_round_arms_serve_every_request_with_their_controller():
+    beta, sglang = load_policy_file(ARMS["ngram-k16-beta"].policy), load_policy_file(ARMS["ngram-k7-sglang"].policy)
+    assert beta.rules[0].then == PoolAction(pool="ngram-adaptive", draft_tokens=16)
+    assert (beta.pools["ngram-adaptive"].strategy, beta.pools["ngram-adaptive"].k_range) == ("beta", (16, 16))
+    assert sglang.rules[0].then == PoolAction(pool="ngram-sglang", draft_tokens=7)
+    pool = sglang.pools["ngram-sglang"]
+    assert (pool.adaptive, pool.strategy, pool.k_range, pool.speculation) == (True, "sglang", (7, 7), "per_request")

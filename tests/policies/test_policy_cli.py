@@ -21,7 +21,7 @@ def test_check_valid_and_invalid(tmp_path: Path) -> None:
     assert "valid policy (version 1)" in ok.stdout and "rules: unverified-pair, kv-pressure, tiny-budget, learned" \
         in ok.stdout
     bad = tmp_path / "bad.yaml"
-    bad.write_text(Path(DEFAULT).read_text().replace("then: auto}", "then: {pool: ngramm}}"))
+    bad.write_text(Path(DEFAULT).read_text().replace("then: {pools: [ngram-adaptive]}}", "then: {pool: ngramm}}"))
     out = run("check", str(bad))
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.splitlines()[0].startswith("bad.yaml:")
