@@ -26,7 +26,7 @@ from gateway.telemetry_views import policy_view, pool_views
 from gateway.tracing import Recorder, problems, resolve
 from policies.features import referenced_headers
 from policies.schema import Policy
-from policies.snapshot import Snapshot
+from policies.snapshot import Snapshot, load_concurrency
 from policies.stats import LearningState, Outcome
 from telemetry import Telemetry
 
@@ -158,8 +158,8 @@ class GatewayState:
         if self._snapshot is None or age >= self.settings.snapshot_max_age_s or \
                 (self._dirty and age >= self.settings.snapshot_max_age_s / 2):
             pools = self.backend.pool_snapshots(now)
-            self._snapshot = self.learning.snapshot(
-                now, {name: pool_state(s) for name, s in pools.items()}, self.in_flight + 1)
+            states = {name: pool_state(s) for name, s in pools.items()}
+            self._snapshot = self.learning.snapshot(now, states, load_concurrency(self.in_flight, states))
             self._snapshot_at = now
             self._dirty = False
             if now - self._pools_pushed >= 1.0:

@@ -34,6 +34,15 @@ class PoolState(msgspec.Struct, frozen=True, kw_only=True):
 UNKNOWN_POOL = PoolState(healthy=False, pair_verified=None)
 
 
+def load_concurrency(in_flight: int, pools: dict[str, PoolState]) -> int:
+    """The load a decision is bucketed by: the requests this gateway has in flight plus the one being decided,
+    or, when more, the busiest healthy pool's requests per worker (running + waiting, from its workers'
+    ``/v1/loads``) plus this one. One gateway in front of its workers sees both alike; several gateways in
+    front of the same workers each see a share of the in-flight count, and only the workers see it all."""
+    per_worker = [(p.running + p.waiting) // max(1, p.workers_healthy) for p in pools.values() if p.healthy]
+    return max(in_flight + 1, max(per_worker, default=0) + 1)
+
+
 class SnapshotData(msgspec.Struct, frozen=True, kw_only=True):
     """Serializable snapshot. Keys: acceptance ``route|slice|pool|pair_version`` (route ``*`` = all
     routes); tpot ``pool|slice|bucket`` (pool ``none`` = plain decoding anywhere); rounds/draft/verify

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from gateway.replay.book import PLAIN, Option, RoundBook
 from gateway.replay.profile import Profile, profile
 from policies.decide import decide, exploration_key
-from policies.snapshot import PoolState
+from policies.snapshot import PoolState, load_concurrency
 from policies.stats import LearningState, Outcome
 
 
@@ -211,7 +211,8 @@ class PolicyChooser:
     def snapshot(self, t: float, sim):
         age = t - self._at
         if self._snapshot is None or age >= self.max_age or (self._dirty and age >= self.max_age / 2):
-            self._snapshot = self.learning.snapshot(t, self._pools(sim), sim.in_flight + 1)
+            pools = self._pools(sim)
+            self._snapshot = self.learning.snapshot(t, pools, load_concurrency(sim.in_flight, pools))
             self._at, self._dirty = t, False
         return self._snapshot
 

@@ -391,3 +391,21 @@ def test_a_new_load_re_measures_a_pool_that_lost_at_another_load() -> None:
     assert ngram_explorations(1) == []
     at_c8 = ngram_explorations(8)
     assert 50 < len(at_c8) < 150 and {d.exploration for d in at_c8} == {"unconfirmed"}
+
+
+def test_the_load_bucket_counts_the_workers_load_not_only_this_gateways() -> None:
+    """Issue 26: several gateways in front of one worker each see a share of its load; the workers'
+    running + waiting (per worker of the busiest healthy pool) is the load a decision sees when it is more."""
+    from policies.snapshot import load_concurrency
+
+    one = {"plain": PoolState(healthy=True, running=3, waiting=0, workers_healthy=1)}
+    assert load_concurrency(3, one) == 4  # this gateway's 3 in flight are the worker's 3: both say 4
+    busy = {"plain": PoolState(healthy=True, running=8, waiting=4, workers_healthy=1),
+            "ngram": PoolState(healthy=True, running=20, waiting=4, workers_healthy=3),  # 8 per worker
+            "down": PoolState(healthy=False, running=99, waiting=0, workers_healthy=0)}
+    assert load_concurrency(1, busy) == 13  # other gateways' traffic: 12 on the plain worker, + this request
+    assert load_concurrency(20, busy) == 21
+    assert load_concurrency(0, {}) == 1
+    p = policy()
+    snap = LearningState(p.learning).snapshot(0.0, busy, load_concurrency(1, busy))
+    assert snap.bucket() == 4  # edges 1, 2, 4, 8, 16: 13 falls in the bucket up to 16
