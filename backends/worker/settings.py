@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from backends.engine.types import MAX_DRAFT_TOKENS, NGRAM_MATCHES, NgramMatch, SpeculationParams, SuffixSettings
+from backends.engine.types import (
+    ADAPTIVE_STRATEGIES, MAX_DRAFT_TOKENS, NGRAM_MATCHES, NgramMatch, SpeculationParams, SuffixSettings,
+)
 
 SpeculativeAlgorithm = Literal["NGRAM", "STANDALONE", "SUFFIX"]
 # SGLang's algorithm name -> the engine's proposer (STANDALONE = a separate draft model; ours is the
@@ -53,6 +55,8 @@ class WorkerSettings:
     speculative_algorithm: SpeculativeAlgorithm | None = None
     speculative_num_draft_tokens: int = 4
     speculative_adaptive: bool = False
+    speculative_adaptive_strategy: str = "beta"  # adaptive.py's controllers
+    speculative_num_tokens_per_batch_size: str | None = None  # strategy vllm: "1-3:8,4-15:4,16-4096:0"
     # n-gram lookup: SGLang's flags of the same names (and defaults); match is specgate's
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
@@ -82,6 +86,24 @@ class WorkerSettings:
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         self._check_ngram()
         self._check_suffix()
+        self._check_adaptive()
+
+    def _check_adaptive(self) -> None:
+        strategy, table = self.speculative_adaptive_strategy, self.speculative_num_tokens_per_batch_size
+        if strategy not in ADAPTIVE_STRATEGIES:
+            raise ValueError(f"{flag('speculative_adaptive_strategy')} must be one of "
+                             f"{', '.join(ADAPTIVE_STRATEGIES)}, got {strategy!r}")
+        if (strategy == "vllm") != bool(table):
+            raise ValueError(f"{flag('speculative_num_tokens_per_batch_size')} goes with "
+                             f"{flag('speculative_adaptive_strategy')} vllm, which needs it "
+                             "(e.g. 1-3:8,4-15:4,16-4096:0)")
+        if table:
+            from policies.schema import parse_k_by_batch
+
+            try:
+                parse_k_by_batch(table)
+            except ValueError as exc:
+                raise ValueError(f"{flag('speculative_num_tokens_per_batch_size')}: {exc}") from None
 
     def _check_ngram(self) -> None:
         low, high = "speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size"
@@ -116,9 +138,15 @@ class WorkerSettings:
                      ngram_match=self.speculative_ngram_match)
         if self.speculative_algorithm is None:
             return SpeculationParams(proposer="none", draft_tokens=self.speculative_num_draft_tokens, **ngram)
+        table = ()
+        if self.speculative_num_tokens_per_batch_size:
+            from policies.schema import parse_k_by_batch
+
+            table = parse_k_by_batch(self.speculative_num_tokens_per_batch_size)
         return SpeculationParams(proposer=ALGORITHM_PROPOSER[self.speculative_algorithm],  # type: ignore[arg-type]
                                  draft_tokens=self.speculative_num_draft_tokens,
-                                 adaptive=self.speculative_adaptive, **ngram)
+                                 adaptive=self.speculative_adaptive, strategy=self.speculative_adaptive_strategy,
+                                 k_by_batch=table, **ngram)
 
     @property
     def suffix(self) -> SuffixSettings:

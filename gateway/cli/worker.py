@@ -48,6 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="draft tokens per round k (1..16) for the default speculation")
     p.add_argument("--speculative-adaptive", action="store_true",
                    help="let the engine choose k per round (up to --speculative-num-draft-tokens)")
+    p.add_argument("--speculative-adaptive-strategy", choices=("beta", "sglang", "vllm"), default="beta",
+                   help="with --speculative-adaptive: specgate's controller (beta), SGLang's (sglang) or vLLM's "
+                        "per-batch-size table (vllm, needs --speculative-num-tokens-per-batch-size)")
+    p.add_argument("--speculative-num-tokens-per-batch-size", default=None, metavar="TABLE",
+                   help="with strategy vllm: vLLM's num_speculative_tokens_per_batch_size as LO-HI:K entries, "
+                        "e.g. 1-3:8,4-15:4,16-4096:0")
     p.add_argument("--speculative-ngram-min-match-window-size", type=int, default=1,
                    help="n-gram lookup: shortest context suffix matched against earlier tokens (SGLang's flag)")
     p.add_argument("--speculative-ngram-max-match-window-size", type=int, default=12,
@@ -95,6 +101,8 @@ def _run(args: argparse.Namespace) -> int:
             speculative_algorithm=args.speculative_algorithm,
             speculative_num_draft_tokens=args.speculative_num_draft_tokens,
             speculative_adaptive=args.speculative_adaptive,
+            speculative_adaptive_strategy=args.speculative_adaptive_strategy,
+            speculative_num_tokens_per_batch_size=args.speculative_num_tokens_per_batch_size,
             speculative_ngram_min_match_window_size=args.speculative_ngram_min_match_window_size,
             speculative_ngram_max_match_window_size=args.speculative_ngram_max_match_window_size,
             speculative_ngram_match=args.speculative_ngram_match,

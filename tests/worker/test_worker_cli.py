@@ -14,7 +14,8 @@ from gateway.cli import build_parser
 
 EXPECTED = {"--host", "--port", "--model-dir", "--dtype", "--max-running-requests", "--max-total-tokens",
             "--max-queued-requests", "--draft-layers", "--speculative-algorithm",
-            "--speculative-num-draft-tokens", "--speculative-adaptive", "--served-model-name",
+            "--speculative-num-draft-tokens", "--speculative-adaptive", "--speculative-adaptive-strategy",
+            "--speculative-num-tokens-per-batch-size", "--served-model-name",
             "--weight-version", "--log-level", "--num-threads", "--no-calibrate",
             "--speculative-ngram-min-match-window-size", "--speculative-ngram-max-match-window-size",
             "--speculative-ngram-match", "--speculative-suffix-max-tree-depth",
@@ -60,6 +61,12 @@ def test_defaults_match_sglang_conventions():
     ({"speculative_suffix_max_spec_factor": float("inf")},
      "--speculative-suffix-max-spec-factor must be a number > 0, got inf"),
     ({"speculative_suffix_min_token_prob": 1.5}, "--speculative-suffix-min-token-prob must be in [0, 1], got 1.5"),
+    ({"speculative_adaptive_strategy": "eagle"},
+     "--speculative-adaptive-strategy must be one of beta, sglang, vllm, got 'eagle'"),
+    ({"speculative_adaptive_strategy": "vllm"}, "--speculative-num-tokens-per-batch-size goes with "
+     "--speculative-adaptive-strategy vllm, which needs it (e.g. 1-3:8,4-15:4,16-4096:0)"),
+    ({"speculative_adaptive_strategy": "vllm", "speculative_num_tokens_per_batch_size": "1-3"},
+     "--speculative-num-tokens-per-batch-size: k_by_batch: '1-3' is not LO-HI:K or LO:K"),
 ])
 def test_bad_settings_fail_at_startup(kwargs, message):
     with pytest.raises(ValueError) as exc:
@@ -75,6 +82,11 @@ def test_default_speculation_follows_the_launch_flags():
 
     spec = WorkerSettings(speculative_algorithm="SUFFIX", speculative_num_draft_tokens=8).default_speculation
     assert (spec.proposer, spec.draft_tokens) == ("suffix", 8)
+
+    spec = WorkerSettings(speculative_algorithm="NGRAM", speculative_num_draft_tokens=8, speculative_adaptive=True,
+                          speculative_adaptive_strategy="vllm",
+                          speculative_num_tokens_per_batch_size="1-3:8,4-15:4,16-4096:0").default_speculation
+    assert (spec.adaptive, spec.strategy, spec.k_by_batch) == (True, "vllm", ((1, 8), (4, 4), (16, 0)))
 
 
 SPEC_FLAGS = ["--speculative-algorithm", "SUFFIX", "--speculative-ngram-min-match-window-size", "2",
