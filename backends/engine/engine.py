@@ -17,6 +17,7 @@ import queue
 import secrets
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -307,8 +308,11 @@ class Engine:
         adaptive = None
         if proposer is not None and spec.adaptive:
             name = spec.proposer
-            adaptive = controller_for(spec, lambda k: self.costs.round_s(name, k),
-                                      seed=generator.initial_seed(), shared=self._shared_controllers)
+            # the controller's draws are its own: seeded by the request's sampling seed, else by its id, so a
+            # greedy request's rounds are reproducible (its output never depends on them)
+            seed = params.sampling_seed if params.sampling_seed is not None else zlib.crc32(seq.rid.encode())
+            adaptive = controller_for(spec, lambda k: self.costs.round_s(name, k), seed=seed,
+                                      shared=self._shared_controllers)
         return _Slot(cache=self.runner.new_cache(), generator=generator, penalty=penalty,
                      proposer=proposer, adaptive=adaptive, on_output=on_output)
 
