@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from gateway.telemetry_views import policy_view
-from policies.load import load_policy, load_policy_file
+from policies.load import load_policy
 from telemetry import RequestRecord, Telemetry
 from telemetry.derive import positions_from_histogram
-from telemetry.logs import configure_logging
 from telemetry.series import History
 from telemetry.views import PoolView, WorkerView
 from tests.telemetry.exposition import lab, only, samples
@@ -22,16 +21,7 @@ IDE_CODE = dict(route="ide", slice="code", pool="ngram", proposer="ngram")
 CHAT_PROSE = dict(route="chat", slice="prose", pool="plain", proposer="none")
 
 
-@pytest.fixture(autouse=True)
-def _quiet_logs(tmp_path):
-    with open(tmp_path / "log.txt", "w") as sink:
-        configure_logging(json=True, stream=sink)
-        yield
-
-
-@pytest.fixture
-def policy():
-    return policy_view(load_policy_file(POLICY))
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def known_sequence() -> list[RequestRecord]:

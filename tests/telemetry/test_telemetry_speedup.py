@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 
 from gateway.telemetry_views import policy_view
-from policies.load import load_policy, load_policy_file
+from policies.load import load_policy
 from policies.schema import Learning
 from policies.snapshot import SnapshotData
 from telemetry import RequestRecord, Telemetry
-from telemetry.logs import configure_logging
 from telemetry.series import History
 from telemetry.speedup import LOAD_BUCKETS, load_edge, load_label
 
@@ -20,16 +19,7 @@ SPEC = dict(pool="ngram", proposer="ngram", rule="code-ngram", draft_tokens=4)
 PLAIN = dict(pool="plain", proposer="none", rule="learned")
 
 
-@pytest.fixture(autouse=True)
-def _quiet_logs(tmp_path):
-    with open(tmp_path / "log.txt", "w") as sink:
-        configure_logging(json=True, stream=sink)
-        yield
-
-
-@pytest.fixture
-def policy():
-    return policy_view(load_policy_file(POLICY))
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def rec(i: int, *, tpot_s: float, slice_: str = "code", route: str = "ide", concurrency: int | None = 1,
