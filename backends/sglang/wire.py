@@ -101,8 +101,7 @@ class SpeculationOverride(msgspec.Struct, forbid_unknown_fields=True, frozen=Tru
     Any field left out keeps the worker's launch default. ``scope`` (suffix decoding): whose earlier outputs
     the suffix proposer may draft from; the gateway sends the route's name (its length is checked by the
     worker, so the message can say what to do). The n-gram and suffix settings are server settings (launch
-    flags, part of the pair version), never per request. With ``adaptive``: ``strategy``, the per-round
-    controller (backends/engine/adaptive.py), vLLM's ``k_by_batch`` table and beta's per-position ``prior``.
+    flags, part of the pair version), never per request. ``strategy``/``k_by_batch``/``prior``: engine/adaptive.py.
     """
 
     proposer: Proposer | None = None
