@@ -55,15 +55,19 @@ async def _openai(state: GatewayState, request: Request[Any, Any, Any], endpoint
 
 
 def _end_now(life: AsyncGenerator[Any, None]) -> None:
-    """Close a request whose whole answer was handed over, as a plain callback, with no task or background
-    step per request on the hot path: ``serve`` is suspended after its last item and its ``finally`` never
-    awaits, so one step of ``aclose()`` runs it to the end."""
-    closing = life.aclose()
+    """End a request whose whole answer was handed over, as a plain callback, with no task or background
+    step per request on the hot path: ``serve`` is suspended after its last item, returns when resumed, and
+    its ``finally`` never awaits, so one step of ``asend()`` runs it to the end (no ``GeneratorExit`` thrown
+    through it, which ``aclose()`` would cost)."""
+    step = life.asend(None)
     try:
-        closing.send(None)
-    except StopIteration:
+        step.send(None)
+    except StopAsyncIteration:
         return
-    closing.close()
+    except StopIteration:  # it yielded again: left to the event loop's async-generator finaliser
+        pass
+    else:
+        step.close()
     log.error("gateway_internal_error", cause="lifecycle.serve awaited while closing a whole answer")
 
 

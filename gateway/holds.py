@@ -74,14 +74,15 @@ class Holds:
     def release(self, used_tokens: int) -> float:
         """Give everything back; returns the mean concurrency the request ran at (itself included)."""
         mean = 1.0
+        left = time.monotonic()
         if self.worker is not None:
-            backend, pool, url = self.worker
-            backend.pools[pool].release(url)
+            backend, pool_name, url = self.worker
+            pool = backend.pools[pool_name]
+            pool.release(url)
             if not self.worker_failed:
-                backend.pools[pool].report_success(url, time.monotonic())
+                pool.report_success(url, left)
             backend.in_flight = max(0, backend.in_flight - 1)
         if self.joined is not None:
-            left = time.monotonic()
             joined_at, joined_area = self.joined
             if left > joined_at:
                 mean = max(1.0, (self.state.busy_area(left) - joined_area) / (left - joined_at))

@@ -5,8 +5,9 @@ cancelled task) can leak a limiter reservation, an in-flight count, an explorati
 
 ``serve`` is an async generator. Its first item is the ``Head`` of the answer: a whole answer (JSON or an
 error) carries its body; a stream's head carries only status and headers, and the stream's chunks follow.
-The app returns the head, or a ``Stream`` over the rest of the same generator; closing the generator (the
-stream ended, the client left, or the app closes it after handing a whole answer over) ends the request.
+The app returns the head, or a ``Stream`` over the rest of the same generator; the generator's end (the
+stream ended, the client left and it was closed, or the app resumed it after handing a whole answer over)
+ends the request.
 A generator that nobody iterates any more is closed by the event loop's async-generator finaliser, so the
 ``finally`` runs even when a client leaves before its stream's first byte.
 
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
-import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -55,8 +56,16 @@ class Head(msgspec.Struct, frozen=True):
     body: bytes | None  # None: a text/event-stream follows
 
 
-async def read_body(request: Any, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+def request_id() -> str:
+    """A random (version 4) UUID as 32 hex digits, as ``uuid.uuid4().hex`` but without building a ``UUID``."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40
+    b[8] = (b[8] & 0x3F) | 0x80
+    return b.hex()
+
+
+async def read_body(request: Any, headers: Any, limit: int) -> bytes:
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body is {declared} bytes, over this gateway's limit of {limit} "
                        "bytes (--max-body-bytes); send a shorter prompt", code="body_too_large")
@@ -105,7 +114,7 @@ def _check_model_and_window(state: GatewayState, request: ChatRequest | Completi
 async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenerator[Head | bytes, None]:
     """The one owner of a request's life (module docstring). ``request``: headers, ``body()`` and the ASGI
     ``receive`` channel (watched for a client that leaves while the worker computes)."""
-    arrival = Arrival(request_id=uuid.uuid4().hex, endpoint=endpoint, t0=time.perf_counter())
+    arrival = Arrival(request_id=request_id(), endpoint=endpoint, t0=time.perf_counter())
     active = state.active  # the policy version this request runs under
     holds, waited, tally = Holds(state), Stopwatch(), Tally(arrival.t0)
     route, stream, retries = "", False, 0
@@ -122,11 +131,12 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
 
     try:
         try:
-            raw = await read_body(request, state.settings.max_body_bytes)
-            route = active.keys.route_for(request.headers.get("authorization"))
+            headers = request.headers
+            raw = await read_body(request, headers, state.settings.max_body_bytes)
+            route = active.keys.route_for(headers.get("authorization"))
             body, parsed = parse_body(raw, ChatRequest if endpoint == "chat" else CompletionRequest)
             stream = parsed.stream
-            admitted = admit(state, arrival, active, route, body, parsed, request.headers)
+            admitted = admit(state, arrival, active, route, body, parsed, headers)
             if admitted.trace_ids:
                 tally.want_ids()
             holds.take_limits(admitted)

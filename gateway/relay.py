@@ -47,9 +47,11 @@ def worker_decode_s(sglext: SglExt) -> float | None:
 class Tally:
     """What the answer has told so far (usage, speculation counters, first-token time, the worker's decode
     time, and the token ids and finish reason once ``want_ids`` was called); ``relayed()`` freezes it into the
-    stage value."""
+    stage value (kept until the tally changes: a whole answer's is built once for its ``specgate`` object and
+    its ``Finished``)."""
 
-    __slots__ = ("t0", "prompt_tokens", "completion_tokens", "stats", "ttft_s", "decode_s", "ids", "finish")
+    __slots__ = ("t0", "prompt_tokens", "completion_tokens", "stats", "ttft_s", "decode_s", "ids", "finish",
+                 "_frozen")
 
     def __init__(self, t0: float) -> None:
         self.t0 = t0
@@ -59,11 +61,14 @@ class Tally:
         self.decode_s: float | None = None
         self.ids: TokenIds | None = None
         self.finish: str | None = None
+        self._frozen: Relayed | None = None
 
     def want_ids(self) -> None:
         self.ids = TokenIds()
+        self._frozen = None
 
     def take(self, parsed: Any) -> None:
+        self._frozen = None
         if parsed.usage is not None:
             self.prompt_tokens = parsed.usage.prompt_tokens
             self.completion_tokens = parsed.usage.completion_tokens
@@ -79,13 +84,17 @@ class Tally:
     def first_token(self) -> None:
         if self.ttft_s is None:
             self.ttft_s = time.perf_counter() - self.t0
+            self._frozen = None
 
     def relayed(self) -> Relayed:
+        if self._frozen is not None:
+            return self._frozen
         ids = self.ids
-        return Relayed(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
-                       stats=self.stats, ttft_s=self.ttft_s, decode_s=self.decode_s,
-                       prompt_ids=ids.prompt_ids if ids else None, output_ids=ids.output_ids if ids else None,
-                       finish=self.finish)
+        self._frozen = frozen = Relayed(
+            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens, stats=self.stats,
+            ttft_s=self.ttft_s, decode_s=self.decode_s, prompt_ids=ids.prompt_ids if ids else None,
+            output_ids=ids.output_ids if ids else None, finish=self.finish)
+        return frozen
 
 
 def _same(raw: bytes) -> bytes:

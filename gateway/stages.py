@@ -132,24 +132,23 @@ class Finished(msgspec.Struct, frozen=True, kw_only=True):
         chunk to the end: the network path the client sees); ``worker``, the worker's decode time of a whole
         answer (``Relayed.decode_s``); None: no TPOT (fewer than 2 tokens, or a whole answer from a worker that
         reports no decode time)."""
-        r = self.relayed
-        if r.completion_tokens < 2:
-            return None
-        if self.stream:
-            return "stream" if r.ttft_s is not None else None
-        return "worker" if r.decode_s is not None else None
+        return _tpot(self)[0]
 
     @property
     def tpot_s(self) -> float | None:
         """Time per output token after the first: (e2e - ttft) / (n - 1) streamed, decode_s / (n - 1) whole."""
-        r, source = self.relayed, self.tpot_source
-        if source == "stream":
-            assert r.ttft_s is not None
-            return (self.e2e_s - r.ttft_s) / (r.completion_tokens - 1)
-        if source == "worker":
-            assert r.decode_s is not None
-            return r.decode_s / (r.completion_tokens - 1)
-        return None
+        return _tpot(self)[1]
+
+
+def _tpot(f: Finished) -> tuple[str | None, float | None]:
+    """(``Finished.tpot_source``, ``Finished.tpot_s``) in one pass (``record`` and ``outcome`` need both)."""
+    r = f.relayed
+    n = r.completion_tokens
+    if n < 2:
+        return None, None
+    if f.stream:
+        return (None, None) if r.ttft_s is None else ("stream", (f.e2e_s - r.ttft_s) / (n - 1))
+    return (None, None) if r.decode_s is None else ("worker", r.decode_s / (n - 1))
 
 
 def served_by(decision: Decision | None, dispatched: Dispatched | None) -> tuple[str, str, int]:
@@ -167,13 +166,12 @@ def reason(decision: Decision, dispatched: Dispatched | None) -> str:
 
 def headers(arrival: Arrival, route: str, decision: Decision | None, dispatched: Dispatched | None,
             retries: int, overhead_s: float) -> dict[str, str]:
-    out = {"x-specgate-request-id": arrival.request_id, "x-specgate-overhead-ms": f"{overhead_s * 1e3:.3f}"}
-    if decision is not None:
-        pool, _, k = served_by(decision, dispatched)
-        out.update({"x-specgate-slice": decision.slice, "x-specgate-pool": pool, "x-specgate-rule": decision.rule,
-                    "x-specgate-draft-tokens": str(k), "x-specgate-route": route,
-                    "x-specgate-retries": str(retries)})
-    return out
+    if decision is None:
+        return {"x-specgate-request-id": arrival.request_id, "x-specgate-overhead-ms": f"{overhead_s * 1e3:.3f}"}
+    pool, _, k = served_by(decision, dispatched)
+    return {"x-specgate-request-id": arrival.request_id, "x-specgate-overhead-ms": f"{overhead_s * 1e3:.3f}",
+            "x-specgate-slice": decision.slice, "x-specgate-pool": pool, "x-specgate-rule": decision.rule,
+            "x-specgate-draft-tokens": str(k), "x-specgate-route": route, "x-specgate-retries": str(retries)}
 
 
 class SpecgateInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,10 +218,10 @@ def _positions(values: tuple[int, ...] | None) -> list[int] | None:
     return list(values) if values else None
 
 
-def _learned_tpot(f: Finished) -> float | None:
-    """``Finished.tpot_s``; for a whole answer whose worker reports no decode time (a real SGLang server),
-    e2e per token, as the learner had before workers reported it."""
-    tpot, n = f.tpot_s, f.relayed.completion_tokens
+def _learned_tpot(f: Finished, tpot: float | None) -> float | None:
+    """``Finished.tpot_s`` (``tpot``); for a whole answer whose worker reports no decode time (a real SGLang
+    server), e2e per token, as the learner had before workers reported it."""
+    n = f.relayed.completion_tokens
     if tpot is None and not f.stream and n:
         return f.e2e_s / n
     return tpot
@@ -231,48 +229,61 @@ def _learned_tpot(f: Finished) -> float | None:
 
 def outcome(f: Finished) -> Outcome | None:
     """What the policy learner sees; None when the request never got a pool."""
-    pool, proposer, k = served_by(f.decision, f.dispatched)
-    if f.decision is None or not pool:
+    d = f.decision
+    if d is None:
         return None
-    s, n = f.relayed.stats, f.relayed.completion_tokens
+    pool, proposer, k = served_by(d, f.dispatched)
+    if not pool:
+        return None
+    r = f.relayed
+    s = r.stats
     return Outcome(
-        route=f.route, slice=f.decision.slice, pool=pool, pair_version=f.pair_version, proposer=proposer,
-        draft_tokens=k, completion_tokens=n, verify_ct=s.verify_ct if s else 0,
+        route=f.route, slice=d.slice, pool=pool, pair_version=f.pair_version, proposer=proposer,
+        draft_tokens=k, completion_tokens=r.completion_tokens, verify_ct=s.verify_ct if s else 0,
         correct_drafts_histogram=list(s.histogram or ()) if s else [],
         accepted_per_position=_positions(s.accepted_per_position) if s else None,
         reached_per_position=_positions(s.reached_per_position) if s else None,
-        ttft_s=f.relayed.ttft_s if f.stream else None, tpot_s=_learned_tpot(f), e2e_s=f.e2e_s,
-        concurrency=round(f.mean_concurrency), ok=f.ok, status=f.ending.http_status,
+        ttft_s=r.ttft_s if f.stream else None, tpot_s=_learned_tpot(f, _tpot(f)[1]), e2e_s=f.e2e_s,
+        concurrency=round(f.mean_concurrency), ok=f.ending.status == "ok", status=f.ending.http_status,
         draft_s=s.draft_s if s else None, verify_s=s.verify_s if s else None, timestamp=time.monotonic())
 
 
 def slo_met(f: Finished) -> bool | None:
     """DistServe: TTFT and TPOT both within the route's SLO. A non-streaming client sees only the
     whole answer, so there the deadline is ttft_slo + tpot_slo * (n - 1) on the e2e time."""
-    if not f.ok or f.slo is None:
+    return _slo_met(f, f.ending.status == "ok", _tpot(f)[1])
+
+
+def _slo_met(f: Finished, ok: bool, tpot: float | None) -> bool | None:
+    """``slo_met`` given ``f.ok`` and ``f.tpot_s``, computed once by the caller."""
+    slo = f.slo
+    if not ok or slo is None:
         return None
-    ttft_slo = f.slo.ttft_ms / 1e3 if f.slo.ttft_ms else None
-    tpot_slo = f.slo.tpot_ms / 1e3 if f.slo.tpot_ms else None
+    ttft_slo = slo.ttft_ms / 1e3 if slo.ttft_ms else None
+    tpot_slo = slo.tpot_ms / 1e3 if slo.tpot_ms else None
     if not f.stream:
         if ttft_slo is None and tpot_slo is None:
             return None
         return f.e2e_s <= (ttft_slo or 0.0) + (tpot_slo or 0.0) * max(0, f.relayed.completion_tokens - 1)
-    ttft, tpot = f.ttft_s, f.tpot_s
+    ttft = f.relayed.ttft_s  # Finished.ttft_s of a stream
     return (ttft_slo is None or ttft is None or ttft <= ttft_slo) and \
         (tpot_slo is None or tpot is None or tpot <= tpot_slo)
 
 
 def record(f: Finished) -> RequestRecord:
     """What telemetry sees (metrics, logs, dashboard)."""
-    d, s, r = f.decision, f.relayed.stats, f.relayed
+    d, s, r, slo = f.decision, f.relayed.stats, f.relayed, f.slo
     pool, proposer, k = served_by(d, f.dispatched)
+    ok = f.ending.status == "ok"
+    tpot_source, tpot = _tpot(f)
     return RequestRecord(
         request_id=f.arrival.request_id, route=f.route, slice=d.slice if d else "", pool=pool if d else "",
         proposer=proposer, rule=d.rule if d else "", reason=reason(d, f.dispatched) if d else "",
         draft_tokens=k, exploration=d.exploration if d else None, endpoint=f.arrival.endpoint, stream=f.stream,
         status=f.ending.status, http_status=f.ending.http_status, error_type=f.ending.error_type,
         error_message=f.ending.error_message, prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
-        ttft_s=f.ttft_s if f.ok else None, tpot_s=f.tpot_s, tpot_source=f.tpot_source, e2e_s=f.e2e_s,
+        ttft_s=(r.ttft_s if f.stream else f.e2e_s) if ok else None, tpot_s=tpot, tpot_source=tpot_source,
+        e2e_s=f.e2e_s,
         overhead_s=f.overhead_s,
         verify_ct=s.verify_ct if s else None, accept_length=s.accept_length if s else None,
         num_proposed_drafts=s.num_proposed_drafts if s else None,
@@ -280,8 +291,8 @@ def record(f: Finished) -> RequestRecord:
         correct_drafts_histogram=_positions(s.histogram) if s else None,
         accepted_per_position=_positions(s.accepted_per_position) if s else None,
         reached_per_position=_positions(s.reached_per_position) if s else None,
-        slo_ttft_s=f.slo.ttft_ms / 1e3 if f.slo and f.slo.ttft_ms else None,
-        slo_tpot_s=f.slo.tpot_ms / 1e3 if f.slo and f.slo.tpot_ms else None, slo_met=slo_met(f),
+        slo_ttft_s=slo.ttft_ms / 1e3 if slo and slo.ttft_ms else None,
+        slo_tpot_s=slo.tpot_ms / 1e3 if slo and slo.tpot_ms else None, slo_met=_slo_met(f, ok, tpot),
         retries=f.retries, worker=f.dispatched.worker if f.dispatched else "",
         fallback=f.dispatched.fallback if f.dispatched else bool(d and d.fallback), timestamp=time.time(),
         concurrency=round(f.mean_concurrency))

@@ -97,11 +97,16 @@ def request_fields(record: RequestRecord, *, debug_text: bool) -> dict[str, Any]
 
 
 def log_request(logger: Any, record: RequestRecord, *, debug_text: bool) -> None:
-    """Info for ok, warning for client-side outcomes, error for upstream/unavailable failures."""
-    fields = request_fields(record, debug_text=debug_text)
+    """Info for ok, warning for client-side outcomes, error for upstream/unavailable failures. The fields
+    are built only when the level is enabled: at ``--log-level warning`` an ok request costs no dict."""
     if record.status in ("upstream_error", "unavailable"):
-        logger.error("request", **fields)
+        name, level = "error", logging.ERROR
     elif record.status != "ok":
-        logger.warning("request", **fields)
+        name, level = "warning", logging.WARNING
     else:
-        logger.info("request", **fields)
+        name, level = "info", logging.INFO
+    bound = logger.bind()  # a lazy proxy (structlog.get_logger) binds on every use: once here, not twice
+    enabled = getattr(bound, "is_enabled_for", None)
+    if enabled is not None and not enabled(level):
+        return
+    getattr(bound, name)("request", **request_fields(record, debug_text=debug_text))
