@@ -137,14 +137,12 @@ def build(engine: Any, requests: Sequence[RequestLine], out: str | Path, *, mode
 def _traced(engine: Any, requests: Sequence[RequestLine], max_new_tokens: int, pairs: dict[str, Pair],
             clock: Callable[[], float], summary: BuildSummary) -> Iterator[TraceRequest]:
     from backends.engine.counterfactual import draft_matches
-    from backends.engine.proposers.draft_model import layer_truncated_draft
-    from backends.engine.runner import ModelRunner
     from backends.engine.types import SpeculationParams
     from backends.sglang import openai_wire
     from backends.worker.errors import BadRequest
     from backends.worker.translate import Limits, chat_request
 
-    drafts = {version: ModelRunner(layer_truncated_draft(engine.runner.model, pair.draft.layers))
+    drafts = {version: engine.runner.truncated(pair.draft.layers)
               for version, pair in pairs.items()}
     limits = Limits(context_length=engine.context_length, default_speculation=SpeculationParams())
     start = clock()

@@ -67,21 +67,24 @@ SGLANG_CANDIDATES = (1, 3, 7)
 
 @dataclass(slots=True)
 class StepCosts:
-    """Engine-wide EMA of measured seconds per target forward width, per draft token and per round's
+    """Engine-wide EMA of measured seconds per target forward by the tokens it holds (one sequence's round or
+    a whole batched step: a forward's cost is a function of its tokens), per draft token and per round's
     overhead (sampling, verification, commit).
 
-    Widths never measured fall back to the nearest measured width, scaled linearly (a safe guess that
-    over-estimates wide verification on this CPU).
+    ``step_base``: the tokens the other sequences of the step being planned feed; a round of k drafts then
+    costs ``forward(step_base + k + 1)``, the step every sequence in it waits for (at c1 it is 0). Token
+    counts never measured interpolate linearly between measured ones (beyond the largest: proportional).
     """
 
     forward_s: dict[int, float] = field(default_factory=dict)
     draft_token_s: dict[str, float] = field(default_factory=dict)
     overhead_s: float = 0.0
     beta: float = 0.1
+    step_base: int = 0
 
-    def observe_forward(self, width: int, seconds: float) -> None:
-        old = self.forward_s.get(width)
-        self.forward_s[width] = seconds if old is None else (1 - self.beta) * old + self.beta * seconds
+    def observe_forward(self, tokens: int, seconds: float) -> None:
+        old = self.forward_s.get(tokens)
+        self.forward_s[tokens] = seconds if old is None else (1 - self.beta) * old + self.beta * seconds
 
     def observe_draft(self, proposer: str, tokens: int, seconds: float) -> None:
         if tokens <= 0:
@@ -93,18 +96,29 @@ class StepCosts:
     def observe_overhead(self, seconds: float) -> None:
         self.overhead_s = seconds if not self.overhead_s else (1 - self.beta) * self.overhead_s + self.beta * seconds
 
-    def forward(self, width: int) -> float:
-        if width in self.forward_s:
-            return self.forward_s[width]
-        if not self.forward_s:
-            return float(width)  # uncalibrated: cost proportional to width
-        nearest = min(self.forward_s, key=lambda w: abs(w - width))
-        return self.forward_s[nearest] * max(1.0, width / nearest)
+    def forward(self, tokens: int) -> float:
+        known = self.forward_s
+        if tokens in known:
+            return known[tokens]
+        if not known:
+            return float(tokens)  # uncalibrated: cost proportional to tokens
+        below = max((t for t in known if t < tokens), default=None)
+        above = min((t for t in known if t > tokens), default=None)
+        if below is None:
+            return known[above]
+        if above is None:
+            return known[below] * tokens / below
+        share = (tokens - below) / (above - below)
+        return known[below] + share * (known[above] - known[below])
 
     def round_s(self, proposer: str, k: int) -> float:
-        """Seconds of a round of k drafts (k = 0: a plain step)."""
+        """Seconds of a round of k drafts (k = 0: a plain step) in the step being planned."""
         draft = k * self.draft_token_s.get(proposer, 0.0) if k else 0.0
-        return self.forward(k + 1) + draft + self.overhead_s
+        return self.forward(self.step_base + k + 1) + draft + self.overhead_s
+
+    def table(self) -> list[tuple[int, float]]:
+        """(tokens, seconds) of every forward size measured, ascending (what /server_info reports)."""
+        return sorted(self.forward_s.items())
 
 
 def expected_tokens(rates, k: int) -> float:

@@ -245,9 +245,7 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
     """Measure a cost model on ``engine`` (an ``Engine``, not started) with ``token_ids`` (a real text's ids,
     repeated as needed). ``model`` and ``revision`` name the target, as a trace header does. Returns the
     file's fields as plain data (``policies.costmodel.from_measurements`` makes the CostModel)."""
-    from backends.engine.proposers.draft_model import layer_truncated_draft
     from backends.engine.proposers.ngram import NgramProposer
-    from backends.engine.runner import ModelRunner
 
     progress = progress or (lambda line: None)
     contexts, widths, prefill_tokens = sorted(set(contexts)), sorted(set(widths)), sorted(set(prefill_tokens))
@@ -272,7 +270,7 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
         draft["suffix"] = _model_free("suffix", lambda prompt: store.open("calibrate", prompt), ids, contexts,
                                       progress)
     if "draft_model" in proposers:
-        draft_runner = ModelRunner(layer_truncated_draft(runner.model, draft_layers))
+        draft_runner = runner.truncated(draft_layers)
         draft["draft_model"] = _draft_model(draft_runner, ids, contexts, repeats, frozenset(engine.eos_ids),
                                             progress)
     overhead_s = _overhead(engine, ids, contexts, progress)

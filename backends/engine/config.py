@@ -14,7 +14,8 @@ class EngineConfig:
     max_running_requests: int = 16
     max_total_tokens: int = 65536  # KV capacity in positions, shared by running sequences
     max_waiting_requests: int = 1024
-    prefill_chunk: int = 256  # prompt tokens fed per scheduling turn (bounds others' stall)
+    prefill_chunk: int = 256  # prompt tokens one sequence feeds per step (bounds others' stall)
+    max_batch_tokens: int = 512  # tokens one step feeds, all sequences together (rounds first, then prefill)
     draft_layers: int = 8  # layer-truncated self-draft depth
     default_speculation: SpeculationParams = SpeculationParams()
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default

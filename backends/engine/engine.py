@@ -1,13 +1,18 @@
-"""The embedded speculative engine: schedule -> run -> postprocess, one round per sequence per turn.
+"""The embedded speculative engine: continuous batching, one target forward per scheduling step.
 
-``Engine.step()`` is the whole algorithm; ``start()`` runs it on a background thread so an asyncio
-server never blocks on the model. Requests arrive through ``submit`` (thread-safe) with a callback
-that receives a ``RequestOutput`` after every round; ``abort`` stops one at its next turn.
-
-A round (``_round``): the proposer drafts k tokens from the committed context; the target scores
-``[last_committed, d_1..d_k]`` in ONE forward; ``verify`` accepts a prefix and adds the recovered or
-bonus token; the sequence commits them through its stop checks; the cache is cropped back to the
-committed length - 1. With proposer ``none`` (k = 0) this is exactly plain decoding, the reference.
+``Engine.step()`` is the whole algorithm, in the spirit of nano-vllm's schedule -> run -> postprocess:
+- schedule (``_schedule``): every decoding sequence plans a round: its proposer drafts k tokens from the
+  committed context (a draft model drafts for all its sequences in one batch per draft position), k fixed
+  or chosen per round by the sequence's controller; then prefill chunks of admitted prompts fill what is
+  left of the step's token budget (``max_batch_tokens``, chunked prefill mixed into decode steps);
+- run: ONE packed forward (``ModelRunner.forward_batch``) scores every sequence's feed, a round's
+  ``[last_committed, d_1..d_k]`` and a prefill's chunk, each against its own KV cache;
+- postprocess (``_verify``): ``verify`` accepts a prefix and adds the recovered or bonus token; the sequence
+  commits them through its stop checks; its cache is cut back to the committed length - 1.
+With proposer ``none`` (k = 0) a round is exactly plain decoding, the reference. ``start()`` runs the loop
+on a background thread so an asyncio server never blocks on the model. Requests arrive through ``submit``
+(thread-safe) with a callback that receives a ``RequestOutput`` after every round; ``abort`` stops one at
+the next step.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ import torch
 
 from backends.engine.adaptive import StepCosts, controller_for, match_context
 from backends.engine.config import EngineConfig
-from backends.engine.proposers.base import EMPTY, SequenceProposer
-from backends.engine.proposers.draft_model import DraftModelProposer, layer_truncated_draft
+from backends.engine.proposers.base import EMPTY, Proposal, SequenceProposer
+from backends.engine.proposers.draft_model import DraftJob, DraftModelProposer, propose_batch
 from backends.engine.proposers.ngram import NgramProposer
 from backends.engine.proposers.suffix import SuffixStore
-from backends.engine.runner import ModelRunner, load_model
+from backends.engine.runner import Feed, ModelRunner, load_model
 from backends.engine.sampling import (
     PenaltyState, needs_history, probs_from_logits, process_logits, token_logprobs,
 )
@@ -56,6 +61,19 @@ class _Slot:
     proposer: SequenceProposer | None
     adaptive: object | None  # a controller of backends/engine/adaptive.py
     on_output: OutputCallback
+
+
+@dataclass(slots=True)
+class _Work:
+    """One sequence's part of a step: the tokens it feeds, the logits it keeps, and its round's draft."""
+
+    seq: Sequence
+    slot: _Slot
+    feed: list[int]
+    keep: int  # logits kept (0: a round keeps one per fed token)
+    proposal: Proposal = EMPTY
+    budget: int = 0  # the k chosen (a proposer may find fewer drafts)
+    started: float = 0.0
 
 
 class Engine:
@@ -149,26 +167,40 @@ class Engine:
                 self._wake.clear()
 
     def step(self) -> bool:
-        """One scheduling turn: intake, admit, one unit of work per running sequence. True if busy."""
+        """One scheduling step: intake, admit, then schedule -> run -> postprocess with ONE target forward for
+        every running sequence (decode rounds and prefill chunks packed together). True if busy."""
         self._drain_inbox()
         for seq in self.scheduler.admit():
             seq.stats.queue_s = time.perf_counter() - seq.submitted_at
-        batch = len(self.scheduler.running)
-        for seq in list(self.scheduler.running):
-            slot = self._slots[seq.rid]
+        works = self._schedule()
+        if works:
             try:
-                if seq.status is Status.PREFILL:
-                    self._prefill(seq, slot)
-                else:
-                    self._round(seq, slot, batch)
-            except Exception as exc:  # a bug in one request must not take the worker down
-                log.exception("request %s failed", seq.rid)
-                seq.finish = FinishReason(type="abort", message=f"internal error: {exc}", status_code=500)
+                result = self.runner.forward_batch([Feed(w.slot.cache, w.feed, w.keep or len(w.feed))
+                                                     for w in works])
+            except Exception as exc:  # a failed step fails its sequences, never the worker
+                log.exception("step of %d sequences failed", len(works))
+                for work in works:
+                    self._fail(work.seq, exc)
+            else:
+                self.costs.observe_forward(result.tokens, result.seconds)
+                for work, logits in zip(works, result.logits):
+                    try:
+                        if work.seq.status is Status.PREFILL:
+                            self._prefilled(work, logits)
+                        else:
+                            self._verify(work, logits, result.seconds)
+                    except Exception as exc:  # a bug in one request must not take the worker down
+                        log.exception("request %s failed", work.seq.rid)
+                        self._fail(work.seq, exc)
+        for seq in list(self.scheduler.running):
             if seq.finish is not None:
                 self._finish(seq)
         for controller in self._shared_controllers.values():
             controller.end_step()
         return bool(self.scheduler.running or self.scheduler.waiting)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> None:
+        seq.finish = FinishReason(type="abort", message=f"internal error: {exc}", status_code=500)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -185,28 +217,66 @@ class Engine:
                 seq.finish = FinishReason(type="abort", message="aborted by request", status_code=499)
                 self._finish(seq)
 
-    def _prefill(self, seq: Sequence, slot: _Slot) -> None:
+    def _schedule(self) -> list[_Work]:
+        """This step's work: a round for every decoding sequence (drafts proposed now, draft-model drafts in
+        one batch), then prefill chunks in admission order within what is left of ``max_batch_tokens``."""
+        running = self.scheduler.running
+        decoding = [seq for seq in running if seq.status is Status.DECODE]
+        works: list[_Work] = []
+        drafts: list[tuple[_Work, DraftJob]] = []
+        self.costs.step_base = max(0, len(decoding) - 1)  # the other rounds' tokens a round's cost shares
+        for seq in decoding:
+            try:
+                work, job = self._plan_round(seq, self._slots[seq.rid], len(running))
+            except Exception as exc:
+                log.exception("request %s failed", seq.rid)
+                self._fail(seq, exc)
+                continue
+            works.append(work)
+            self.costs.step_base += work.budget
+            if job is not None:
+                drafts.append((work, job))
+        if drafts:
+            for (work, _), proposal in zip(drafts, propose_batch([job for _, job in drafts])):
+                work.proposal, work.feed = proposal, [work.feed[0], *proposal.tokens]
+        left = self.config.max_batch_tokens - sum(len(w.feed) for w in works)
+        for seq in running:
+            if seq.status is Status.PREFILL and seq.finish is None:
+                work = self._plan_prefill(seq, self._slots[seq.rid], left)
+                if work is not None:
+                    works.append(work)
+                    left -= len(work.feed)
+        return works
+
+    def _plan_prefill(self, seq: Sequence, slot: _Slot, left: int) -> _Work | None:
         target = len(seq.prompt_ids) - 1  # the last prompt token is fed by the first round
-        end = min(target, seq.prefilled + self.config.prefill_chunk)
-        request = seq.request
-        scored = request.prompt_logprobs
-        if scored and seq.prefilled == 0:
-            seq.prompt_logprobs.append(TokenLogprob(seq.prompt_ids[0], None))
-        if end > seq.prefilled:
-            fed = list(seq.prompt_ids[seq.prefilled:end])
-            forward = self.runner.forward(slot.cache, fed, keep=len(fed) if scored else 1)
-            if scored:  # position i predicts prompt token i + 1; no penalties: nothing is generated yet
-                scaled = process_logits(forward.logits, request.sampling, None, [], seq.stop_token_ids)
-                nxt = list(seq.prompt_ids[seq.prefilled + 1:end + 1])
-                seq.prompt_logprobs.extend(token_logprobs(scaled, nxt, request.logprobs or 0))
+        end = min(target, seq.prefilled + self.config.prefill_chunk, seq.prefilled + max(0, left))
+        if seq.prefilled == target:
+            seq.status = Status.DECODE  # nothing to prefill (a one-token prompt): decodes from the next step
+            return None
+        if end == seq.prefilled:
+            return None  # no room in this step
+        fed = list(seq.prompt_ids[seq.prefilled:end])
+        return _Work(seq, slot, fed, keep=len(fed) if seq.request.prompt_logprobs else 1)
+
+    def _prefilled(self, work: _Work, logits: torch.Tensor) -> None:
+        seq, request = work.seq, work.seq.request
+        end = seq.prefilled + len(work.feed)
+        if request.prompt_logprobs:  # position i predicts prompt token i + 1; no penalties: nothing generated yet
+            if seq.prefilled == 0:
+                seq.prompt_logprobs.append(TokenLogprob(seq.prompt_ids[0], None))
+            scaled = process_logits(logits, request.sampling, None, [], seq.stop_token_ids)
+            nxt = list(seq.prompt_ids[seq.prefilled + 1:end + 1])
+            seq.prompt_logprobs.extend(token_logprobs(scaled, nxt, request.logprobs or 0))
         seq.prefilled = seq.cache_len = end
-        if end == target:
+        if end == len(seq.prompt_ids) - 1:
             seq.status = Status.DECODE
 
-    def _round(self, seq: Sequence, slot: _Slot, batch: int = 1) -> None:
+    def _plan_round(self, seq: Sequence, slot: _Slot, batch: int) -> tuple[_Work, DraftJob | None]:
+        """Choose k and draft (model-free proposers now; a draft model's job is returned for the batch)."""
         started = time.perf_counter()
         params = seq.request.sampling
-        k, proposal, controller = 0, EMPTY, slot.adaptive
+        k, proposal, controller, job = 0, EMPTY, slot.adaptive, None
         context = seq.context
         if slot.proposer is not None:
             k_cap = max(0, min(seq.request.speculation.draft_tokens, seq.remaining - 1))
@@ -218,11 +288,20 @@ class Engine:
                     proposal = replace(proposal, tokens=proposal.tokens[:k])
             else:
                 k = max(0, min(controller.choose(batch) if controller else k_cap, k_cap))
-                proposal = slot.proposer.propose(context, k, params, slot.penalty, slot.generator) if k else EMPTY
+                if k and isinstance(slot.proposer, DraftModelProposer):
+                    job = DraftJob(slot.proposer, context, k, params, slot.penalty, slot.generator)
+                elif k:
+                    proposal = slot.proposer.propose(context, k, params, slot.penalty, slot.generator)
+        work = _Work(seq, slot, [context[-1], *proposal.tokens], keep=0, proposal=proposal, budget=k,
+                     started=started)
+        return work, job
+
+    def _verify(self, work: _Work, logits: torch.Tensor, forward_s: float) -> None:
+        """Postprocess a round: verify, commit through the stops, roll the cache back, record, emit."""
+        seq, slot, proposal = work.seq, work.slot, work.proposal
+        params = seq.request.sampling
         drafts = proposal.tokens
-        feed = [context[-1], *drafts]
-        forward = self.runner.forward(slot.cache, feed, keep=len(feed))
-        scaled = process_logits(forward.logits, params, slot.penalty, drafts, seq.stop_token_ids)
+        scaled = process_logits(logits, params, slot.penalty, drafts, seq.stop_token_ids)
         if params.greedy:
             verdict = verify_greedy(scaled, drafts)
         else:
@@ -235,18 +314,16 @@ class Engine:
             slot.penalty.commit(committed)
         seq.cache_len = len(seq.prompt_ids) + len(seq.output_ids) - 1
         self.runner.rollback(slot.cache, seq.cache_len)
-        self.costs.observe_forward(len(feed), forward.seconds)
         if slot.proposer is not None:
             self.costs.observe_draft(slot.proposer.name, len(drafts), proposal.seconds)
             slot.proposer.observe(len(drafts), verdict.accepted, seq.context)
-            if controller is not None:
-                controller.observe(len(drafts), verdict.accepted, match_context(proposal.match))
-        elapsed = time.perf_counter() - started
-        self.costs.observe_overhead(max(0.0, elapsed - proposal.seconds - forward.seconds))
+            if slot.adaptive is not None:
+                slot.adaptive.observe(len(drafts), verdict.accepted, match_context(proposal.match))
+        overhead = max(0.0, time.perf_counter() - work.started - proposal.seconds - forward_s)
+        self.costs.observe_overhead(overhead)
         seq.stats.record(RoundStats(
-            k=len(drafts), accepted=verdict.accepted, budget=k, committed=len(committed), bonus=verdict.bonus,
-            draft_s=proposal.seconds, verify_s=forward.seconds,
-            overhead_s=max(0.0, elapsed - proposal.seconds - forward.seconds)))
+            k=len(drafts), accepted=verdict.accepted, budget=work.budget, committed=len(committed),
+            bonus=verdict.bonus, draft_s=proposal.seconds, verify_s=forward_s, overhead_s=overhead))
         seq.stats.completion_tokens = len(seq.output_ids)
         if seq.stats.first_token_s is None:
             seq.stats.first_token_s = time.perf_counter() - seq.submitted_at
@@ -319,7 +396,7 @@ class Engine:
     @property
     def draft_runner(self) -> ModelRunner:
         if self._draft_runner is None:
-            self._draft_runner = ModelRunner(layer_truncated_draft(self.runner.model, self.config.draft_layers))
+            self._draft_runner = self.runner.truncated(self.config.draft_layers)
         return self._draft_runner
 
     @property

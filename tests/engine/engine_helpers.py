@@ -11,7 +11,7 @@ import torch
 
 from backends.engine.config import EngineConfig
 from backends.engine.engine import Engine
-from backends.engine.runner import ModelRunner
+from backends.engine.runner import Feed, ModelRunner
 from backends.engine.types import GenerateRequest, RequestOutput, RequestStats
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -71,10 +71,10 @@ def final(engine: Engine, request: GenerateRequest) -> RequestOutput:
 
 
 class CacheRecorder:
-    """Wraps a runner's ``forward``/``rollback`` to keep a shadow copy of what each KV cache holds.
+    """Wraps a runner's ``forward_batch``/``rollback`` to keep a shadow copy of what each KV cache holds.
 
     ``contents(cache)`` is the exact token list whose keys/values the cache holds, reconstructed from
-    every fed sequence and every crop, and checked against the cache's real length on every call.
+    every fed sequence and every rollback, and checked against the cache's real length on every call.
     ``on_forward(cache, before, fed)`` hooks let a test assert what the cache held when it was fed.
     """
 
@@ -82,23 +82,27 @@ class CacheRecorder:
         self.runner = runner
         self.shadow: dict[int, tuple[object, list[int]]] = {}  # keeps caches alive: ids never reused
         self.fed: list[tuple[int, list[int]]] = []
+        self.batches: list[int] = []  # sequences per forward
         self.on_forward = on_forward
-        self._forward, self._rollback = runner.forward, runner.rollback
-        runner.forward = self.forward  # instance attributes shadow the class methods
+        self._forward, self._rollback = runner.forward_batch, runner.rollback
+        runner.forward_batch = self.forward_batch  # instance attributes shadow the class methods
         runner.rollback = self.rollback
 
     def contents(self, cache) -> list[int]:
         return self.shadow.setdefault(id(cache), (cache, []))[1]
 
-    def forward(self, cache, token_ids, keep):
-        before = list(self.contents(cache))
-        assert self.runner.cache_len(cache) == len(before)
-        if self.on_forward is not None:
-            self.on_forward(cache, before, list(token_ids))
-        result = self._forward(cache, token_ids, keep)
-        self.contents(cache).extend(token_ids)
-        self.fed.append((id(cache), list(token_ids)))
-        assert self.runner.cache_len(cache) == len(self.contents(cache))
+    def forward_batch(self, feeds):
+        for feed in feeds:
+            before = list(self.contents(feed.cache))
+            assert self.runner.cache_len(feed.cache) == len(before)
+            if self.on_forward is not None:
+                self.on_forward(feed.cache, before, list(feed.tokens))
+        result = self._forward(feeds)
+        self.batches.append(len(feeds))
+        for feed in feeds:
+            self.contents(feed.cache).extend(feed.tokens)
+            self.fed.append((id(feed.cache), list(feed.tokens)))
+            assert self.runner.cache_len(feed.cache) == len(self.contents(feed.cache))
         return result
 
     def rollback(self, cache, length):
@@ -107,7 +111,7 @@ class CacheRecorder:
         assert self.runner.cache_len(cache) == len(self.contents(cache))
 
     def close(self) -> None:
-        del self.runner.forward, self.runner.rollback
+        del self.runner.forward_batch, self.runner.rollback
 
 
 # Chunking noise in fp32: measured max |diff| 2.1e-7 over ~900 tensor comparisons of the round-invariant
@@ -124,13 +128,15 @@ def assert_cache_matches_fresh_prefill(runner: ModelRunner, cache, token_ids: li
     (one prefill vs prefill + rounds), so the tolerance is tight (KV_RTOL, KV_ATOL).
     """
     reference = runner.new_cache()
-    type(runner).forward(runner, reference, list(token_ids), keep=1)  # the class method: never recorded
-    assert len(cache.layers) == len(reference.layers), f"{where}: {len(cache.layers)} layers cached"
-    for i, (got, want) in enumerate(zip(cache.layers, reference.layers)):
-        for name in ("keys", "values"):
-            torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=KV_RTOL, atol=KV_ATOL,
-                                       msg=lambda m: f"{where}, layer {i} {name} vs a fresh prefill of "
-                                                     f"{len(token_ids)} tokens: {m}")
+    type(runner).forward_batch(runner, [Feed(reference, list(token_ids), 1)])  # the class method: never recorded
+    n = len(token_ids)
+    assert runner.cache_len(cache) == n, f"{where}: {runner.cache_len(cache)} positions cached, want {n}"
+    for layer in range(runner.layers):
+        for index, name in enumerate(("keys", "values")):
+            torch.testing.assert_close(cache.kv[layer, index, :, :n], reference.kv[layer, index, :, :n],
+                                       rtol=KV_RTOL, atol=KV_ATOL,
+                                       msg=lambda m: f"{where}, layer {layer} {name} vs a fresh prefill of "
+                                                     f"{n} tokens: {m}")
 
 
 class RoundLog:

@@ -216,15 +216,20 @@ def test_bad_strategy_and_table_are_refused():
         SpeculationParams(proposer="ngram", adaptive=True, prior=(1.5,))
 
 
-def test_step_costs_fall_back_to_the_nearest_measured_width_scaled_up():
+def test_step_costs_interpolate_between_measured_token_counts_and_add_the_step_base():
     costs = StepCosts(forward_s={1: 0.04, 9: 0.08})
-    assert costs.forward(10) == pytest.approx(0.08 * 10 / 9)
-    assert costs.forward(2) == pytest.approx(0.08)  # nearest is 1 -> scaled by 2
-    assert StepCosts().forward(3) == 3.0  # uncalibrated: proportional to width
+    assert costs.forward(10) == pytest.approx(0.08 * 10 / 9)  # beyond the largest: proportional
+    assert costs.forward(3) == pytest.approx(0.05)  # a quarter of the way from 1 to 9
+    assert StepCosts(forward_s={4: 0.03}).forward(2) == 0.03  # below the smallest: the smallest
+    assert StepCosts().forward(3) == 3.0  # uncalibrated: proportional to tokens
     costs.draft_token_s["draft_model"] = 0.01
     costs.observe_overhead(0.002)
     assert costs.round_s("draft_model", 8) == pytest.approx(0.08 + 0.08 + 0.002)
     assert costs.round_s("draft_model", 0) == pytest.approx(0.04 + 0.002)
+    costs.step_base = 4  # four other sequences' tokens in the step: a plain round shares a 5-token forward
+    assert costs.round_s("draft_model", 0) == pytest.approx(0.06 + 0.002)
+    assert costs.round_s("draft_model", 4) == pytest.approx(0.08 + 0.04 + 0.002)
+    assert costs.table() == [(1, 0.04), (9, 0.08)]
 
 
 def test_engine_runs_each_controller_and_reports_what_it_chose(real_tokenizer):

@@ -9,7 +9,6 @@ import pytest
 
 from backends.engine.config import EngineConfig
 from backends.engine.engine import Engine
-from backends.engine.runner import ModelRunner
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 from tests.engine.engine_helpers import RoundLog, make_tiny_engine, run_all
 
@@ -31,7 +30,7 @@ def engine(real_tokenizer):
     """Tiny engine whose draft model is a second copy of the target ("perfect draft"): greedy drafts
     are then accepted, so rounds commit up to k + 1 tokens and stops land inside rounds."""
     engine = make_tiny_engine(real_tokenizer, seed=3)
-    engine._draft_runner = ModelRunner(engine.runner.model)
+    engine._draft_runner = engine.runner.truncated(engine.runner.layers)
     return engine
 
 

@@ -1,12 +1,14 @@
 """Draft-model proposer: any causal LM that shares the target's tokenizer, with its own KV cache.
 
 The draft samples its k tokens autoregressively from q, processed exactly like p (sampling.py), and
-returns q for the rejection test. Its cache follows the committed prefix: before each proposal it is
-cropped to the longest common prefix of what it was fed and the committed context (so rejected drafts
-leave it), then the missing committed tokens are fed.
+returns q for the rejection test; ``propose_batch`` drafts for every sequence of an engine step at once
+(one draft forward per draft position over all of them). Its cache follows the committed prefix: before
+each proposal it is cut to the longest common prefix of what it was fed and the committed context (so
+rejected drafts leave it), then the missing committed tokens are fed.
 
-``layer_truncated_draft`` builds the self-draft: the target's first N decoder layers + final norm +
-lm_head, sharing the target's weight tensors (no extra weight memory). On this CPU it loses (low
+The engine's self-draft is ``ModelRunner.truncated(N)``: the target's first N decoder layers + final norm
++ lm_head, sharing the target's weight tensors (no extra weight memory); ``layer_truncated_draft`` builds
+the same model for transformers (the reference benchmarks' assisted generation). On this CPU it loses (low
 acceptance for the time it costs); it exists so the policy can measure that and learn to avoid it.
 """
 
@@ -14,12 +16,13 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
 from backends.engine.proposers.base import Proposal, SequenceProposer
-from backends.engine.runner import ModelRunner
+from backends.engine.runner import Feed, ModelRunner
 from backends.engine.sampling import PenaltyState, probs_from_logits, process_logits, sample
 from backends.engine.types import SamplingParams
 
@@ -70,24 +73,7 @@ class DraftModelProposer(SequenceProposer):
         penalty: PenaltyState | None,
         generator: torch.Generator,
     ) -> Proposal:
-        start = time.perf_counter()
-        feed = self._sync(context)
-        tokens: list[int] = []
-        q_rows: list[torch.Tensor] = []
-        for j in range(k):
-            logits = self.runner.forward(self.cache, feed, keep=1).logits  # [1, vocab]
-            self.fed.extend(feed)
-            scaled = process_logits(logits, params, penalty, tokens, self.stop_ids, start=j)
-            if params.greedy:
-                token = int(scaled[0].argmax())
-            else:
-                q = probs_from_logits(scaled, params)[0]
-                token = sample(q, generator)
-                q_rows.append(q)
-            tokens.append(token)
-            feed = [token]
-        draft_probs = torch.stack(q_rows) if q_rows else None
-        return Proposal(tokens=tokens, draft_probs=draft_probs, seconds=time.perf_counter() - start)
+        return propose_batch([DraftJob(self, context, k, params, penalty, generator)])[0]
 
     def release(self) -> None:
         self.cache = self.runner.new_cache()
@@ -96,3 +82,43 @@ class DraftModelProposer(SequenceProposer):
     @property
     def cached_tokens(self) -> int:
         return len(self.fed)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftJob:
+    proposer: DraftModelProposer
+    context: list[int]
+    k: int
+    params: SamplingParams
+    penalty: PenaltyState | None
+    generator: torch.Generator
+
+
+def propose_batch(jobs: list[DraftJob]) -> list[Proposal]:
+    """Draft for several sequences at once: draft step j is ONE forward of the draft model over every job
+    that still wants a token (the first step also feeds each job's missing committed tokens). Each job's
+    tokens are drawn exactly as alone (its own processed logits, penalty history and generator), so batching
+    changes the time, not the drafts. Every proposal reports the batch's wall time (its latency)."""
+    start = time.perf_counter()
+    runner = jobs[0].proposer.runner if jobs else None
+    tokens: list[list[int]] = [[] for _ in jobs]
+    q_rows: list[list[torch.Tensor]] = [[] for _ in jobs]
+    feeds = [job.proposer._sync(job.context) for job in jobs]
+    for j in range(max((job.k for job in jobs), default=0)):
+        active = [i for i, job in enumerate(jobs) if job.k > j]
+        result = runner.forward_batch([Feed(jobs[i].proposer.cache, feeds[i], 1) for i in active])
+        for i, logits in zip(active, result.logits):
+            job = jobs[i]
+            job.proposer.fed.extend(feeds[i])
+            scaled = process_logits(logits, job.params, job.penalty, tokens[i], job.proposer.stop_ids, start=j)
+            if job.params.greedy:
+                token = int(scaled[0].argmax())
+            else:
+                q = probs_from_logits(scaled, job.params)[0]
+                token = sample(q, job.generator)
+                q_rows[i].append(q)
+            tokens[i].append(token)
+            feeds[i] = [token]
+    seconds = time.perf_counter() - start
+    return [Proposal(tokens=t, draft_probs=torch.stack(q) if q else None, seconds=seconds)
+            for t, q in zip(tokens, q_rows)]
