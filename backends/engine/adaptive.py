@@ -67,24 +67,27 @@ SGLANG_CANDIDATES = (1, 3, 7)
 
 @dataclass(slots=True)
 class StepCosts:
-    """Engine-wide EMA of measured seconds per target forward by the tokens it holds (one sequence's round or
-    a whole batched step: a forward's cost is a function of its tokens), per draft token and per round's
-    overhead (sampling, verification, commit).
+    """Engine-wide EMA of measured seconds per target forward by what it holds (sequences, tokens): one
+    sequence's round or a whole batched step, per draft token, and per round's overhead (sampling,
+    verification, commit). Within a sequence count, cost grows with tokens (rows of every GEMM); each
+    sequence adds its own attention calls.
 
-    ``step_base``: the tokens the other sequences of the step being planned feed; a round of k drafts then
-    costs ``forward(step_base + k + 1)``, the step every sequence in it waits for (at c1 it is 0). Token
-    counts never measured interpolate linearly between measured ones (beyond the largest: proportional).
+    ``step_seqs`` / ``step_base``: the sequences of the step being planned and the tokens the others feed;
+    a round of k drafts then costs ``forward(step_base + k + 1, step_seqs)``, the step every sequence in it
+    waits for (at c1: 1 and 0). Unmeasured token counts interpolate linearly between measured ones of the
+    nearest measured sequence count (beyond the largest: proportional).
     """
 
-    forward_s: dict[int, float] = field(default_factory=dict)
+    forward_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (sequences, tokens) -> seconds
     draft_token_s: dict[str, float] = field(default_factory=dict)
     overhead_s: float = 0.0
     beta: float = 0.1
+    step_seqs: int = 1
     step_base: int = 0
 
-    def observe_forward(self, tokens: int, seconds: float) -> None:
-        old = self.forward_s.get(tokens)
-        self.forward_s[tokens] = seconds if old is None else (1 - self.beta) * old + self.beta * seconds
+    def observe_forward(self, tokens: int, seconds: float, seqs: int = 1) -> None:
+        old = self.forward_s.get((seqs, tokens))
+        self.forward_s[seqs, tokens] = seconds if old is None else (1 - self.beta) * old + self.beta * seconds
 
     def observe_draft(self, proposer: str, tokens: int, seconds: float) -> None:
         if tokens <= 0:
@@ -96,12 +99,14 @@ class StepCosts:
     def observe_overhead(self, seconds: float) -> None:
         self.overhead_s = seconds if not self.overhead_s else (1 - self.beta) * self.overhead_s + self.beta * seconds
 
-    def forward(self, tokens: int) -> float:
-        known = self.forward_s
+    def forward(self, tokens: int, seqs: int = 1) -> float:
+        if not self.forward_s:
+            return float(tokens)  # uncalibrated: cost proportional to tokens
+        counts = {n for n, _ in self.forward_s}
+        group = min(counts, key=lambda n: (abs(n - seqs), -n))
+        known = {t: s for (n, t), s in self.forward_s.items() if n == group}
         if tokens in known:
             return known[tokens]
-        if not known:
-            return float(tokens)  # uncalibrated: cost proportional to tokens
         below = max((t for t in known if t < tokens), default=None)
         above = min((t for t in known if t > tokens), default=None)
         if below is None:
@@ -114,11 +119,11 @@ class StepCosts:
     def round_s(self, proposer: str, k: int) -> float:
         """Seconds of a round of k drafts (k = 0: a plain step) in the step being planned."""
         draft = k * self.draft_token_s.get(proposer, 0.0) if k else 0.0
-        return self.forward(self.step_base + k + 1) + draft + self.overhead_s
+        return self.forward(self.step_base + k + 1, self.step_seqs) + draft + self.overhead_s
 
-    def table(self) -> list[tuple[int, float]]:
-        """(tokens, seconds) of every forward size measured, ascending (what /server_info reports)."""
-        return sorted(self.forward_s.items())
+    def table(self) -> list[tuple[int, int, float]]:
+        """(sequences, tokens, seconds) of every forward measured, ascending (what /server_info reports)."""
+        return [(n, t, s) for (n, t), s in sorted(self.forward_s.items())]
 
 
 def expected_tokens(rates, k: int) -> float:

@@ -340,3 +340,23 @@ def describe_hardware(dtype: str) -> str:
         pass
     return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} thread(s), "
             f"{dtype}")
+
+
+CALIBRATION_WIDTHS = (1, 2, 3, 5, 9, 17, 33)  # tokens of one sequence; others interpolate (StepCosts.forward)
+CALIBRATION_BATCHES = (4, 16)  # sequences per calibrated step, of 1 and of 5 tokens each
+
+
+def measure_steps(runner, costs, *, context: int = 32, repeats: int = 1) -> None:
+    """The engine's start-up calibration of its per-round cost model (``adaptive.StepCosts``): one sequence
+    at each of CALIBRATION_WIDTHS, and CALIBRATION_BATCHES sequences of 1 and 5 tokens each, after a
+    ``context``-token prefix. Live steps refine every shape through the same EMA."""
+    from backends.engine.runner import Feed
+
+    prompt = list(range(100, 100 + context))
+    shapes = [(1, w) for w in CALIBRATION_WIDTHS] + [(n, w) for n in CALIBRATION_BATCHES for w in (1, 5)]
+    for seqs, width in shapes:
+        for _ in range(repeats):
+            caches = [runner.new_cache() for _ in range(seqs)]
+            runner.forward_batch([Feed(cache, prompt, 1) for cache in caches])
+            result = runner.forward_batch([Feed(cache, prompt[:width], width) for cache in caches])
+            costs.observe_forward(result.tokens, result.seconds, seqs=seqs)

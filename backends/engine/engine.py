@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from backends.engine.adaptive import StepCosts, controller_for, match_context
+from backends.engine.calibrate import measure_steps
 from backends.engine.config import EngineConfig
 from backends.engine.proposers.base import EMPTY, Proposal, SequenceProposer
 from backends.engine.proposers.draft_model import DraftJob, DraftModelProposer, propose_batch
@@ -38,17 +39,16 @@ from backends.engine.runner import Feed, ModelRunner, load_model
 from backends.engine.sampling import (
     PenaltyState, needs_history, probs_from_logits, process_logits, token_logprobs,
 )
-from backends.engine.scheduler import AdmissionError, Scheduler
-from backends.engine.sequence import Sequence, Status
+from backends.engine.scheduler import Scheduler
+from backends.engine.sequence import Sequence, Status, new_sequence
 from backends.engine.types import (
-    MAX_DRAFT_TOKENS, MAX_TOP_LOGPROBS, EngineLoad, FinishReason, GenerateRequest, RequestOutput, RoundStats,
+    EngineLoad, FinishReason, GenerateRequest, RequestOutput, RoundStats,
     TokenLogprob,
 )
 from backends.engine.verify import verify_greedy, verify_sampled
 
 log = logging.getLogger("specgate.engine")
 OutputCallback = Callable[[RequestOutput], None]
-CALIBRATION_WIDTHS = (1, 2, 3, 5, 9, 17)  # others interpolate (adaptive.StepCosts.forward)
 
 
 @dataclass(slots=True)
@@ -182,7 +182,7 @@ class Engine:
                 for work in works:
                     self._fail(work.seq, exc)
             else:
-                self.costs.observe_forward(result.tokens, result.seconds)
+                self.costs.observe_forward(result.tokens, result.seconds, seqs=len(works))
                 for work, logits in zip(works, result.logits):
                     try:
                         if work.seq.status is Status.PREFILL:
@@ -224,7 +224,8 @@ class Engine:
         decoding = [seq for seq in running if seq.status is Status.DECODE]
         works: list[_Work] = []
         drafts: list[tuple[_Work, DraftJob]] = []
-        self.costs.step_base = max(0, len(decoding) - 1)  # the other rounds' tokens a round's cost shares
+        self.costs.step_seqs = len(decoding)  # a round's cost is the step's: it shares the others' tokens
+        self.costs.step_base = max(0, len(decoding) - 1)
         for seq in decoding:
             try:
                 work, job = self._plan_round(seq, self._slots[seq.rid], len(running))
@@ -349,25 +350,8 @@ class Engine:
 
     # ---- construction helpers -----------------------------------------------------------------
     def _new_sequence(self, request: GenerateRequest) -> Sequence:
-        if not request.input_ids:
-            raise ValueError("input_ids is empty; send at least one token")
-        if len(request.input_ids) >= self.context_length:
-            raise AdmissionError(
-                f"prompt has {len(request.input_ids)} tokens but the model's context window is "
-                f"{self.context_length}; shorten the prompt")
-        vocab = self.runner.vocab_size
-        if any(not 0 <= t < vocab for t in request.input_ids):
-            raise ValueError(f"input_ids must be token ids in [0, {vocab})")
-        if request.logprobs is not None and not 0 <= request.logprobs <= min(MAX_TOP_LOGPROBS, vocab):
-            raise ValueError(f"logprobs must be in [0, {min(MAX_TOP_LOGPROBS, vocab)}], got {request.logprobs}")
-        if request.prompt_logprobs and request.logprobs is None:
-            raise ValueError("prompt_logprobs needs logprobs (the number of alternatives per token)")
-        params = request.sampling
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-        k_max = request.speculation.draft_tokens if request.speculation.proposer != "none" else 0
-        need = min(len(request.input_ids) + params.max_new_tokens, self.context_length) + k_max + 1
-        return Sequence(request=request, decode=self._decode, stop_token_ids=frozenset(stops),
-                        context_length=self.context_length, reserved_tokens=need)
+        return new_sequence(request, decode=self._decode, eos_ids=self.eos_ids, vocab=self.runner.vocab_size,
+                            context_length=self.context_length)
 
     def _new_slot(self, seq: Sequence, on_output: OutputCallback) -> _Slot:
         params, spec = seq.request.sampling, seq.request.speculation
@@ -390,7 +374,7 @@ class Engine:
             seed = params.sampling_seed if params.sampling_seed is not None else zlib.crc32(seq.rid.encode())
             adaptive = controller_for(spec, lambda k: self.costs.round_s(name, k), seed=seed,
                                       shared=self._shared_controllers)
-        return _Slot(cache=self.runner.new_cache(), generator=generator, penalty=penalty,
+        return _Slot(cache=self.runner.new_cache(seq.reserved_tokens), generator=generator, penalty=penalty,
                      proposer=proposer, adaptive=adaptive, on_output=on_output)
 
     @property
@@ -410,12 +394,5 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def calibrate(self, context: int = 32, repeats: int = 1) -> None:
-        """Measure one target forward per width (feeds the adaptive controller's cost model)."""
-        prompt = list(range(100, 100 + context))
-        for width in CALIBRATION_WIDTHS:
-            if width > MAX_DRAFT_TOKENS + 1:
-                break
-            for _ in range(repeats):
-                cache = self.runner.new_cache()
-                self.runner.forward(cache, prompt, keep=1)
-                self.costs.observe_forward(width, self.runner.forward(cache, prompt[:width], keep=width).seconds)
+        """Time target forwards of several shapes into ``self.costs`` (calibrate.measure_steps)."""
+        measure_steps(self.runner, self.costs, context=context, repeats=repeats)

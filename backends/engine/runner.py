@@ -6,7 +6,7 @@ are read once per step, which is where batching pays on a memory-bound CPU. Atte
 sequence's tokens attend to that sequence's own cache and causal prefix, and RoPE is applied at each
 token's own position. The weights are the transformers model's own tensors (the fused matrices are
 allocated once and the model's projections are re-pointed at views of them), and transformers' forward
-stays the reference this one is tested against (tests/engine/test_llama.py: fp32 logits within 1e-4).
+stays the reference this one is tested against (tests/engine/test_runner.py: fp32 logits within 1e-4).
 
 KV cache (``KVCache``, one per sequence and model): a preallocated tensor per model, grown by doubling
 when a sequence outgrows it (amortised; the scheduler has already reserved its worst case against
@@ -32,11 +32,12 @@ MIN_CAPACITY = 64  # positions a new cache holds before its first growth
 class KVCache:
     """One sequence's keys and values for every layer of one model: ``kv[layer, 0 | 1, kv_head, position, d]``."""
 
-    __slots__ = ("kv", "length")
+    __slots__ = ("kv", "length", "limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self.kv: torch.Tensor | None = None
         self.length = 0
+        self.limit = limit  # growth stops here (the positions the scheduler reserved for the sequence)
 
     @property
     def capacity(self) -> int:
@@ -47,7 +48,8 @@ class KVCache:
         if needed <= self.capacity:
             return
         layers, heads, head_dim = shape
-        capacity = max(MIN_CAPACITY, needed, 2 * self.capacity)
+        capacity = max(MIN_CAPACITY, 2 * self.capacity)
+        capacity = max(needed, capacity if self.limit is None else min(capacity, self.limit))
         kv = torch.empty(layers, 2, heads, capacity, head_dim, dtype=dtype)
         if self.kv is not None and self.length:
             kv[:, :, :, :self.length] = self.kv[:, :, :, :self.length]
@@ -155,8 +157,8 @@ class ModelRunner:
 
     # ---- caches -------------------------------------------------------------------------------
     @staticmethod
-    def new_cache() -> KVCache:
-        return KVCache()
+    def new_cache(limit: int | None = None) -> KVCache:
+        return KVCache(limit)
 
     @staticmethod
     def cache_len(cache: KVCache) -> int:
@@ -186,13 +188,14 @@ class ModelRunner:
         """Every feed in one pass; each sequence attends to its own cache, then its cache grows by its feed."""
         start = time.perf_counter()
         starts, spans, ids = [], [], []
-        for feed in feeds:
+        for feed in feeds:  # every feed is checked before any cache grows: a refused batch changes nothing
             if not feed.tokens or not 1 <= feed.keep <= len(feed.tokens):
                 raise ValueError(f"a feed needs tokens and 1 <= keep <= {len(feed.tokens)}")
             end = feed.cache.length + len(feed.tokens)
             if end > self.context_length:
                 raise ValueError(f"position {end} is past the context window ({self.context_length})")
-            feed.cache.reserve(end, self._cache_shape, self.dtype)
+        for feed in feeds:
+            feed.cache.reserve(feed.cache.length + len(feed.tokens), self._cache_shape, self.dtype)
             spans.append((len(ids), len(ids) + len(feed.tokens)))
             starts.append(feed.cache.length)
             ids.extend(feed.tokens)

@@ -12,11 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from backends.engine.sequence import Sequence, Status
+from backends.engine.sequence import AdmissionError, Sequence, Status
 
-
-class AdmissionError(ValueError):
-    """The request can never run on this engine (too long for the KV capacity or context window)."""
+__all__ = ["AdmissionError", "Scheduler"]
 
 
 @dataclass(slots=True)

@@ -13,7 +13,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backends.engine.types import FinishReason, GenerateRequest, RequestOutput, RequestStats, TokenLogprob
+from backends.engine.types import (
+    MAX_TOP_LOGPROBS, FinishReason, GenerateRequest, RequestOutput, RequestStats, TokenLogprob,
+)
 
 Decode = Callable[[list[int], bool], str]  # (ids, skip_special_tokens) -> text
 
@@ -119,3 +121,31 @@ class Sequence:
             logprobs=tuple(self.logprobs),
             prompt_logprobs=tuple(self.prompt_logprobs),
         )
+
+
+class AdmissionError(ValueError):
+    """The request can never run on this engine (too long for the KV capacity or context window)."""
+
+
+def new_sequence(request: GenerateRequest, *, decode: Decode, eos_ids: frozenset[int], vocab: int,
+                 context_length: int) -> Sequence:
+    """Check a request against the model (raises ValueError / AdmissionError naming the field) and size its
+    KV reservation: prompt + max_new_tokens (within the window) + k_max + 1 positions."""
+    if not request.input_ids:
+        raise ValueError("input_ids is empty; send at least one token")
+    if len(request.input_ids) >= context_length:
+        raise AdmissionError(
+            f"prompt has {len(request.input_ids)} tokens but the model's context window is "
+            f"{context_length}; shorten the prompt")
+    if any(not 0 <= t < vocab for t in request.input_ids):
+        raise ValueError(f"input_ids must be token ids in [0, {vocab})")
+    if request.logprobs is not None and not 0 <= request.logprobs <= min(MAX_TOP_LOGPROBS, vocab):
+        raise ValueError(f"logprobs must be in [0, {min(MAX_TOP_LOGPROBS, vocab)}], got {request.logprobs}")
+    if request.prompt_logprobs and request.logprobs is None:
+        raise ValueError("prompt_logprobs needs logprobs (the number of alternatives per token)")
+    params = request.sampling
+    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+    k_max = request.speculation.draft_tokens if request.speculation.proposer != "none" else 0
+    need = min(len(request.input_ids) + params.max_new_tokens, context_length) + k_max + 1
+    return Sequence(request=request, decode=decode, stop_token_ids=frozenset(stops),
+                    context_length=context_length, reserved_tokens=need)

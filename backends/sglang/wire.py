@@ -1,7 +1,6 @@
-"""SGLang's HTTP protocol, one msgspec Struct per message, for both sides (STYLE.md #6): ``/generate``,
-``/abort_request``, errors, ``/v1/loads``, ``/server_info``, ``/model_info``, ``/v1/models``, and what the
-OpenAI-compatible endpoints share with them (``always``, ``SpecFields``). Those endpoints' own messages are in
-``openai_wire.py``, a family as large as this whole module; the rules below hold for both.
+"""SGLang's HTTP protocol, one msgspec Struct per message, for both sides (STYLE.md #6): /generate, /abort_request,
+errors, /v1/loads, /server_info, /model_info, /v1/models, and what the OpenAI-compatible endpoints share with
+them (``always``, ``SpecFields``); their own messages are in ``openai_wire.py``; the rules below hold for both.
 
 The client (``client.py``) encodes the requests and decodes the responses with these Structs; specgate's
 embedded worker (``backends/worker/``) decodes the same requests and builds and encodes the same responses.
@@ -352,8 +351,11 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_running_requests: int | None = None
     max_queued_requests: int | None = None
     max_total_num_tokens: int | None = None
+    chunked_prefill_size: int | None = None
     version: str | None = None
-    # specgate's embedded worker only
+    # specgate's embedded worker only (step costs: [sequences, tokens, seconds] per forward, docs/engine.md)
+    specgate_max_batch_tokens: int | None = None
+    specgate_step_costs: list[tuple[int, int, float]] = []
     specgate_per_request_speculation: bool = False
     specgate_draft_layers: int | None = None
     specgate_tokenizer_digest: str | None = None  # backends.engine.model_store.tokenizer_digest
@@ -376,8 +378,7 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
-    """One entry of ``GET /v1/models`` (``protocol.py::ModelCard``); ``owned_by == "sglang"`` marks an
-    SGLang worker for smg."""
+    """One entry of ``GET /v1/models`` (``protocol.py::ModelCard``); owned_by "sglang" marks SGLang for smg."""
 
     id: str
     object: str = "model"
@@ -388,13 +389,11 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: int | None = None
 
 
-class ModelList(msgspec.Struct, frozen=True, kw_only=True):
+class ModelList(msgspec.Struct, frozen=True, kw_only=True):  # GET /v1/models
     object: str = "list"
     data: list[ModelCard] = []
 
 
-class AbortResponse(msgspec.Struct, frozen=True, kw_only=True):
-    """The embedded worker's answer to ``/abort_request`` (SGLang answers 200 with no body)."""
-
+class AbortResponse(msgspec.Struct, frozen=True, kw_only=True):  # the worker's /abort_request (SGLang: no body)
     aborted: bool
 

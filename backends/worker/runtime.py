@@ -58,7 +58,8 @@ class WorkerRuntime:
             max_running_requests=settings.max_running_requests, max_total_tokens=settings.max_total_tokens,
             # the bridge refuses (429) beyond max_queued + free slots; the engine's own bound is never hit
             max_waiting_requests=settings.max_queued_requests + settings.max_running_requests,
-            draft_layers=settings.draft_layers,
+            draft_layers=settings.draft_layers, max_batch_tokens=settings.max_batch_tokens,
+            prefill_chunk=settings.chunked_prefill_size,
             default_speculation=settings.default_speculation, num_threads=settings.num_threads,
             calibrate=settings.calibrate, suffix=settings.suffix)
         self.engine_factory = engine_factory or Engine
@@ -172,7 +173,9 @@ class WorkerRuntime:
             # n-gram and suffix settings: server settings (part of the pair version) even per request
             **s.speculation_args(),
             max_running_requests=s.max_running_requests, max_queued_requests=s.max_queued_requests,
-            max_total_num_tokens=s.max_total_tokens, version=_version(),
+            max_total_num_tokens=s.max_total_tokens, chunked_prefill_size=s.chunked_prefill_size,
+            version=_version(), specgate_max_batch_tokens=s.max_batch_tokens,
+            specgate_step_costs=[(n, tokens, round(s, 6)) for n, tokens, s in engine.costs.table()],
             specgate_per_request_speculation=True, specgate_draft_layers=s.draft_layers,
             specgate_tokenizer_digest=self.tokenizer_digest,
             internal_states=[wire.InternalState(avg_spec_accept_length=self.metrics.avg_accept_length)],

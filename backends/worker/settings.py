@@ -51,6 +51,8 @@ class WorkerSettings:
     max_running_requests: int = 8
     max_total_tokens: int = 65536
     max_queued_requests: int = 64  # beyond this many waiting requests the worker answers 429
+    max_batch_tokens: int = 512  # tokens one engine step feeds, all sequences together
+    chunked_prefill_size: int = 256  # prompt tokens one sequence feeds per step (SGLang's flag)
     draft_layers: int = 8
     speculative_algorithm: SpeculativeAlgorithm | None = None
     speculative_num_draft_tokens: int = 4
@@ -79,7 +81,8 @@ class WorkerSettings:
         if not 1 <= self.speculative_num_draft_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(f"speculative_num_draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, "
                              f"got {self.speculative_num_draft_tokens}")
-        for name in ("max_running_requests", "max_total_tokens", "max_queued_requests", "draft_layers"):
+        for name in ("max_running_requests", "max_total_tokens", "max_queued_requests", "draft_layers",
+                     "max_batch_tokens", "chunked_prefill_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.dtype not in ("float32", "bfloat16"):

@@ -34,6 +34,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-total-tokens", type=int, default=65536,
                    help="KV capacity in token positions shared by running requests (token_usage's "
                         "denominator); a request whose worst case exceeds it gets a 400")
+    p.add_argument("--max-batch-tokens", type=int, default=512,
+                   help="tokens one engine step feeds, every running request together: decode rounds "
+                        "(1 + drafts each) first, then prefill chunks in what is left")
+    p.add_argument("--chunked-prefill-size", type=int, default=256,
+                   help="prompt tokens one request feeds per step (SGLang's flag); long prompts are "
+                        "prefilled in chunks mixed into decode steps")
     p.add_argument("--max-queued-requests", type=int, default=64,
                    help="waiting requests allowed; beyond this the worker answers 429 (smg retries "
                         "elsewhere without tripping its circuit breaker)")
@@ -98,6 +104,7 @@ def _run(args: argparse.Namespace) -> int:
             model_dir=args.model_dir, host=args.host, port=args.port, dtype=args.dtype,
             max_running_requests=args.max_running_requests, max_total_tokens=args.max_total_tokens,
             max_queued_requests=args.max_queued_requests, draft_layers=args.draft_layers,
+            max_batch_tokens=args.max_batch_tokens, chunked_prefill_size=args.chunked_prefill_size,
             speculative_algorithm=args.speculative_algorithm,
             speculative_num_draft_tokens=args.speculative_num_draft_tokens,
             speculative_adaptive=args.speculative_adaptive,

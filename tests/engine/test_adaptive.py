@@ -16,7 +16,7 @@ from backends.engine.types import SpeculationParams
 
 # Costs shaped like this CPU in fp32 (DESIGN.md: 43 / 68 / 82 ms for widths 1 / 5 / 9).
 FP32 = {1: 0.043, 2: 0.050, 3: 0.056, 5: 0.068, 9: 0.082, 17: 0.110}
-COSTS = StepCosts(forward_s=dict(FP32))
+COSTS = StepCosts(forward_s={(1, width): s for width, s in FP32.items()})
 
 
 def ngram_cost(k: int) -> float:
@@ -217,19 +217,23 @@ def test_bad_strategy_and_table_are_refused():
 
 
 def test_step_costs_interpolate_between_measured_token_counts_and_add_the_step_base():
-    costs = StepCosts(forward_s={1: 0.04, 9: 0.08})
+    costs = StepCosts(forward_s={(1, 1): 0.04, (1, 9): 0.08, (4, 4): 0.07, (4, 8): 0.09})
     assert costs.forward(10) == pytest.approx(0.08 * 10 / 9)  # beyond the largest: proportional
     assert costs.forward(3) == pytest.approx(0.05)  # a quarter of the way from 1 to 9
-    assert StepCosts(forward_s={4: 0.03}).forward(2) == 0.03  # below the smallest: the smallest
+    assert costs.forward(6, seqs=4) == pytest.approx(0.08)  # the 4-sequence curve
+    assert costs.forward(6, seqs=3) == pytest.approx(0.08)  # nearest measured count: 4
+    assert costs.forward(2, seqs=4) == 0.07  # below the smallest: the smallest
     assert StepCosts().forward(3) == 3.0  # uncalibrated: proportional to tokens
     costs.draft_token_s["draft_model"] = 0.01
     costs.observe_overhead(0.002)
     assert costs.round_s("draft_model", 8) == pytest.approx(0.08 + 0.08 + 0.002)
     assert costs.round_s("draft_model", 0) == pytest.approx(0.04 + 0.002)
-    costs.step_base = 4  # four other sequences' tokens in the step: a plain round shares a 5-token forward
-    assert costs.round_s("draft_model", 0) == pytest.approx(0.06 + 0.002)
-    assert costs.round_s("draft_model", 4) == pytest.approx(0.08 + 0.04 + 0.002)
-    assert costs.table() == [(1, 0.04), (9, 0.08)]
+    costs.step_seqs, costs.step_base = 4, 3  # three other sequences' tokens in the step
+    assert costs.round_s("draft_model", 0) == pytest.approx(0.07 + 0.002)
+    assert costs.round_s("draft_model", 4) == pytest.approx(0.09 + 0.04 + 0.002)
+    costs.observe_forward(4, 0.05, seqs=4)
+    assert costs.forward_s[4, 4] == pytest.approx(0.9 * 0.07 + 0.1 * 0.05)
+    assert costs.table()[0] == (1, 1, 0.04) and len(costs.table()) == 4
 
 
 def test_engine_runs_each_controller_and_reports_what_it_chose(real_tokenizer):

@@ -28,6 +28,7 @@ def running_worker(tokenizer, **settings) -> Iterator[TestClient]:
         return make_tiny_engine(tokenizer, max_running_requests=config.max_running_requests,
                                 max_total_tokens=config.max_total_tokens,
                                 max_waiting_requests=config.max_waiting_requests,
+                                max_batch_tokens=config.max_batch_tokens, prefill_chunk=config.prefill_chunk,
                                 default_speculation=config.default_speculation)
 
     app = create_app(WorkerSettings(**settings), engine_factory=factory)

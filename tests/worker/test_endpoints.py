@@ -97,6 +97,19 @@ def test_worker_default_speculation_applies_without_override(worker_factory):
         assert bypass["spec_num_proposed_drafts"] == 0
 
 
+def test_server_info_reports_the_step_budget_and_the_measured_step_costs(worker_factory):
+    with worker_factory(max_batch_tokens=40, chunked_prefill_size=16) as worker:
+        info = worker.get("/server_info").json()
+        assert (info["chunked_prefill_size"], info["specgate_max_batch_tokens"]) == (16, 40)
+        assert all(tokens == 1 for _, tokens, _ in info["specgate_step_costs"])  # uncalibrated: health checks only
+        prompt = " ".join(["word"] * 40)  # > 16 tokens: prefilled in chunks of 16
+        assert worker.post("/generate", json={"text": prompt, "sampling_params": {
+            "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}).status_code == 200
+        costs = {(seqs, tokens): s for seqs, tokens, s in worker.get("/server_info").json()["specgate_step_costs"]}
+        assert (1, 16) in costs and (1, 1) in costs  # a prefill chunk and a plain round, one sequence each
+        assert all(s > 0 for s in costs.values()) and max(tokens for _, tokens in costs) == 16
+
+
 def test_generate_stream_is_cumulative_and_ends_with_done(worker):
     response = worker.post("/generate", json={"text": REPEAT, "stream": True, "sampling_params": {
         "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})

@@ -36,10 +36,10 @@ def test_health_is_503_while_the_model_loads(real_tokenizer):
 def test_engine_failure_is_a_500_or_an_error_chunk(worker):
     engine = worker.app.state["runtime"].engine
 
-    def broken_round(seq, slot, batch=1):
+    def broken_verify(work, logits, forward_s):
         raise RuntimeError("boom")
 
-    engine._round = broken_round  # instance attribute: the engine thread's next round fails
+    engine._verify = broken_verify  # instance attribute: the engine thread's next round fails
     try:
         body = {"text": "hello", "sampling_params": {"max_new_tokens": 3}}
         plain = worker.post("/generate", json=body)
@@ -51,7 +51,7 @@ def test_engine_failure_is_a_500_or_an_error_chunk(worker):
         assert json.loads(events[-2]) == {"error": {"message": "internal error: boom",
                                                     "type": "InternalServerError", "code": 500, "retryable": True}}
     finally:
-        del engine._round
+        del engine._verify
     assert worker.post("/generate", json=body).status_code == 200
 
 

@@ -13,7 +13,7 @@ from backends.worker.settings import WorkerSettings
 from gateway.cli import build_parser
 
 EXPECTED = {"--host", "--port", "--model-dir", "--dtype", "--max-running-requests", "--max-total-tokens",
-            "--max-queued-requests", "--draft-layers", "--speculative-algorithm",
+            "--max-queued-requests", "--max-batch-tokens", "--chunked-prefill-size", "--draft-layers", "--speculative-algorithm",
             "--speculative-num-draft-tokens", "--speculative-adaptive", "--speculative-adaptive-strategy",
             "--speculative-num-tokens-per-batch-size", "--served-model-name",
             "--weight-version", "--log-level", "--num-threads", "--no-calibrate",
@@ -47,6 +47,8 @@ def test_defaults_match_sglang_conventions():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"speculative_num_draft_tokens": 0}, "speculative_num_draft_tokens must be in 1..16, got 0"),
     ({"max_queued_requests": 0}, "max_queued_requests must be >= 1, got 0"),
+    ({"max_batch_tokens": 0}, "max_batch_tokens must be >= 1, got 0"),
+    ({"chunked_prefill_size": 0}, "chunked_prefill_size must be >= 1, got 0"),
     ({"speculative_algorithm": "EAGLE"}, "speculative_algorithm must be one of NGRAM, STANDALONE, SUFFIX or None"),
     ({"speculative_ngram_min_match_window_size": 0},
      "--speculative-ngram-min-match-window-size must be >= 1, got 0"),
