@@ -1,5 +1,7 @@
-"""KV cache choice for the model runner: transformers' DynamicCache (+ crop) vs a preallocated
-StaticCache, measured side by side on the same prompt, same dtype, interleaved.
+"""KV cache and forward choice for the model runner: the engine's own runner (``ModelRunner``: its Llama
+forward, a preallocated cache per sequence, rollback moves a length) vs transformers' forward with
+DynamicCache (+ crop, the runner before issue 27) and with a preallocated StaticCache, measured side by side
+on the same prompt, same dtype, interleaved.
 
     .venv/bin/python -m bench.cache --context 256 --steps 64 --width 5 --repeats 3
 
@@ -20,7 +22,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from backends.engine.model_store import load_prepared
-from backends.engine.runner import load_model
+from backends.engine.runner import ModelRunner, load_model
 
 
 def run_dynamic(model, prompt: list[int], steps: int, width: int) -> float:
@@ -33,6 +35,16 @@ def run_dynamic(model, prompt: list[int], steps: int, width: int) -> float:
                   logits_to_keep=width)
             cache.crop(-(width - 1))
         return time.perf_counter() - start
+
+
+def run_runner(runner, prompt: list[int], steps: int, width: int) -> float:
+    cache = runner.new_cache()
+    runner.forward(cache, prompt, keep=1)
+    start = time.perf_counter()
+    for _ in range(steps):
+        runner.forward(cache, [5] * width, keep=width)
+        runner.rollback(cache, runner.cache_len(cache) - (width - 1))
+    return time.perf_counter() - start
 
 
 def run_static(model, prompt: list[int], steps: int, width: int, max_len: int) -> float:
@@ -51,7 +63,7 @@ def run_static(model, prompt: list[int], steps: int, width: int, max_len: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="DynamicCache vs StaticCache for the engine's rounds")
+    parser = argparse.ArgumentParser(description="the engine's runner vs DynamicCache vs StaticCache for rounds")
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--width", type=int, default=5)
@@ -61,16 +73,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = load_model(str(load_prepared().path), args.dtype)
     prompt = list(range(200, 200 + args.context))
-    dyn, sta = [], []
+    runner = ModelRunner(model)
+    own, dyn, sta = [], [], []
     for _ in range(args.repeats):
+        own.append(run_runner(runner, prompt, args.steps, args.width))
         dyn.append(run_dynamic(model, prompt, args.steps, args.width))
         sta.append(run_static(model, prompt, args.steps, args.width, args.max_cache_len))
     print(f"command: python -m bench.cache {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, dtype {args.dtype}")
-    for name, xs in (("DynamicCache+crop", dyn), (f"StaticCache({args.max_cache_len})", sta)):
+    for name, xs in (("ModelRunner", own), ("DynamicCache+crop", dyn), (f"StaticCache({args.max_cache_len})", sta)):
         ms = [1000 * x / args.steps for x in xs]
         print(f"{name:>22}: median {statistics.median(ms):.2f} ms/round (runs: {', '.join(f'{m:.2f}' for m in ms)})")
-    print(f"static / dynamic: {statistics.median(sta) / statistics.median(dyn):.3f}")
+    print(f"static / dynamic: {statistics.median(sta) / statistics.median(dyn):.3f}; "
+          f"runner / dynamic: {statistics.median(own) / statistics.median(dyn):.3f}")
     return 0
 
 

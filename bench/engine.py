@@ -10,6 +10,7 @@ Arms (greedy, temperature 0, one request at a time; ``--arms`` picks a subset, d
   ``engine-draft-k4`` (layer-truncated self-draft), ``engine-suffix-k`` (k = 4, 8; one scope per arm, so
   its global tree holds that arm's outputs of the earlier prompts of the run, never another arm's copy of
   the same output).
+``--concurrency 1 4 8 16``: the load cells of bench/engine_load.py instead (one batching engine, closed loop).
 Arms are interleaved per prompt (every arm runs prompt i before any runs prompt i+1) so drift on a noisy
 machine hits all arms alike. Tokens/s = generated tokens / wall time of the request, summed per slice.
 
@@ -338,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"arms to run, in this order per prompt (default all: {' '.join(ARMS)})")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables to this file")
+    from bench.engine_load import add_load_arguments, load_markdown, run_load
+
+    add_load_arguments(parser, list(ENGINE_ARMS))
     stream = parser.add_argument_group("stream", "requests of one slice in file order on one engine")
     stream.add_argument("--stream", action="store_true", help=f"run the stream instead ({', '.join(STREAM_ARMS)})")
     stream.add_argument("--stream-slice", default="tool_call", choices=SLICES)
@@ -355,7 +359,12 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "transformers": transformers.__version__,
         "max_new_tokens": args.max_new_tokens,
     }
-    if args.stream:
+    if args.concurrency:
+        items = sample(args.workloads, args.per_slice, args.seed, args.max_chars)
+        print(json.dumps(header, indent=1))
+        results = run_load(args, header, ENGINE_ARMS, render, items)
+        text = load_markdown(results)
+    elif args.stream:
         from bench.engine_stream import run_stream, stream_markdown
 
         print(json.dumps(header, indent=1))

@@ -358,5 +358,6 @@ def measure_steps(runner, costs, *, context: int = 32, repeats: int = 1) -> None
         for _ in range(repeats):
             caches = [runner.new_cache() for _ in range(seqs)]
             runner.forward_batch([Feed(cache, prompt, 1) for cache in caches])
-            result = runner.forward_batch([Feed(cache, prompt[:width], width) for cache in caches])
+            fed = list(range(200, 200 + width))
+            result = runner.forward_batch([Feed(cache, fed, width) for cache in caches])
             costs.observe_forward(result.tokens, result.seconds, seqs=seqs)
