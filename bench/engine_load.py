@@ -12,7 +12,8 @@ concurrency, so a cell's RSS includes every earlier cell's peak). Greedy outputs
 cell: exactness under batching means a prompt's output never depends on what it was batched with
 (``identical`` counts prompts whose output equals their c1 engine-plain output).
 
-``--context-tokens N`` repeats each prompt's own ids to N tokens (memory at long contexts); the KV bound is
+``--max-prompt-tokens N --ignore-eos`` makes the load decode-heavy (prefill, compute-bound on a CPU, is what
+batching cannot amortise). ``--context-tokens N`` repeats each prompt's own ids to N tokens (memory at long contexts); the KV bound is
 ``--max-total-tokens`` x the bytes of one cached position (printed).
 """
 
@@ -55,7 +56,8 @@ class Cell:
                     identical=f"{same}/{len(self.outputs)}")
 
 
-def run_cell(engine: Engine, prompts: list[list[int]], spec, arm: str, c: int, n: int, max_new: int) -> Cell:
+def run_cell(engine: Engine, prompts: list[list[int]], spec, arm: str, c: int, n: int, max_new: int,
+             ignore_eos: bool = False) -> Cell:
     """``n`` requests, ``c`` in flight, stepped on this thread until all finish."""
     cell = Cell(arm, c)
     queue = deque((i, prompts[i % len(prompts)]) for i in range(n))
@@ -64,7 +66,8 @@ def run_cell(engine: Engine, prompts: list[list[int]], spec, arm: str, c: int, n
     def submit() -> None:
         i, ids = queue.popleft()
         engine.submit(GenerateRequest(rid=f"{arm}-c{c}-{i}", input_ids=tuple(ids), speculation=spec,
-                                      sampling=SamplingParams(max_new_tokens=max_new, temperature=0.0)),
+                                      sampling=SamplingParams(max_new_tokens=max_new, temperature=0.0,
+                                                              ignore_eos=ignore_eos)),
                       lambda out, i=i: finished.append((i, out)) if out.finished else None)
 
     forward_batch = engine.runner.forward_batch
@@ -107,6 +110,9 @@ def add_load_arguments(parser, engine_arms: list[str]) -> None:
                       metavar="ARM", help="engine arms per concurrency (default engine-plain engine-ngram-k4)")
     load.add_argument("--load-requests", type=int, default=0, help="requests per cell (default: one per prompt)")
     load.add_argument("--context-tokens", type=int, default=0, help="repeat each prompt's ids to this many tokens")
+    load.add_argument("--max-prompt-tokens", type=int, default=0,
+                      help="keep each prompt's last N tokens (a decode-heavy load: with --ignore-eos)")
+    load.add_argument("--ignore-eos", action="store_true", help="every request generates --max-new-tokens")
     load.add_argument("--max-total-tokens", type=int, default=65536, help="the engine's KV capacity in positions")
     load.add_argument("--max-batch-tokens", type=int, default=512, help="tokens one engine step feeds")
 
@@ -121,6 +127,8 @@ def run_load(args, header: dict, arms: dict, render, items) -> dict:
                                      max_total_tokens=args.max_total_tokens,
                                      max_batch_tokens=args.max_batch_tokens), model=model)
         prompts = [render(engine.tokenizer, item) for item in items]
+        if args.max_prompt_tokens:
+            prompts = [ids[-args.max_prompt_tokens:] for ids in prompts]
         if args.context_tokens:
             prompts = [(ids * (args.context_tokens // len(ids) + 1))[:args.context_tokens] for ids in prompts]
         n = args.load_requests or len(prompts)
@@ -128,7 +136,7 @@ def run_load(args, header: dict, arms: dict, render, items) -> dict:
         cells: list[Cell] = []
         for c in sorted(args.concurrency):
             for arm in args.load_arms:
-                cells.append(run_cell(engine, prompts, arms[arm], arm, c, n, args.max_new_tokens))
+                cells.append(run_cell(engine, prompts, arms[arm], arm, c, n, args.max_new_tokens, args.ignore_eos))
                 print(f"{dtype} {arm} c{c}: {cells[-1].tokens / cells[-1].wall_s:.1f} tok/s", flush=True)
         reference = next((cell.outputs for cell in cells if cell.arm == "engine-plain"), None)
         position_bytes = 2 * engine.runner.layers * engine.runner.kv_heads * engine.runner.head_dim * (
