@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from backends.engine.sampling import sample
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -73,8 +75,7 @@ def verify_sampled(
     for j in range(k):
         if rejected[j]:
             q_j = None if draft_probs is None else draft_probs[j]
-            recovered = torch.multinomial(residual(target_probs[j], q_j, draft_tokens[j]), 1,
-                                          generator=generator)
-            return Verdict(accepted=j, tokens=draft_tokens[:j] + [int(recovered)], bonus=False)
-    bonus = torch.multinomial(target_probs[k], 1, generator=generator)
-    return Verdict(accepted=k, tokens=list(draft_tokens) + [int(bonus)], bonus=True)
+            recovered = sample(residual(target_probs[j], q_j, draft_tokens[j]), generator)
+            return Verdict(accepted=j, tokens=draft_tokens[:j] + [recovered], bonus=False)
+    bonus = sample(target_probs[k], generator)
+    return Verdict(accepted=k, tokens=list(draft_tokens) + [bonus], bonus=True)

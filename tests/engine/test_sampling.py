@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from backends.engine.sampling import PenaltyState, probs_from_logits, process_logits
+from backends.engine.sampling import PenaltyState, probs_from_logits, process_logits, sample
 from backends.engine.types import SamplingParams
 
 INF = float("inf")
@@ -114,3 +114,22 @@ def test_one_position_at_start_j_equals_row_j_of_the_multi_position_call(params)
         draft = process_logits(logits[j:j + 1], params, penalty, drafts[:j], stops, start=j)
         assert torch.equal(draft[0], target[j])
         assert torch.equal(probs_from_logits(draft, params)[0], target_probs[j])
+
+
+def test_sample_draws_in_proportion_to_unnormalised_weights_and_never_a_zero():
+    from scipy.stats import chisquare
+
+    weights = torch.zeros(49152)
+    support = [0, 7, 100, 20000, 49151]  # both ends of the vocabulary, zeros between
+    weights[support] = torch.tensor([3.0, 0.5, 1.0, 2.5, 1.0])  # total 8.0: not normalised
+    generator = torch.Generator().manual_seed(1234)
+    draws = [sample(weights, generator) for _ in range(8000)]
+    assert set(draws) <= set(support)  # a zero weight is never drawn
+    observed = [draws.count(token) for token in support]
+    expected = [8000 * float(weights[token]) / 8.0 for token in support]
+    assert chisquare(observed, expected).pvalue > 1e-3  # the seed is fixed: this is one deterministic check
+    again = torch.Generator().manual_seed(1234)
+    assert [sample(weights, again) for _ in range(50)] == draws[:50]  # the request's generator alone decides
+    one_hot = torch.zeros(49152)
+    one_hot[49151] = 1.0
+    assert {sample(one_hot, generator) for _ in range(100)} == {49151}
