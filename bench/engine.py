@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from bench.processes import cpu_model
 from bench.workloads import DEFAULT_ROOT, SLICES, WorkItem, sample
 from backends.engine.config import EngineConfig
 from backends.engine.counterfactual import Recorded, replay
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     header = {
         "command": "python -m bench.engine " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cpu": _cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(),
+        "cpu": cpu_model(), "threads": torch.get_num_threads(), "python": platform.python_version(),
         "torch": torch.__version__, "transformers": transformers.__version__,
         "max_new_tokens": args.max_new_tokens,
     }
@@ -388,16 +389,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         args.markdown.write_text(f"Command: `{header['command']}`\n\n{text}")
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import random
 import sys
 import time
 
+from bench.processes import cpu_model
 from policies.decide import decide
 from policies.features import RequestFeatures
 from policies.load import load_policy
@@ -94,22 +95,12 @@ def main() -> int:
     cold_us = (time.perf_counter() - build_t0) * 1e6
     print(f"command: {' '.join([sys.executable, '-m', 'bench.policy'] + sys.argv[1:])}")
     print(f"python {platform.python_version()} on {platform.processor() or platform.machine()} "
-          f"({_cpu_name()})")
+          f"({cpu_model()})")
     print(f"policy: 50 rules (2 safety, 47 header+budget+slice rules, auto catch-all), 4 slices, 3 pools; "
           f"2000 warm outcomes; {args.decisions} decisions over 1000 distinct requests")
     print(f"decide() latency: p50 {p50:.1f} us, p99 {p99:.1f} us (target p99 < 50 us)")
     print(f"fresh snapshot + first decide (memo cold): {cold_us:.1f} us")
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -94,3 +95,14 @@ def gateway(tmp: Path, policy: Path, *flags: str, env: dict[str, str] | None = N
     with running(argv, f"http://127.0.0.1:{port}/health", tmp / f"gateway-{port}.log",
                  env={"SPECGATE_ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})}):
         yield f"http://127.0.0.1:{port}"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows: the header of every benchmark."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench.processes import cpu_model
+
 SLICES = ("code", "tool_call", "prose", "long_context", "code_edit")  # gateway/workloads.py's, all five
 PROPOSERS = ("ngram", "draft_model")
 NEAR_TIE = 1e-3  # DraftMatches.near_ties: an order of magnitude above the largest logit difference measured
@@ -307,7 +309,7 @@ def execute(args: argparse.Namespace, command: str) -> int:
     engine = Engine(EngineConfig(model_path=str(model.path), calibrate=False, draft_layers=args.draft_layers,
                                  num_threads=args.num_threads))
     header = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "model": f"{model.name} ({model.revision})", "dtype": engine.config.dtype, "cpu": _cpu_model(),
+              "model": f"{model.name} ({model.revision})", "dtype": engine.config.dtype, "cpu": cpu_model(),
               "threads": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__,
               "transformers": transformers.__version__, "requests": len(lines)}
     print(json.dumps(header, indent=1), flush=True)
@@ -364,16 +366,6 @@ def _run_with_progress(engine: Any, lines: Sequence[Any], args: argparse.Namespa
         task = bar.add_task("replay exactness", total=len(lines))
         return run(engine, lines, progress=lambda n, d, s: bar.update(
             task, advance=1, description=f"{d['slice']} {d['id']}: {verdicts(d)}"), **common)
-
-
-def _cpu_model() -> str:
-    try:
-        for text in Path("/proc/cpuinfo").read_text().splitlines():
-            if text.startswith("model name"):
-                return text.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main(argv: list[str] | None = None) -> int:

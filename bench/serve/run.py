@@ -143,12 +143,12 @@ def turns(load: LoadPoint, items: list[WorkItem], arms: list[Arm], start: int = 
 
 
 def _meta(args: argparse.Namespace, argv: list[str], slo: dict) -> dict:
-    from bench.engine import _cpu_model
+    from bench.processes import cpu_model
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     return {"command": "specgate bench serve " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "cpu": _cpu_model(), "cores": _cores(), "python": platform.python_version(),
+            "cpu": cpu_model(), "cores": _cores(), "python": platform.python_version(),
             "torch": version("torch"), "transformers": version("transformers"), "commit": commit or "unknown",
             "slo": slo}
 
