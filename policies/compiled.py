@@ -97,6 +97,9 @@ def _rule_preds(when: RuleWhen) -> list[tuple[str, Pred]]:
         want = when.pair_verified  # false also matches "not yet probed" (None)
         out.append((f"pair_verified is {want}",
                     lambda c: any((c.snap.pool(p).pair_verified is True) is want for p in c.subjects)))
+    if when.pair_gate is not None:  # a pool without a gate (no pair, or no gates: section) matches no state
+        states, label = _one_of(when.pair_gate)
+        out.append((f"pair_gate {label}", lambda c, s=states: any(c.snap.pool(p).gate in s for p in c.subjects)))
     for field in ("kv_usage", "running", "waiting", "workers_healthy"):
         cond = getattr(when, f"pool_{field}")
         if cond is not None:

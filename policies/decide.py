@@ -47,6 +47,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     exploration: Exploration | None = None
     predicted_speedup: float | None = None  # auto's prediction for the option it chose to exploit
     expected_accept_length: float | None = None
+    held_by_gate: str | None = None  # the pool the serving gate's ramp held this request back from
 
     @property
     def explored(self) -> bool:
@@ -123,6 +124,9 @@ def _safe(snap: Snapshot, pool: str) -> str | None:
         return f"pool '{pool}' is unhealthy"
     if state.pair_verified is not True:
         return f"pool '{pool}' pair is {'not yet verified' if state.pair_verified is None else 'mismatched'}"
+    if state.gate in ("pending", "failed"):  # degraded pools are the policy's call (``pair_gate``)
+        return f"pool '{pool}' pair gate is {state.gate}" + (" (equivalence not yet passed)"
+                                                             if state.gate == "pending" else "")
     return None
 
 
@@ -167,15 +171,35 @@ def _decide(policy: Policy, features: RequestFeatures, snap: Snapshot, rng: rand
                 if not fn(ctx):
                     break
             else:
-                return _act(policy, comp, snap, features, slice_, crule, rng, trace, exploring)
+                return _ramp(policy, comp, snap, _act(policy, comp, snap, features, slice_, crule, rng, trace,
+                                                      exploring), crule.subjects, rng)
             continue
         failed = next((label for label, pred in crule.preds if not pred(ctx)), None)
         if trace is not None:
             trace.rules.append(RuleTrace(rule=crule.rule.name, matched=failed is None, failed=failed,
                                          conditions=[label for label, _ in crule.preds]))
         if failed is None:
-            return _act(policy, comp, snap, features, slice_, crule, rng, trace, exploring)
+            return _ramp(policy, comp, snap, _act(policy, comp, snap, features, slice_, crule, rng, trace, exploring),
+                         crule.subjects, rng)
     return _plain(policy, comp, snap, slice_, "(none)", "no rule matched; serving without speculation", ())
+
+
+def _ramp(policy: Policy, comp: Compiled, snap: Snapshot, d: Decision, near: tuple[str, ...],
+          rng: random.Random | None) -> Decision:
+    """The serving gate: a pool still ramping up in this load region serves only its share of what the policy
+    sends it; the rest is served plain on the same slice and load (the ramp's comparison). Without ``rng``
+    (explanations) only a closed region (share 0) holds."""
+    if d.bypass:
+        return d
+    share = snap.pool(d.pool).share(d.slice, snap.bucket())
+    if share >= 1.0 or (share > 0.0 and (rng is None or rng.random() < share)):
+        return d
+    where = f"slice {d.slice}, load bucket {snap.bucket()}"
+    note = (f"closed in {where} (it missed the serving gate's thresholds there)" if share <= 0.0
+            else f"ramping in {where} at share {share:.2f}; this request is its plain comparison")
+    held = _plain(policy, comp, snap, d.slice, d.rule, f"{d.reason}; serving gate: pool '{d.pool}' is {note}",
+                  near)
+    return msgspec.structs.replace(held, held_by_gate=d.pool)
 
 
 def _act(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatures, slice_: str, crule: Any,

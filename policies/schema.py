@@ -17,6 +17,9 @@ from msgspec import Meta, field
 from policies.pairs import (  # noqa: F401  (re-exported: the policy file's pairs)
     DRAFT_PARAMS, DraftId, DraftKind, ModelId, Pair, ParamValue, pair_version,
 )
+from policies.gate_settings import (  # noqa: F401  (re-exported: the policy file's gates)
+    GATE_STATES, Collapse, Equivalence, Gates, GateState, OutcomeCheck, SampledCheck, Serving,
+)
 from policies.schema_base import (  # noqa: F401  (re-exported)
     DraftLen, Fraction, Name, PosFloat, PosInt, Proposer, ResponseFormat, Url, _Strict,
 )
@@ -109,7 +112,7 @@ class SliceWhen(_Strict, kw_only=True):
 
 
 class RuleWhen(SliceWhen, kw_only=True):
-    """Slice conditions plus live state. ``pool.*``, ``pair_verified`` and ``stats.*`` are checked on the
+    """Slice conditions plus live state. ``pool.*``, ``pair_verified``, ``pair_gate`` and ``stats.*`` are checked on the
     subject pools: ``pool`` if given, else the action's pool(s), else every speculative pool; the condition
     holds when it holds for ANY subject pool."""
 
@@ -123,6 +126,8 @@ class RuleWhen(SliceWhen, kw_only=True):
     pool_waiting: NumCond | None = field(default=None, name="pool.waiting")
     pool_workers_healthy: NumCond | None = field(default=None, name="pool.workers_healthy")
     pair_verified: bool | None = None
+    # the subject pool's rollout gate (policies/gate_settings.py); only with a ``gates:`` section
+    pair_gate: GateState | list[GateState] | None = None
     stats_mean_accept_length: NumCond | None = field(default=None, name="stats.mean_accept_length")
     stats_rounds: NumCond | None = field(default=None, name="stats.rounds")
     stats_requests: NumCond | None = field(default=None, name="stats.requests")
@@ -310,6 +315,7 @@ class Policy(_Strict, kw_only=True, weakref=True):
     rules: list[Rule] = []
     learning: Learning = Learning()
     tracing: Tracing | None = None  # off unless given (or `specgate serve --trace FILE`)
+    gates: Gates | None = None  # the pair rollout gates (gateway/gates/); off unless given
 
     def route(self, name: str) -> Route | None:
         for route in self.routes:

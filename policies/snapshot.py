@@ -21,7 +21,8 @@ from policies.cost import FitSummary, MeanSummary
 
 class PoolState(msgspec.Struct, frozen=True, kw_only=True):
     """Live state of one pool, filled by the gateway's pool poller. ``pair_verified``: True when the
-    workers report the declared pair version, False on mismatch, None when not yet probed."""
+    workers report the declared pair version, False on mismatch, None when not yet probed. ``gate`` and
+    ``ramp``: the pair gates' verdict and the serving gate's shares (None and empty without gates)."""
 
     healthy: bool
     pair_verified: bool | None = None
@@ -29,6 +30,16 @@ class PoolState(msgspec.Struct, frozen=True, kw_only=True):
     waiting: int = 0
     kv_usage: float = 0.0
     workers_healthy: int = 0
+    # the pair's rollout gate (gateway/gates/): pending | passed | failed | degraded; None: no gate runs
+    gate: str | None = None
+    # the serving gate's share of this pool's requests per load region ``slice|bucket index``; a region not
+    # listed gets ``ramp_default`` (1.0: no ramp)
+    ramp: dict[str, float] = {}
+    ramp_default: float = 1.0
+
+    def share(self, slice_: str, bucket: int) -> float:
+        """The serving gate's share of requests in a load region (1.0: not ramped)."""
+        return self.ramp.get(f"{slice_}|{bucket}", self.ramp_default) if self.ramp else self.ramp_default
 
 
 UNKNOWN_POOL = PoolState(healthy=False, pair_verified=None)
