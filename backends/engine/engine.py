@@ -31,20 +31,16 @@ import torch
 from backends.engine.adaptive import StepCosts, controller_for, match_context
 from backends.engine.calibrate import measure_steps
 from backends.engine.config import EngineConfig
+from backends.engine.faults import FaultInjector, verify_lossy
 from backends.engine.proposers.base import EMPTY, Proposal, SequenceProposer
 from backends.engine.proposers.draft_model import DraftJob, DraftModelProposer, propose_batch
 from backends.engine.proposers.ngram import NgramProposer
 from backends.engine.proposers.suffix import SuffixStore
 from backends.engine.runner import Feed, ModelRunner, load_model
-from backends.engine.sampling import (
-    PenaltyState, needs_history, probs_from_logits, process_logits, token_logprobs,
-)
+from backends.engine.sampling import PenaltyState, needs_history, probs_from_logits, process_logits, token_logprobs
 from backends.engine.scheduler import Scheduler
 from backends.engine.sequence import Sequence, Status, new_sequence
-from backends.engine.types import (
-    EngineLoad, FinishReason, GenerateRequest, RequestOutput, RoundStats,
-    TokenLogprob,
-)
+from backends.engine.types import EngineLoad, FinishReason, GenerateRequest, RequestOutput, RoundStats, TokenLogprob
 from backends.engine.verify import verify_greedy, verify_sampled
 
 log = logging.getLogger("specgate.engine")
@@ -74,6 +70,7 @@ class _Work:
     proposal: Proposal = EMPTY
     budget: int = 0  # the k chosen (a proposer may find fewer drafts)
     started: float = 0.0
+    lossy: bool = False  # fault injection lossy_accept: the first draft is committed unverified (faults.py)
 
 
 class Engine:
@@ -98,6 +95,7 @@ class Engine:
         self._suffix_store: SuffixStore | None = None
         self._slots: dict[str, _Slot] = {}
         self._shared_controllers: dict = {}  # engine-wide per-round controllers (adaptive.controller_for)
+        self.faults = FaultInjector(self.runner.vocab_size)  # test-only; mode "off" unless a worker sets it
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -221,6 +219,7 @@ class Engine:
         """This step's work: a round for every decoding sequence (drafts proposed now, draft-model drafts in
         one batch), then prefill chunks in admission order within what is left of ``max_batch_tokens``."""
         running = self.scheduler.running
+        fault = self.faults.mode  # read once per step (faults.py: why no lock is needed)
         decoding = [seq for seq in running if seq.status is Status.DECODE]
         works: list[_Work] = []
         drafts: list[tuple[_Work, DraftJob]] = []
@@ -240,6 +239,8 @@ class Engine:
         if drafts:
             for (work, _), proposal in zip(drafts, propose_batch([job for _, job in drafts])):
                 work.proposal, work.feed = proposal, [work.feed[0], *proposal.tokens]
+        if fault != "off":
+            self.faults.inject(fault, works)
         left = self.config.max_batch_tokens - sum(len(w.feed) for w in works)
         for seq in running:
             if seq.status is Status.PREFILL and seq.finish is None:
@@ -303,7 +304,9 @@ class Engine:
         params = seq.request.sampling
         drafts = proposal.tokens
         scaled = process_logits(logits, params, slot.penalty, drafts, seq.stop_token_ids)
-        if params.greedy:
+        if work.lossy:
+            verdict = verify_lossy(scaled, params, proposal.draft_probs, drafts, slot.generator)
+        elif params.greedy:
             verdict = verify_greedy(scaled, drafts)
         else:
             probs = probs_from_logits(scaled, params)

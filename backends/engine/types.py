@@ -20,6 +20,9 @@ NGRAM_MATCHES: tuple[str, ...] = ("earliest", "latest")
 SCOPE_MAX_CHARS = 128
 MAX_DRAFT_TOKENS = 16
 ADAPTIVE_STRATEGIES: tuple[str, ...] = ("beta", "sglang", "vllm")  # backends/engine/adaptive.py
+# test-only faults in speculation (backends/engine/faults.py); "off" is exact speculative decoding
+FaultMode = Literal["off", "lossy_accept", "random_draft"]
+FAULT_MODES: tuple[str, ...] = ("off", "lossy_accept", "random_draft")
 
 
 @dataclass(frozen=True, slots=True)

@@ -359,6 +359,8 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     specgate_per_request_speculation: bool = False
     specgate_draft_layers: int | None = None
     specgate_tokenizer_digest: str | None = None  # backends.engine.model_store.tokenizer_digest
+    specgate_fault_injection: bool = False  # the test-only --fault-injection switch (backends/engine/faults.py)
+    specgate_fault_mode: str = "off"  # off, lossy_accept or random_draft
     internal_states: list[InternalState] = []
 
 

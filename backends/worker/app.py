@@ -20,6 +20,7 @@ from backends.engine.types import GenerateRequest
 from backends.sglang import wire
 from backends.sglang import openai_wire
 from backends.worker.errors import WorkerRequestError, error_body, from_decode_error
+from backends.worker.faults import FaultRequest
 from backends.worker.responses import OpenAIShaper, generate_body
 from backends.worker.runtime import EngineFactory, WorkerRuntime
 from backends.worker.settings import WorkerSettings
@@ -31,7 +32,8 @@ _JSON = "application/json"
 _DONE = b"data: [DONE]\n\n"
 # Built at import: a body type msgspec cannot decode is a startup error, never a per-request 500.
 _DECODERS = {kind: msgspec.json.Decoder(kind) for kind in (
-    wire.GenerateReqInput, openai_wire.ChatCompletionRequest, openai_wire.CompletionRequest, wire.AbortRequest)}
+    wire.GenerateReqInput, openai_wire.ChatCompletionRequest, openai_wire.CompletionRequest, wire.AbortRequest,
+    FaultRequest)}
 
 
 def _sse(obj: msgspec.Struct) -> bytes:
@@ -172,6 +174,16 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
     async def models() -> Response:
         return _json(runtime.models())
 
+    @get("/specgate/fault")
+    async def fault() -> Response:
+        return _json(runtime.faults.state())
+
+    @post("/specgate/fault", status_code=200)
+    async def set_fault(request: Request) -> Response:
+        runtime.faults.require()  # 404 without --fault-injection, whatever the body
+        body = await _decode(request, FaultRequest)
+        return _json(runtime.faults.set(body.mode))
+
     @get("/metrics")
     async def metrics() -> Response:
         if runtime.bridge is not None:
@@ -191,7 +203,7 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
 
     return Litestar(
         route_handlers=[generate, chat_completions, completions, abort_request, health, loads,
-                        server_info, model_info, models, metrics],
+                        server_info, model_info, models, metrics, fault, set_fault],
         on_startup=[runtime.start], on_shutdown=[runtime.stop],
         exception_handlers={WorkerRequestError: on_refusal, Exception: on_crash},
         state={"runtime": runtime}, debug=False,

@@ -37,6 +37,11 @@ class Overloaded(WorkerRequestError):
     error_type = "TooManyRequests"
 
 
+class NotFound(WorkerRequestError):
+    status = 404
+    error_type = "NotFoundError"
+
+
 class NotReady(WorkerRequestError):
     status = 503
     error_type = "ServiceUnavailable"

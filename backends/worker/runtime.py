@@ -23,6 +23,7 @@ from backends.engine.types import GenerateRequest, SamplingParams, SpeculationPa
 from backends.sglang import wire
 from backends.worker.bridge import EngineBridge
 from backends.worker.errors import NotReady
+from backends.worker.faults import FaultSwitch
 from backends.worker.logprobs import TokenTexts
 from backends.worker.metrics import WorkerMetrics
 from backends.worker.settings import PROPOSER_ALGORITHM, WorkerSettings
@@ -64,6 +65,7 @@ class WorkerRuntime:
             calibrate=settings.calibrate, suffix=settings.suffix)
         self.engine_factory = engine_factory or Engine
         self.metrics = WorkerMetrics(self.served_model_name)
+        self.faults = FaultSwitch(settings)  # test only: /specgate/fault (404 without --fault-injection)
         self.engine: Engine | None = None
         self.bridge: EngineBridge | None = None
         self.token_texts: TokenTexts | None = None  # logprobs' token strings, set with the engine
@@ -84,6 +86,7 @@ class WorkerRuntime:
             self.startup_error = f"engine failed to start: {exc}"
             log.exception("engine failed to start")
             return
+        self.faults.attach(engine)  # before the loop starts: the first step already runs in the mode asked for
         engine.start()
         self.engine = engine
         self.token_texts = TokenTexts(engine.tokenizer)
@@ -178,6 +181,7 @@ class WorkerRuntime:
             specgate_step_costs=[(n, tokens, round(s, 6)) for n, tokens, s in engine.costs.table()],
             specgate_per_request_speculation=True, specgate_draft_layers=s.draft_layers,
             specgate_tokenizer_digest=self.tokenizer_digest,
+            specgate_fault_injection=self.faults.enabled, specgate_fault_mode=self.faults.mode,
             internal_states=[wire.InternalState(avg_spec_accept_length=self.metrics.avg_accept_length)],
         )
 

@@ -7,17 +7,22 @@ launched with them. ``SUFFIX`` (suffix decoding; vLLM's ``suffix`` method) is sp
 no such algorithm. The n-gram and suffix settings are server settings even for a worker that takes its
 proposer per request: they change acceptance, so they are part of the pair version, and ``/server_info``
 reports them under these field names (the flags with underscores).
+
+``--fault-injection`` is a test switch (backends/engine/faults.py): it lets ``POST /specgate/fault`` break
+speculation on purpose, so it is refused unless the worker listens on a loopback address only.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from backends.engine.types import (
-    ADAPTIVE_STRATEGIES, MAX_DRAFT_TOKENS, NGRAM_MATCHES, NgramMatch, SpeculationParams, SuffixSettings,
+    ADAPTIVE_STRATEGIES, FAULT_MODES, MAX_DRAFT_TOKENS, NGRAM_MATCHES, FaultMode, NgramMatch, SpeculationParams,
+    SuffixSettings,
 )
 
 SpeculativeAlgorithm = Literal["NGRAM", "STANDALONE", "SUFFIX"]
@@ -40,6 +45,16 @@ _SUFFIX = SuffixSettings()
 def flag(name: str) -> str:
     """A WorkerSettings field's command-line flag (errors name the flag the operator typed)."""
     return "--" + name.replace("_", "-")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` listens on this machine only: localhost, 127.0.0.0/8 or ::1."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a hostname other than localhost may resolve anywhere
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +88,9 @@ class WorkerSettings:
     weight_version: str = "default"
     calibrate: bool = True
     num_threads: int | None = None
+    # test only (backends/engine/faults.py): the /specgate/fault switch, and the mode the worker starts in
+    fault_injection: bool = False
+    fault_mode: FaultMode = "off"
 
     def __post_init__(self) -> None:
         if self.speculative_algorithm is not None and self.speculative_algorithm not in ALGORITHM_PROPOSER:
@@ -90,6 +108,7 @@ class WorkerSettings:
         self._check_ngram()
         self._check_suffix()
         self._check_adaptive()
+        self._check_faults()
 
     def _check_adaptive(self) -> None:
         strategy, table = self.speculative_adaptive_strategy, self.speculative_num_tokens_per_batch_size
@@ -107,6 +126,17 @@ class WorkerSettings:
                 parse_k_by_batch(table)
             except ValueError as exc:
                 raise ValueError(f"{flag('speculative_num_tokens_per_batch_size')}: {exc}") from None
+
+    def _check_faults(self) -> None:
+        if self.fault_mode not in FAULT_MODES:
+            raise ValueError(f"{flag('fault_mode')} must be one of {', '.join(FAULT_MODES)}, "
+                             f"got {self.fault_mode!r}")
+        if self.fault_mode != "off" and not self.fault_injection:
+            raise ValueError(f"{flag('fault_mode')} {self.fault_mode} needs {flag('fault_injection')} "
+                             "(a test switch; without it the worker never injects faults)")
+        if self.fault_injection and not is_loopback(self.host):
+            raise ValueError(f"{flag('fault_injection')} is a test switch and needs a loopback {flag('host')} "
+                             f"(127.0.0.1, ::1 or localhost), got {flag('host')} {self.host}")
 
     def _check_ngram(self) -> None:
         low, high = "speculative_ngram_min_match_window_size", "speculative_ngram_max_match_window_size"

@@ -4,13 +4,16 @@ Flags follow SGLang's server flags where one exists (``--speculative-algorithm``
 ``--speculative-num-draft-tokens``, ``--speculative-ngram-max-match-window-size``, ``--max-running-requests``,
 ``--served-model-name``...), so a pool of these workers is configured like a pool of SGLang servers.
 ``--speculative-algorithm SUFFIX`` and the ``--speculative-suffix-*`` flags are specgate's (SGLang has no
-suffix decoding; vLLM calls it ``suffix``).
+suffix decoding; vLLM calls it ``suffix``). ``--fault-injection`` and ``--fault-mode`` are a test switch
+that breaks speculation on purpose (backends/engine/faults.py), refused unless ``--host`` is loopback.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from backends.engine.types import FAULT_MODES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,6 +87,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--no-calibrate", action="store_true",
                    help="skip timing forwards at start (adaptive k then learns costs online)")
+    p.add_argument("--fault-injection", action="store_true",
+                   help="TESTS ONLY: enable GET/POST /specgate/fault, which breaks speculation on purpose "
+                        "(modes off, lossy_accept: each round commits its first draft unverified, "
+                        "random_draft: drafts are random token ids); refused unless --host is a loopback "
+                        "address (127.0.0.0/8, ::1, localhost)")
+    p.add_argument("--fault-mode", choices=FAULT_MODES, default="off",
+                   help="with --fault-injection: the fault mode the worker starts in (POST /specgate/fault "
+                        "changes it)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="log level of the worker and its HTTP server")
     p.set_defaults(func=_run)
@@ -119,6 +130,7 @@ def _run(args: argparse.Namespace) -> int:
             speculative_suffix_min_token_prob=args.speculative_suffix_min_token_prob,
             speculative_suffix_max_scopes=args.speculative_suffix_max_scopes,
             served_model_name=args.served_model_name,
+            fault_injection=args.fault_injection, fault_mode=args.fault_mode,
             weight_version=args.weight_version, calibrate=not args.no_calibrate, num_threads=args.num_threads)
         app = create_app(settings)
     except (ValueError, ModelNotPrepared) as exc:

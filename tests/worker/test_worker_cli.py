@@ -20,7 +20,8 @@ EXPECTED = {"--host", "--port", "--model-dir", "--dtype", "--max-running-request
             "--speculative-ngram-min-match-window-size", "--speculative-ngram-max-match-window-size",
             "--speculative-ngram-match", "--speculative-suffix-max-tree-depth",
             "--speculative-suffix-max-cached-requests", "--speculative-suffix-max-spec-factor",
-            "--speculative-suffix-min-token-prob", "--speculative-suffix-max-scopes"}
+            "--speculative-suffix-min-token-prob", "--speculative-suffix-max-scopes", "--fault-injection",
+            "--fault-mode"}
 
 
 def _worker_parser() -> argparse.ArgumentParser:
@@ -145,3 +146,19 @@ def test_a_bad_flag_value_is_an_error_naming_the_flag(started, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["worker", "--speculative-ngram-match", "first"])
     assert "argument --speculative-ngram-match: invalid choice: 'first'" in capsys.readouterr().err
+
+
+def test_fault_injection_flags_reach_the_settings_and_are_refused_off_loopback(started, capsys):
+    args = build_parser().parse_args(["worker", "--fault-injection", "--fault-mode", "random_draft"])
+    assert args.func(args) == 0
+    assert (started[0].fault_injection, started[0].fault_mode) == (True, "random_draft")
+    args = build_parser().parse_args(["worker", "--fault-injection", "--host", "0.0.0.0"])
+    assert args.func(args) == 2 and len(started) == 1
+    assert capsys.readouterr().out == ("error: --fault-injection is a test switch and needs a loopback --host "
+                                       "(127.0.0.1, ::1 or localhost), got --host 0.0.0.0\n")
+    args = build_parser().parse_args(["worker", "--fault-mode", "lossy_accept"])
+    assert args.func(args) == 2 and len(started) == 1
+    assert capsys.readouterr().out == ("error: --fault-mode lossy_accept needs --fault-injection (a test switch; "
+                                       "without it the worker never injects faults)\n")
+    help_text = " ".join(_worker_parser().format_help().split())  # whatever the terminal width
+    assert "TESTS ONLY" in help_text and "loopback" in help_text
