@@ -36,6 +36,7 @@ import httpx
 import psutil
 
 from bench.processes import free_port, running
+from bench.serve.arms import without_gates
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -80,7 +81,7 @@ def wrk(url: str, body: dict, concurrency: int, duration: float, tmp: Path, time
 
 
 def _policy(worker: str, tmp: Path) -> Path:
-    text = (REPO / "deploy/policies/default.yaml").read_text().replace("http://127.0.0.1:30000", worker)
+    text = without_gates((REPO / "deploy/policies/default.yaml").read_text()).replace("http://127.0.0.1:30000", worker)
     path = tmp / f"policy-{worker.rsplit(':', 1)[1]}.yaml"
     path.write_text(text)
     return path

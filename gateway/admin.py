@@ -1,11 +1,15 @@
 """Admin API (``/admin/*``), guarded by its own bearer token (``--admin-token-env``, default
-``SPECGATE_ADMIN_TOKEN``); with no token set the admin API is closed (403). Read-only:
+``SPECGATE_ADMIN_TOKEN``); with no token set the admin API is closed (403). Read-only but for the gate
+re-check:
 
 - ``GET /admin/policy``: the policy in force (version, path), the last reload attempt with its errors.
 - ``POST /admin/explain``: an OpenAI chat/completions body -> slice, every rule tried, auto candidates
   and the decision, against the live snapshot (``?route=NAME`` to explain as that route).
-- ``GET /admin/pools``: per pool its live snapshot, declared pair and each worker's health, load,
-  KV usage, reported identity, pair mismatches and in-flight count.
+- ``GET /admin/pools``: per pool its live snapshot, declared pair, pair gate (state, reason, last verdict,
+  ramp regions, accept-length windows, outcomes, history; ``gateway/gates/book.py``) and each worker's
+  health, load, KV usage, reported identity, pair mismatches and in-flight count.
+- ``POST /admin/pools/NAME/check``: run NAME's equivalence gate again (202; it goes back to pending and
+  serves no user request until the new verdict; 409 while a run is in progress).
 - ``GET /admin/stats``: the learned acceptance and cost statistics (the decision snapshot).
 - ``GET /admin/requests``: what the requests in flight hold now: the in-flight count the policy sees,
   explorations in flight per ``slice|pool``, each route's admission state and each worker's slots
@@ -131,8 +135,23 @@ def admin_router(state: GatewayState) -> Router:
             return refused
         now = time.monotonic()
         return _json({name: {"snapshot": pool.snapshot(now), "expected_pair": pool.expected,
+                             "gate": state.gates.view(name, now),
                              "workers": [_worker_view(w, now) for w in pool.workers.values()]}
                       for name, pool in state.backend.pools.items()})
+
+    @post("/pools/{name:str}/check", status_code=202, summary="Run a pool's equivalence gate again")
+    async def check(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+        if (refused := guard(request)) is not None:
+            return refused
+        if name not in state.gates.pools:
+            return _problem(404, f"pool '{name}' has no pair gate (unknown pool, no pair, or no gates: section "
+                            f"in the policy); gated pools: {', '.join(sorted(state.gates.pools)) or 'none'}",
+                            "no_such_gate")
+        if not state.gates.force_recheck(name, time.monotonic(), time.time()):
+            return _problem(409, f"pool '{name}''s equivalence gate is running; wait for its verdict "
+                            "(GET /admin/pools)", "gate_running")
+        state.gate_tick()
+        return _json({"pool": name, "gate": state.gates.view(name, time.monotonic())}, status=202)
 
     @get("/stats", summary="Learned acceptance and cost statistics")
     async def stats(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -182,7 +201,8 @@ def admin_router(state: GatewayState) -> Router:
         async with running:
             return await asyncio.to_thread(_replay_now, state, config, body)
 
-    return Router(path="/admin", route_handlers=[policy, explain_request, pools, stats, requests, tracing, replay])
+    return Router(path="/admin", route_handlers=[policy, explain_request, pools, check, stats, requests, tracing,
+                                                    replay])
 
 
 def _replay_now(state: GatewayState, config: Any, body: ReplayBody) -> Response[bytes]:

@@ -21,6 +21,7 @@ from litestar.response import Stream
 from gateway.admin import admin_router
 from gateway.errors import ApiError
 from gateway.lifecycle import JSON, serve
+from gateway.outcomes import outcomes_handler
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from telemetry.dashboard import router as dashboard_router
@@ -117,7 +118,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
         content, content_type = state.telemetry.metrics_response()
         return Response(content, media_type=content_type)
 
-    handlers: list[Any] = [chat_completions, completions, models, health, ready, metrics,
+    handlers: list[Any] = [chat_completions, completions, models, health, ready, metrics, outcomes_handler(state),
                            admin_router(state), dashboard_router(state.telemetry)]
     app = Litestar(
         route_handlers=handlers, on_startup=[state.start], on_shutdown=[state.stop],

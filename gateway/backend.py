@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
+
+import msgspec
 
 import structlog
 
@@ -67,13 +70,15 @@ def pool_state(snap: PoolSnapshot) -> PoolState:
 
 
 class Backend:
-    def __init__(self, policy: Policy, *, monitor_interval_s: float, read_timeout_s: float) -> None:
+    def __init__(self, policy: Policy, *, monitor_interval_s: float, read_timeout_s: float,
+                 identity_interval_s: float = 30.0) -> None:
         self.topology = topology(policy)
         self.pools = {name: WorkerPool(name, pool.workers, expected=expected_pair(policy, name))
                       for name, pool in policy.pools.items()}
         timeouts = ClientTimeouts(read=read_timeout_s)
         self.monitor = PoolMonitor(
             list(self.pools.values()), interval_s=monitor_interval_s, timeouts=timeouts,
+            identity_interval_s=identity_interval_s,
             client_factory=lambda url: SGLangClient(url, timeouts=timeouts, transport=ShardedTransport(),
                                             fast_json=True))
         self.models: dict[str, str] = {}  # url -> served model name
@@ -128,6 +133,21 @@ class Backend:
     def context_length(self) -> int | None:
         """The smallest context window any worker reported (requests may land on any of them)."""
         return min(self.context.values()) if self.context else None
+
+    def pool_keys(self, pair_versions: dict[str, str]) -> dict[str, str | None]:
+        """The pair gates' key of every pool with a pair: its declared pair version and a digest of the
+        identities its healthy, matching workers report (None while no such worker has reported one): a
+        policy edit of the pair, or a worker restarted with other weights or draft settings, is a new key."""
+        now = time.monotonic()
+        keys: dict[str, str | None] = {}
+        for name, version in pair_versions.items():
+            pool = self.pools.get(name)
+            if pool is None or not version:
+                continue
+            ids = sorted({msgspec.json.encode(w.identity, order="sorted") for w in pool.selectable(now)
+                          if w.identity is not None})
+            keys[name] = f"{version}-{hashlib.sha256(b'|'.join(ids)).hexdigest()[:8]}" if ids else None
+        return keys
 
     def pool_snapshots(self, now: float) -> dict[str, PoolSnapshot]:
         return {name: pool.snapshot(now) for name, pool in self.pools.items()}

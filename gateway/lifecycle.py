@@ -206,4 +206,5 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
         if learned is not None:
             state.learn(learned)
         state.telemetry.observe(stages.record(finished))
+        state.observe_gates(finished)
         state.recorder.finish(finished)

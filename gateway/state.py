@@ -9,28 +9,37 @@ something changed), not per request: ``decide`` then costs ~20 us.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 
+from gateway import stages
 from gateway.auth import KeyRing
 from gateway.backend import Backend, pool_state, topology
+from gateway.gates.book import GateBook, Verdict
+from gateway.gates.canary import CanaryError
+from gateway.gates.runner import canaries_of, check_pool
 from gateway.limits import RouteLimiter, limiters_for
 from gateway.reload import PolicyWatcher, ReloadResult, read_policy
 from gateway.settings import GatewaySettings
-from gateway.telemetry_views import policy_view, pool_views
+from gateway.stages import Finished
+from gateway.telemetry_views import gate_event_view, gate_views, policy_view, pool_views
 from gateway.tracing import Recorder, problems, resolve
 from policies.features import referenced_headers
 from policies.schema import Policy
-from policies.snapshot import Snapshot, load_concurrency
+from policies.snapshot import PoolState, Snapshot, load_concurrency
 from policies.stats import LearningState, Outcome
 from telemetry import Telemetry
 
 log = structlog.get_logger("specgate.gateway")
+
+GATE_TICK_S = 0.5  # how often the pair gates sync with the workers' identities and start due runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +63,9 @@ class GatewayState:
         view = policy_view(policy)
         self.telemetry = Telemetry(view, debug_text=settings.debug_log_text)
         self.telemetry.set_policy(view, version=version, reload_ok=True, error=None)
-        self.backend = Backend(policy, monitor_interval_s=settings.monitor_interval_s,
-                               read_timeout_s=settings.upstream_read_timeout_s)
+        self.backend = self._backend(policy)
+        self.gates = GateBook(policy.gates)
+        self.canaries = canaries_of(policy, self.path.parent)  # CanaryError: a startup failure
         if errors := self.tracing_problems(policy):
             raise ValueError("\n".join(errors))  # a startup failure, like an invalid policy
         self.recorder = Recorder(resolve(policy.tracing, settings.trace_path, self.path.parent),
@@ -73,6 +83,14 @@ class GatewayState:
         self._snapshot_at = 0.0
         self._dirty = True
         self._pools_pushed = 0.0
+        self.gate_settings_before = policy.gates
+
+    def _backend(self, policy: Policy) -> Backend:
+        # with gates, every monitor round re-reads the workers' identity: a worker restarted with another pair
+        # version must not serve under the old one's verdict until the next identity poll
+        return Backend(policy, monitor_interval_s=self.settings.monitor_interval_s,
+                       read_timeout_s=self.settings.upstream_read_timeout_s,
+                       identity_interval_s=self.settings.monitor_interval_s if policy.gates else 30.0)
 
     def _build(self, policy: Policy, version: str, old: dict[str, RouteLimiter]) -> Active:
         keys = KeyRing(policy, base_dir=self.path.parent)
@@ -88,6 +106,8 @@ class GatewayState:
     async def start(self) -> None:
         await self.backend.start()
         self.watcher.start()
+        self.gate_tick()  # every gated pool is pending before the first request can be decided
+        self.spawn(self._gate_loop())
 
     async def stop(self) -> None:
         await self.watcher.stop()
@@ -105,18 +125,26 @@ class GatewayState:
     # -- reload --------------------------------------------------------------------------------------
 
     def tracing_problems(self, policy: Policy) -> list[str]:
-        return problems(policy, self.settings.trace_path, self.path.parent)
+        """What the policy file alone does not show: an unusable trace path or canary file (a reload with
+        either is refused, as an invalid policy is)."""
+        found = problems(policy, self.settings.trace_path, self.path.parent)
+        try:
+            canaries_of(policy, self.path.parent)
+        except CanaryError as exc:
+            found.append(str(exc))
+        return found
 
     def apply_policy(self, policy: Policy, version: str) -> None:
         self.active = self._build(policy, version, self.active.limiters)
         self.recorder.configure(resolve(policy.tracing, self.settings.trace_path, self.path.parent))
         self.learning.configure(policy.learning)
         self.learning.forget_pair_versions(set(self.active.pair_versions.values()))
-        if topology(policy) != self.backend.topology:
-            old, self.backend = self.backend, Backend(
-                policy, monitor_interval_s=self.settings.monitor_interval_s,
-                read_timeout_s=self.settings.upstream_read_timeout_s)
+        self.gates.configure(policy.gates)
+        self.canaries = canaries_of(policy, self.path.parent)  # checked by tracing_problems before apply
+        if topology(policy) != self.backend.topology or bool(policy.gates) != bool(self.gate_settings_before):
+            old, self.backend = self.backend, self._backend(policy)
             self.spawn(self._swap_backend(old, self.backend))
+        self.gate_settings_before = policy.gates
         self.last_reload = ReloadResult(ok=True, at=time.time(), version=version)
         self.telemetry.set_policy(policy_view(policy), version=version, reload_ok=True, error=None)
         self._dirty = True
@@ -158,7 +186,7 @@ class GatewayState:
         if self._snapshot is None or age >= self.settings.snapshot_max_age_s or \
                 (self._dirty and age >= self.settings.snapshot_max_age_s / 2):
             pools = self.backend.pool_snapshots(now)
-            states = {name: pool_state(s) for name, s in pools.items()}
+            states = {name: self._gated(name, pool_state(s), now) for name, s in pools.items()}
             self._snapshot = self.learning.snapshot(now, states, load_concurrency(self.in_flight, states))
             self._snapshot_at = now
             self._dirty = False
@@ -171,3 +199,59 @@ class GatewayState:
     def learn(self, outcome: Outcome) -> None:
         self.learning.record(outcome)
         self._dirty = True
+
+    # -- pair gates (gateway/gates/) -----------------------------------------------------------------
+
+    def _gated(self, name: str, state: PoolState, now: float) -> PoolState:
+        gate, ramp, default = self.gates.pool_state(name, now)
+        if gate is None:
+            return state
+        return msgspec.structs.replace(state, gate=gate, ramp=ramp, ramp_default=default)
+
+    def observe_gates(self, finished: Finished) -> None:
+        """A finished request's evidence for the serving, outcome and collapse gates."""
+        if self.gates.settings is None:
+            return
+        pool = stages.served_by(finished.decision, finished.dispatched)[0]
+        gate = self.gates.pools.get(pool)
+        bucket = bisect.bisect_left(self.active.policy.learning.concurrency_buckets,
+                                    max(1, round(finished.mean_concurrency)))
+        self.gates.observe(stages.gate_sample(finished, bucket, gate.key if gate else ""), time.monotonic(),
+                           time.time())
+
+    def gate_tick(self) -> None:
+        """Sync the gates with the pools' current pair keys, start the equivalence runs that are due, and
+        publish what changed (logs, metrics, the next snapshot)."""
+        policy = self.active.policy
+        now = time.monotonic()
+        if policy.gates is not None:
+            paired = {name: version for name, version in self.active.pair_versions.items()
+                      if version and policy.pools[name].proposer != "none"}
+            self.gates.sync(self.backend.pool_keys(paired), now, time.time())
+            for pool in self.gates.due(now):
+                self.spawn(self._run_gate(pool, self.gates.started(pool)))
+        events = self.gates.drain()
+        if events:
+            self.telemetry.record_gate_events([gate_event_view(e) for e in events])
+            self._dirty = True
+            self._snapshot_at = 0.0  # a verdict takes effect on the next request, not a snapshot age later
+        self.telemetry.set_gates(gate_views(self.gates, now))
+
+    async def _run_gate(self, pool: str, key: str) -> None:
+        policy = self.active.policy
+        try:
+            assert policy.gates is not None
+            verdict = await check_pool(policy, pool, self.backend, self.canaries, policy.gates.equivalence)
+        except Exception as exc:  # noqa: BLE001 - a run that breaks is an error verdict, never a stuck gate
+            log.exception("pair_gate_run_failed", pool=pool)
+            verdict = Verdict(passed=False, error=True, reason=f"the gate run raised {type(exc).__name__}: {exc}")
+        self.gates.finished(pool, key, verdict, time.monotonic(), time.time())
+        self.gate_tick()
+
+    async def _gate_loop(self) -> None:
+        while True:
+            try:
+                self.gate_tick()
+            except Exception:  # noqa: BLE001 - the gates must outlive one bad round
+                log.exception("pair_gate_tick_failed")
+            await asyncio.sleep(GATE_TICK_S)

@@ -144,16 +144,25 @@ def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: st
                     speculation_override={"proposer": "none"} if per_request else None)
 
 
+def speculation_override(policy: Policy, pool: str, k: int) -> dict[str, Any] | None:
+    """``custom_params.speculation`` for a request on ``pool`` at draft length ``k`` (None: a server pool,
+    whose workers speculate as launched)."""
+    spec = policy.pools[pool]
+    if spec.speculation != "per_request":
+        return None
+    override: dict[str, Any] = {"proposer": spec.proposer, "draft_tokens": k, "adaptive": spec.adaptive}
+    if spec.adaptive:
+        override["strategy"] = spec.strategy
+        if spec.strategy == "vllm":
+            override["k_by_batch"] = [list(pair) for pair in spec.batch_table]
+    return override
+
+
 def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason: str,
                exploration: Exploration | None = None, speedup: float | None = None,
                accept_length: float | None = None) -> Decision:
     spec = policy.pools[pool]
-    override = ({"proposer": spec.proposer, "draft_tokens": k, "adaptive": spec.adaptive}
-                if spec.speculation == "per_request" else None)
-    if override is not None and spec.adaptive:
-        override["strategy"] = spec.strategy
-        if spec.strategy == "vllm":
-            override["k_by_batch"] = [list(pair) for pair in spec.batch_table]
+    override = speculation_override(policy, pool, k)
     return Decision(slice=slice_, pool=pool, proposer=spec.proposer, draft_tokens=k, bypass=False, rule=rule,
                     reason=reason, speculation_override=override, exploration=exploration,
                     predicted_speedup=speedup, expected_accept_length=accept_length)

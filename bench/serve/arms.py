@@ -57,9 +57,19 @@ def parse_arms(names: list[str]) -> list[Arm]:
     return [ARMS[n] for n in ordered]
 
 
+_GATES = re.compile(r"^gates:.*?(?=^\S)", re.M | re.S)
+
+
+def without_gates(text: str) -> str:
+    """A policy file's text without its top-level ``gates:`` section: a benchmark measures the policy's
+    decisions on a pair already rolled out, not the rollout (canaries, the serving ramp's plain share)."""
+    return _GATES.sub("", text + "\n#\n")[:-3] if "\ngates:" in text else text
+
+
 def served_policy(arm: Arm, worker_url: str, revision: str, out_dir: Path) -> Path:
-    """Write the arm's policy pointed at ``worker_url`` with ``revision``; returns the copy's path."""
-    text = arm.policy.read_text(encoding="utf-8")
+    """Write the arm's policy pointed at ``worker_url`` with ``revision``, without its ``gates:``; returns the
+    copy's path."""
+    text = without_gates(arm.policy.read_text(encoding="utf-8"))
     if POLICY_WORKER not in text:
         raise ValueError(f"{arm.policy}: expected worker URL {POLICY_WORKER} to replace with the bench worker")
     text = _REVISION.sub(f'revision: "{revision}"', text.replace(POLICY_WORKER, worker_url))

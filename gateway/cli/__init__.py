@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `specgate --help` lists them; a missing one is an import error.
-_COMMANDS = ("serve", "up", "worker", "policy", "model", "trace", "replay", "bench")
+_COMMANDS = ("serve", "up", "worker", "policy", "pair", "model", "trace", "replay", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

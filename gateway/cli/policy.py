@@ -75,7 +75,34 @@ def _check(args: argparse.Namespace) -> int:
         pair = f", pair {pool.pair}@{policy.pool_pair_version(name)}" if pool.pair else ""
         print(f"  pool {name}: {pool.proposer}{k}{pair}, {pool.speculation}, {len(pool.workers)} worker(s)")
     print(f"  rules: {', '.join(r.name for r in policy.rules) or '(none: everything bypasses)'}")
-    return _check_tracing(args.file, policy)
+    return max(_check_gates(args.file, policy), _check_tracing(args.file, policy))
+
+
+def _check_gates(file: Path, policy) -> int:
+    """The ``gates:`` section in one line, and its canary file read as the gateway would."""
+    from gateway.gates.canary import CanaryError, pick
+    from gateway.gates.runner import canaries_of
+
+    gates = policy.gates
+    if gates is None:
+        print("  gates: off (pools serve once their workers report the declared pair)")
+        return 0
+    try:
+        canaries = canaries_of(policy, file.parent)
+    except CanaryError as exc:
+        print(f"{file}: {exc}", file=sys.stderr)
+        return 1
+    eq = gates.equivalence
+    parts = [f"equivalence: {len(pick(canaries, eq))} canaries ({eq.canaries or 'built-in'}), {eq.max_tokens} tokens"
+             + (f", sampled check {eq.sampled.samples} x {eq.sampled.max_tokens} tokens" if eq.sampled else "")]
+    if gates.serving:
+        parts.append(f"serving ramp from {gates.serving.initial_share:g} per load region")
+    if gates.outcome:
+        parts.append(f"outcome (after {gates.outcome.min_reports} reports a side)")
+    if gates.collapse:
+        parts.append(f"collapse floor {gates.collapse.floor:g} over {gates.collapse.window_rounds} rounds")
+    print("  gates: " + "; ".join(parts))
+    return 0
 
 
 def _check_tracing(file: Path, policy) -> int:

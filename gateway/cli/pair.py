@@ -1,0 +1,78 @@
+"""`specgate pair check --policy FILE --pool NAME`: run a pool's equivalence gate now and print its verdict.
+
+It runs the gate as the gateway does (``gateway/gates/``): the policy's canaries (or the built-in set) through
+the pool's workers and the plain reference, greedy identity and the sampled check, within the policy's
+budget, straight against the workers (no gateway needed; a running gateway re-checks a pool with
+``POST /admin/pools/NAME/check``). Without a ``gates:`` section the defaults apply.
+
+Exit codes: 0 passed; 1 failed (the pair is not equivalent); 2 usage or an invalid policy; 3 the gate could
+not run (no healthy worker, no plain reference, a worker error, past the budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("pair", help="check a pool's target-draft pair (its equivalence gate)")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = actions.add_parser("check", help="run a pool's equivalence gate and print the verdict")
+    check.add_argument("--policy", type=Path, required=True, help="the policy file naming the pool")
+    check.add_argument("--pool", required=True, help="the speculative pool to check")
+    check.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    check.set_defaults(func=_check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from gateway.gates.canary import CanaryError
+    from gateway.gates.runner import canaries_of
+    from policies.errors import PolicyError
+    from policies.load import load_policy_file
+    from policies.schema import Gates
+
+    try:
+        policy = load_policy_file(args.policy)
+    except PolicyError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        return 2
+    pool = policy.pools.get(args.pool)
+    if pool is None or pool.proposer == "none" or not pool.pair:
+        speculative = [n for n, p in policy.pools.items() if p.proposer != "none" and p.pair]
+        print(f"--pool {args.pool}: not a speculative pool with a pair in {args.policy}; choose one of: "
+              f"{', '.join(speculative) or '(none)'}", file=sys.stderr)
+        return 2
+    try:
+        canaries = canaries_of(policy, args.policy.parent)
+    except CanaryError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    settings = (policy.gates or Gates()).equivalence
+    verdict = asyncio.run(_run(policy, args.pool, canaries, settings))
+    if args.json:
+        print(msgspec.json.encode(verdict).decode())
+    else:
+        word = "error" if verdict.error else "passed" if verdict.passed else "FAILED"
+        print(f"pool {args.pool} (pair {pool.pair}@{policy.pool_pair_version(args.pool)}): {word}: {verdict.reason}")
+        if verdict.seconds:
+            print(f"  {verdict.canaries} canaries, {verdict.tokens} tokens compared, {verdict.seconds:.1f} s"
+                  + (f", worker {verdict.worker}" if verdict.worker else ""))
+    return 3 if verdict.error else 0 if verdict.passed else 1
+
+
+async def _run(policy, pool: str, canaries, settings):
+    from gateway.backend import Backend
+    from gateway.gates.runner import check_pool
+
+    backend = Backend(policy, monitor_interval_s=60.0, read_timeout_s=settings.timeout_s)
+    await backend.start()  # one monitor round: health, load and identity of every worker, and the catalog
+    try:
+        return await check_pool(policy, pool, backend, canaries, settings)
+    finally:
+        await backend.stop()

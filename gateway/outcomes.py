@@ -1,0 +1,82 @@
+"""``POST /v1/outcomes``: an application tells the gateway whether a request's task succeeded.
+
+The outcome gate (``gateway/gates/book.py``, ``gates.outcome`` in the policy) compares, per pair version and
+route, the success of requests a speculative pool served with the same route's plain requests. Body::
+
+    {"request_id": "<x-specgate-request-id of the answer>", "success": true}     # or "score": 0.0..1.0
+
+(``request_id`` may instead come in the ``x-specgate-request-id`` header.) Authenticated like the API: the key
+names the route, and a route can only report its own requests (another route's id is unknown to it). Answers:
+200 taken; 400 a bad body (naming the field); 404 an id this gateway does not know (never served, another
+route's, or finished more than ``gates.outcome.ttl_s`` ago); 409 reported already, or the outcome gate is off.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+from litestar import Request, Response, post
+from msgspec import Meta
+
+from gateway.errors import ApiError
+
+if TYPE_CHECKING:
+    from gateway.state import GatewayState
+
+_JSON = "application/json"
+
+
+class OutcomeReport(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    request_id: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    success: bool | None = None
+    score: Annotated[float, Meta(ge=0, le=1)] | None = None
+
+
+def _error(exc: ApiError) -> Response[bytes]:
+    return Response(exc.body(), status_code=exc.status, media_type=_JSON, headers=exc.headers())
+
+
+def parse_report(raw: bytes, header_id: str | None) -> tuple[str, float]:
+    """(request id, score in [0, 1]) from a body, or ApiError 400 naming the field and the fix."""
+    try:
+        report = msgspec.json.decode(raw, type=OutcomeReport)
+    except msgspec.ValidationError as exc:
+        field = str(exc).rpartition("at `$.")[2].rstrip("`") or None
+        raise ApiError(400, f"invalid outcome report: {exc}; send {{\"request_id\": ..., \"success\": true}} "
+                       "or a \"score\" in [0, 1]", param=field, code="invalid_value") from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"the body is not JSON ({exc})", code="invalid_json") from None
+    rid = report.request_id or header_id
+    if not rid:
+        raise ApiError(400, "request_id is missing: give the answer's x-specgate-request-id in the body or "
+                       "that header", param="request_id", code="missing_field")
+    if (report.success is None) == (report.score is None):
+        raise ApiError(400, "give exactly one of success (true/false) or score (0..1)", param="success",
+                       code="invalid_value")
+    return rid, float(report.success) if report.success is not None else float(report.score or 0.0)
+
+
+def outcomes_handler(state: GatewayState) -> Any:
+    @post("/v1/outcomes", status_code=200, summary="Report whether a request's task succeeded (the outcome gate)")
+    async def outcomes(request: Request[Any, Any, Any]) -> Response[bytes]:
+        try:
+            route = state.active.keys.route_for(request.headers.get("authorization"))
+            rid, score = parse_report(await request.body(), request.headers.get("x-specgate-request-id"))
+        except ApiError as exc:
+            return _error(exc)
+        why = state.gates.report(rid, route, score, time.monotonic(), time.time())
+        if why == "off":
+            return _error(ApiError(409, "the outcome gate is off: the policy has no gates.outcome section",
+                                   code="outcome_gate_off"))
+        if why == "unknown":
+            return _error(ApiError(404, f"request {rid} is unknown to this gateway for route {route}: not served "
+                                   "here, another route's, or finished too long ago (gates.outcome.ttl_s)",
+                                   param="request_id", code="unknown_request"))
+        if why == "reported":
+            return _error(ApiError(409, f"request {rid} already has an outcome; each request takes one",
+                                   param="request_id", code="already_reported"))
+        state.gate_tick()  # a hold takes effect on the next request
+        return Response(msgspec.json.encode({"request_id": rid, "accepted": True}), media_type=_JSON)
+    return outcomes
