@@ -18,7 +18,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_check_valid_and_invalid(tmp_path: Path) -> None:
     ok = run("check", DEFAULT)
     assert ok.returncode == 0, ok.stderr
-    assert "valid policy (version 1)" in ok.stdout and "rules: unverified-pair, kv-pressure, tiny-budget, learned" \
+    assert "valid policy (version 1)" in ok.stdout and "rules: unverified-pair, degraded-pair, kv-pressure, tiny-budget, learned" \
         in ok.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text(Path(DEFAULT).read_text().replace("then: {pools: [ngram-adaptive]}}", "then: {pool: ngramm}}"))
