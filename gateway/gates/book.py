@@ -149,6 +149,7 @@ class PoolGate:
     windows: dict[str, Window] = field(default_factory=dict)
     outcomes: dict[str, Arm] = field(default_factory=dict)  # route -> this pool's speculative requests
     collapses: int = 0
+    collapsed: set[str] = field(default_factory=set)  # the slices whose windows hold the pool degraded
     history: deque[GateEvent] = field(default_factory=lambda: deque(maxlen=HISTORY))
 
 
@@ -174,7 +175,8 @@ class GateBook:
     def _move(self, gate: PoolGate, state: GateState, which: str, reason: str, wall: float) -> None:
         event = GateEvent(at=wall, pool=gate.pool, key=gate.key, gate=which, state=state,
                           previous=gate.state if gate.history else None, reason=reason)
-        gate.state, gate.reason, gate.since = state, reason, wall
+        if which != "serving":  # a region's ramp event leaves the pool's state, its reason and since alone
+            gate.state, gate.reason, gate.since = state, reason, wall
         gate.history.append(event)
         self._events.append(event)
 
@@ -200,8 +202,9 @@ class GateBook:
                 gate.key, gate.reason = key, "pair version first seen: the equivalence gate has not run yet"
             elif key is not None and key != gate.key:
                 was = gate.key
-                self.pools[name] = gate = PoolGate(pool=name, key=key, since=wall, last_served=now,
-                                                   history=gate.history)
+                # the old state rides along only to be the event's ``previous``
+                self.pools[name] = gate = PoolGate(pool=name, key=key, state=gate.state, since=wall,
+                                                   last_served=now, history=gate.history)
                 self._move(gate, "pending", "version", f"pair version changed ({was} -> {key}): "
                            "the equivalence gate runs again", wall)
 
@@ -245,15 +248,15 @@ class GateBook:
             self._move(gate, "failed", "equivalence", verdict.reason, wall)
             return
         collapsed = self._canaries_collapsed(gate, verdict)
-        if collapsed is not None:
+        if collapsed is not None:  # a degraded pool's re-check: it stays degraded, and says why
             gate.retry_at = now + self.settings.equivalence.retry_s
             gate.last_served = now
-            if gate.state != "degraded":
-                self._move(gate, "degraded", "collapse", collapsed, wall)
+            gate.reason = collapsed
             return
         gate.first_verdict = gate.first_verdict or verdict
         gate.regions.clear()
         gate.windows.clear()
+        gate.collapsed.clear()
         gate.last_served = now
         self._move(gate, "passed", "equivalence", verdict.reason, wall)
 
@@ -292,6 +295,8 @@ class GateBook:
                 rid, _ = self._served.popitem(last=False)
                 self._reported.discard(rid)
         if sample.pool is None:
+            if not sample.ok:  # as on the speculative side: a failed request has no timings to compare
+                return
             for gate in self.pools.values():
                 region = gate.regions.get((sample.slice, sample.bucket))
                 if region is not None and region.share < 1.0 and region.closed_until is None:
@@ -361,16 +366,22 @@ class GateBook:
         else:
             collapsed = _collapsed(collapse, accept, histogram, window.baseline[0], window.baseline[1])
         where = f"slice {sample.slice}: "
-        if collapsed is not None and gate.state == "passed":
-            gate.collapses += 1
+        # the pool is degraded while any slice's window is collapsed: a healthy window elsewhere clears nothing
+        if collapsed is not None and sample.slice not in gate.collapsed:
+            gate.collapsed.add(sample.slice)
             window.recent.clear()
             window.rounds = 0
-            self._move(gate, "degraded", "collapse", where + collapsed, wall)
-        elif collapsed is None and gate.state == "degraded":
+            if gate.state == "passed":
+                gate.collapses += 1
+                self._move(gate, "degraded", "collapse", where + collapsed, wall)
+        elif collapsed is None and gate.state == "degraded" and (sample.slice in gate.collapsed
+                                                                 or not gate.collapsed):
+            gate.collapsed.discard(sample.slice)
             window.recent.clear()
             window.rounds = 0
-            self._move(gate, "passed", "collapse", f"{where}accept length {accept:.2f} per round over "
-                       f"{rounds} rounds: recovered", wall)
+            if not gate.collapsed:
+                self._move(gate, "passed", "collapse", f"{where}accept length {accept:.2f} per round over "
+                           f"{rounds} rounds: recovered", wall)
 
     # -- outcomes ------------------------------------------------------------------------------------
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from scipy import stats as scistats
@@ -29,6 +29,8 @@ from backends.sglang.errors import WorkerError
 from backends.sglang.spec_stats import spec_stats_from_sglext
 from gateway.gates.book import Mismatch, Verdict, sum_histograms
 from policies.schema import Equivalence, SampledCheck
+
+T = TypeVar("T")
 
 
 class Canary(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -192,7 +194,7 @@ async def _run(spec: Side, plain: Side, canaries: Sequence[Canary], settings: Eq
             return await _ask(side, canary, n, temperature, seed)
 
     greedy = [(c, c.max_tokens or settings.max_tokens) for c in canaries]
-    answers = await asyncio.gather(*(bounded(side, c, n, 0.0, None) for c, n in greedy for side in (spec, plain)))
+    answers = await _all(bounded(side, c, n, 0.0, None) for c, n in greedy for side in (spec, plain))
     rounds = sum(a.verify_ct for a in answers[::2])
     correct = sum(a.correct for a in answers[::2])
     histogram = sum_histograms(a.histogram for a in answers[::2])
@@ -239,7 +241,7 @@ async def _sampled(spec: Side, plain: Side, canaries: Sequence[Canary], check: S
         mine = gather_ids(bounded(spec, canary, check.max_tokens, check.temperature, s) for s in seeds)
         ref = gather_ids(bounded(plain, canary, check.max_tokens, check.temperature, s + check.samples)
                          for s in seeds)
-        a, b = await asyncio.gather(mine, ref)
+        a, b = await _all((mine, ref))
         p, tested = homogeneity(a, b)
         positions += tested
         if p is not None:
@@ -248,4 +250,17 @@ async def _sampled(spec: Side, plain: Side, canaries: Sequence[Canary], check: S
 
 
 async def gather_ids(calls: Any) -> list[list[int]]:
-    return [answer.ids for answer in await asyncio.gather(*calls)]
+    return [answer.ids for answer in await _all(calls)]
+
+
+async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """``asyncio.gather`` that, when one call fails, cancels the others before raising: a run that gave up
+    leaves no canary request running on the worker (gather alone lets the rest run on, unawaited)."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except Exception:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        raise
