@@ -1,17 +1,17 @@
-"""``Telemetry``: the one object the gateway hands every finished request, pool state and policy change.
+"""``Telemetry``: the one object the gateway hands every finished request, pool state, gate event and policy change.
 
 It fans each ``RequestRecord`` out to Prometheus counters and histograms, one structured log line, and
 the dashboard's in-memory history. Labels are bounded by the policy in force (:mod:`telemetry.labels`),
 so a client can never create a series. Single event loop, no locks: every method is called from the
-gateway's loop, including ``metrics_response`` (the scrape handler). The policy and the pools come in
-as views (:mod:`telemetry.views`, built by ``gateway/telemetry_views.py``), never the ``Policy`` or the
-pools themselves.
+gateway's loop, including ``metrics_response`` (the scrape handler). The policy, the pools and the pair
+gates come in as views (:mod:`telemetry.views`, built by ``gateway/telemetry_views.py``), never the
+``Policy``, the pools or the ``GateBook`` themselves.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -20,12 +20,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from telemetry.derive import SpecCounts, is_speculative, spec_counts
 from telemetry.labels import LabelSets
-from telemetry.logs import log_request
+from telemetry.logs import log_gate_event, log_request
 from telemetry.metrics import Metrics
 from telemetry.record import RequestRecord
 from telemetry.series import History
-from telemetry.speedup import cells, sample
-from telemetry.views import PolicyView, PoolView, WorkerView
+from telemetry.speedup import cells, load_label, sample
+from telemetry.views import GateEventView, GateView, PolicyView, PoolView, WorkerView
 
 
 def _pair_state(verified: bool | None) -> str:
@@ -49,6 +49,7 @@ class Telemetry:
         # (route, slice, pool) -> [accepted per position, reached per position], since start
         self.positions: dict[tuple[str, str, str], list[list[int]]] = {}
         self.pools: list[dict[str, Any]] = []
+        self.gates: list[dict[str, Any]] = []
         self.started = time.time()
         # labelled children, made on first use like ``labels()`` (no zero series appear early), then
         # reused: ``labels()`` costs a lock and validation per call, several per request. The label
@@ -186,6 +187,33 @@ class Telemetry:
                 "running": worker.running, "waiting": worker.waiting, "kv_usage": worker.kv_usage,
                 "mismatches": list(worker.mismatches)}
 
+    # -- pair gates --------------------------------------------------------------------------------
+
+    def record_gate_events(self, events: Iterable[GateEventView]) -> None:
+        """Each pair gate event once (the gateway drains its ``GateBook``): one ``pair_gate`` log line, one
+        count by pool, gate and state, and a collapse alert when the collapse detector made the pool degraded."""
+        m, lab, child = self.metrics, self.labels, self._child
+        for event in events:
+            pool = lab.pool(event.pool)
+            child(m.gate_transitions, (pool, lab.gate(event.gate), lab.gate_state(event.state))).inc()
+            if event.gate == "collapse" and event.state == "degraded":
+                child(m.collapse_alerts, (pool,)).inc()
+            log_gate_event(self.logger, event)
+
+    def set_gates(self, views: Mapping[str, GateView]) -> None:
+        """Replace the gate state and ramp gauges, and the dashboard's gate rows, with the book's latest view
+        (a pool the view no longer has, e.g. after a policy reload, loses its series)."""
+        m, lab = self.metrics, self.labels
+        m.clear_gate_gauges()
+        for name, view in sorted(views.items()):
+            pool = lab.pool(name)
+            m.gate_state.labels(pool).state(view.state)
+            self._child(m.collapse_alerts, (pool,))  # exported at 0 before the first collapse
+            for region in view.regions:
+                m.gate_share.labels(pool, lab.slice(region.slice), lab.bucket(region.bucket)).set(region.share)
+        edges = self.policy.load_buckets
+        self.gates = [_gate_row(view, edges) for _, view in sorted(views.items())]
+
     def set_policy(self, policy: PolicyView, *, version: str, reload_ok: bool, error: str | None = None) -> None:
         """Record a (re)load. ``policy``/``version``: the policy now in force (the old one when the reload
         failed); label sets follow it, so names a new policy drops become ``other`` from now on."""
@@ -216,8 +244,8 @@ class Telemetry:
                 **cells(sums, self.policy.load_buckets)}
 
     def dashboard_data(self, now: float | None = None) -> dict[str, Any]:
-        """What ``GET /dashboard/data`` returns: the policy, time series, the speedup table, acceptance curves
-        and pools."""
+        """What ``GET /dashboard/data`` returns: the policy, time series, the speedup table, acceptance curves,
+        pools and pair gates."""
         now = now if now is not None else time.time()
         policy = self.policy
         return {
@@ -233,4 +261,14 @@ class Telemetry:
             "positions": [{"route": r, "slice": s, "pool": p, "accepted": acc, "reached": reached}
                           for (r, s, p), (acc, reached) in sorted(self.positions.items())],
             "pools": self.pools,
+            "gates": self.gates,
         }
+
+
+def _gate_row(view: GateView, edges: tuple[int, ...]) -> dict[str, Any]:
+    """A gate view for the dashboard, each region with the loads its bucket holds ("3-4" requests in flight)."""
+    row = msgspec.to_builtins(view)
+    for region in row["regions"]:
+        b = region["bucket"]  # bisect_left over the edges: len(edges) is the bucket above the last one
+        region["load"] = load_label(edges[b] if b < len(edges) else None, edges)
+    return row

@@ -2,8 +2,9 @@
 
 A client controls headers, keys and prompts, never labels: a route, slice, pool, rule or worker the
 current policy does not name, and a proposer or exploration kind outside the vocabularies the gateway
-passes in (``PolicyView.proposers``/``explorations``), is exported as ``other`` (and a record that never
-reached a pool or rule as ``none``), so the number of series is at most the product of the policy's
+passes in (``PolicyView.proposers``/``explorations``), a pair gate or gate state outside
+``telemetry.metrics.GATES``/``GATE_STATES``, and a load bucket index past the policy's concurrency edges, is
+exported as ``other`` (and a record that never reached a pool or rule as ``none``), so the number of series is at most the product of the policy's
 names and the closed sets, whatever the traffic. Hot reload swaps the whole ``LabelSets`` value.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from telemetry.metrics import GATE_STATES, GATES
 from telemetry.views import PolicyView
 
 OTHER = "other"
@@ -32,6 +34,7 @@ class LabelSets:
     workers: frozenset[str]
     proposers: frozenset[str]
     explorations: frozenset[str]
+    buckets: int = 8  # load buckets: one per concurrency edge, and one above the last
 
     @classmethod
     def from_policy(cls, policy: PolicyView) -> LabelSets:
@@ -43,6 +46,7 @@ class LabelSets:
             workers=frozenset(url for pool in policy.pools for url in pool.workers),
             proposers=policy.proposers,
             explorations=policy.explorations,
+            buckets=len(policy.load_buckets) + 1,
         )
 
     def route(self, value: str) -> str:
@@ -73,3 +77,15 @@ class LabelSets:
 
     def exploration(self, value: str) -> str:
         return value if value in self.explorations else OTHER
+
+    def bucket(self, index: int) -> str:
+        """A load bucket's index (the learner's ``bisect_left`` over the concurrency edges), as a label."""
+        return str(index) if 0 <= index < self.buckets else OTHER
+
+    @staticmethod
+    def gate(value: str) -> str:
+        return value if value in GATES else OTHER
+
+    @staticmethod
+    def gate_state(value: str) -> str:
+        return value if value in GATE_STATES else OTHER

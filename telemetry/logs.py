@@ -2,7 +2,8 @@
 
 One line per request (event ``request``) with what an operator greps for: request id, route, slice,
 decision (rule, pool, proposer, k), status, token counts, TTFT, TPOT and accept length; failures carry
-``error`` (the type) and ``cause`` (the message). Prompt and completion text never reach a log line
+``error`` (the type) and ``cause`` (the message). One line per pair gate event (event ``pair_gate``: pool,
+key, gate, state, previous, reason), a warning when the pool is failed or degraded after it. Prompt and completion text never reach a log line
 unless ``Telemetry(debug_text=True)``; anything shaped like an API key or bearer token is masked in
 every line, whatever logged it, because a leaked key in a log aggregator is a credential leak.
 """
@@ -18,6 +19,7 @@ from typing import Any, TextIO
 import structlog
 
 from telemetry.record import RequestRecord
+from telemetry.views import GateEventView
 
 TEXT_FIELDS = ("prompt_text", "completion_text", "prompt", "completion", "messages")
 # OpenAI-style keys (sk-..., sk-proj-...), "Bearer <token>", and "api_key=<value>" / "token: <value>"
@@ -110,3 +112,11 @@ def log_request(logger: Any, record: RequestRecord, *, debug_text: bool) -> None
     if enabled is not None and not enabled(level):
         return
     getattr(bound, name)("request", **request_fields(record, debug_text=debug_text))
+
+
+def log_gate_event(logger: Any, event: GateEventView) -> None:
+    """A pair gate event: warning when it leaves the pool failed or degraded (held out, or its acceptance
+    collapsed), info otherwise."""
+    level = "warning" if event.state in ("failed", "degraded") else "info"
+    getattr(logger, level)("pair_gate", pool=event.pool, key=event.key, gate=event.gate, state=event.state,
+                           previous=event.previous, reason=event.reason)

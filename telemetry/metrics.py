@@ -39,6 +39,11 @@ in one process never collide). Labels ``route, slice, pool, proposer`` (``L`` be
 
     sum(rate(specgate_trace_requests_total{result="recorded"}[5m])) / sum(rate(specgate_trace_requests_total[5m]))
     sum by (result) (rate(specgate_trace_requests_total{result!="recorded"}[5m]))
+- Pair gates (``specgate_pair_gate_state`` is an Enum: its state label is named like the metric): pools held
+  out, and acceptance collapses caught in the last 10 minutes::
+
+    specgate_pair_gate_state{specgate_pair_gate_state=~"failed|pending"} == 1
+    increase(specgate_pair_collapse_alerts_total[10m]) > 0
 - Latency quantiles, e.g. p95 TPOT per pool::
 
     histogram_quantile(0.95, sum by (pool, le) (rate(specgate_time_per_output_token_seconds_bucket[5m])))
@@ -56,6 +61,9 @@ E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300
 ACCEPT_LENGTH_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0)
 OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 PAIR_STATES = ("verified", "mismatch", "unknown")
+# the pair gates (gateway/gates/book.py): a pool's states, and the gates whose events move it
+GATE_STATES = ("pending", "passed", "failed", "degraded")
+GATES = ("equivalence", "serving", "outcome", "collapse", "version")
 
 
 class Metrics:
@@ -127,6 +135,21 @@ class Metrics:
                                     ["pool", "worker"], registry=r)
         self.worker_kv = Gauge("specgate_worker_kv_usage_ratio", "KV cache usage of the worker (0-1).",
                                ["pool", "worker"], registry=r)
+        # pair gates: the state and ramp gauges are replaced wholesale by each set_gates; the counters stay
+        self.gate_state = Enum("specgate_pair_gate_state", "The pool's pair gate state: pending (the "
+                               "equivalence gate has not passed: no user traffic), passed, failed (held out), "
+                               "degraded (acceptance collapsed).", ["pool"], states=list(GATE_STATES), registry=r)
+        self.gate_share = Gauge("specgate_pair_gate_ramp_share", "Share of the policy's requests for the pool that "
+                                "the serving gate sends it in one load region (slice x concurrency bucket index; "
+                                "0: closed).", ["pool", "slice", "bucket"], registry=r)
+        self.gate_transitions = Counter(
+            "specgate_pair_gate_transitions", "Pair gate events by the gate that moved the pool (equivalence|serving|"
+            "outcome|collapse|version) and the state after it (a serving event can keep the state: a load region "
+            "opened or closed).", ["pool", "gate", "state"], registry=r)
+        self.collapse_alerts = Counter(
+            "specgate_pair_collapse_alerts", "Acceptance collapses caught by the collapse detector (the pool went "
+            "degraded); 0 from the pool's first gate view on, so increase() sees the first one.", ["pool"],
+            registry=r)
         # policy
         self.policy = Info("specgate_policy", "The policy in force.", registry=r)
         self.reload_ok = Gauge("specgate_policy_last_reload_success", "1 when the last policy (re)load "
@@ -145,3 +168,7 @@ class Metrics:
                       self.pool_in_flight, self.pool_kv, self.pool_accept_length, self.pool_pair,
                       self.worker_healthy, self.worker_running, self.worker_waiting, self.worker_kv):
             gauge.clear()
+
+    def clear_gate_gauges(self) -> None:
+        self.gate_state.clear()
+        self.gate_share.clear()

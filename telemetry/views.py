@@ -2,9 +2,10 @@
 
 Telemetry imports nothing from ``policies`` or ``backends`` (DESIGN.md's layering; tests/test_layout.py
 checks it): the gateway turns its ``Policy`` into a ``PolicyView`` on every (re)load and its pools'
-snapshots and worker states into ``PoolView``s on every push (``gateway/telemetry_views.py``). A view
-holds exactly the fields telemetry exports or shows, so a change to the policy schema or the pool
-internals reaches telemetry only through that one builder.
+snapshots and worker states into ``PoolView``s on every push, and its pair gates into ``GateView``s and
+``GateEventView``s (``gateway/telemetry_views.py``). A view holds exactly the fields telemetry exports or
+shows, so a change to the policy schema, the pool or the gate internals reaches telemetry only through that
+one builder.
 """
 
 from __future__ import annotations
@@ -83,3 +84,62 @@ class PoolView(_View):
     accept_length: float | None
     pair_verified: bool | None  # None: unknown (no identity yet, or no pair)
     worker_states: tuple[WorkerView, ...] = ()
+
+
+class GateEventView(_View):
+    """One change recorded by the pair gates (``gateway.gates.book.GateEvent``): the pool's state after it,
+    the one before (None: the pool's first event) and why. ``gate``: equivalence | serving | outcome |
+    collapse | version. A serving event can leave the state as it was (a load region opened or closed)."""
+
+    at: float  # wall clock (time.time())
+    pool: str
+    key: str  # the pair version the pool's gates ran for
+    gate: str
+    state: str
+    previous: str | None
+    reason: str
+
+
+class GateRegionView(_View):
+    """The serving gate's ramp in one load region (slice x concurrency bucket index) of one pool."""
+
+    slice: str
+    bucket: int  # index into the learner's concurrency buckets (``PolicyView.load_buckets``)
+    share: float  # of the policy's requests for the pool that this region now sends it (0: closed)
+    closed_for_s: float | None  # seconds until a closed region ramps again; None: open or ramping
+    steps: int  # windows judged so far
+    last: str  # the last window's figures and verdict ("" before the first)
+    window_speculative: int = 0  # requests in the window being collected, on each side
+    window_plain: int = 0
+
+
+class GateVerdictView(_View):
+    """The last run of a pool's equivalence gate. ``error``: it could not finish (not a verdict on the
+    pair); ``mismatch``: where a canary's greedy output first differed from plain, as text."""
+
+    passed: bool
+    error: bool
+    reason: str
+    canaries: int
+    tokens: int  # greedy output tokens compared
+    accept_length: float | None
+    sampled_p: float | None  # the sampled check's smallest per-position p-value; None: not run
+    seconds: float
+    mismatch: str | None = None
+    worker: str = ""
+
+
+class GateView(_View):
+    """One pool's pair gates: its state (pending | passed | failed | degraded), why and since when, the last
+    equivalence verdict, the ramp per load region and the last state changes (oldest first)."""
+
+    pool: str
+    state: str
+    key: str
+    reason: str
+    since: float  # wall clock of the last state change
+    running: bool  # an equivalence run is in flight
+    collapses: int  # acceptance collapses caught since the pair version passed
+    verdict: GateVerdictView | None
+    regions: tuple[GateRegionView, ...] = ()
+    history: tuple[GateEventView, ...] = ()

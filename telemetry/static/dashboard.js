@@ -177,6 +177,59 @@ function renderSpeedup(speedup, route) {
   document.getElementById("speedup").replaceChildren(table);
 }
 
+// Pair gates: one block per gated pool (state badge, reason, last verdict, ramp regions, last events, newest first).
+const GATE_EVENTS_SHOWN = 8;
+function el(tag, text, cls) { const e = document.createElement(tag); if (text !== undefined) e.textContent = text; if (cls) e.className = cls; return e; }
+function ago(seconds) {
+  const s = Math.max(0, seconds);
+  return s < 90 ? fmt(s, 0) + " s" : s < 5400 ? fmt(s / 60, 0) + " min" : fmt(s / 3600, 1) + " h";
+}
+function gateTable(headers, rows) {
+  const table = document.createElement("table");
+  const head = table.insertRow();
+  for (const h of headers) head.appendChild(el("th", h));
+  for (const r of rows) { const row = table.insertRow(); r.forEach(td => row.appendChild(td)); }
+  return table;
+}
+
+function verdictText(v) {
+  if (!v) return [el("p", "no equivalence run yet", "none")];
+  const result = v.error ? "could not run" : v.passed ? "passed" : "failed";
+  return [gateTable(["last equivalence run", "canaries", "tokens", "accept len", "sampled p", "seconds", "mismatch"], [[
+    cell(result, v.error ? "" : v.passed ? "up" : "down"), cell(v.canaries), cell(v.tokens), cell(fmt(v.accept_length, 2)),
+    cell(v.sampled_p === null ? "–" : Number(v.sampled_p).toPrecision(2)), cell(fmt(v.seconds, 1)),
+    cell(v.mismatch || "–")]])];
+}
+
+function renderGates(gates, now) {
+  const box = document.getElementById("gates");
+  state.gates = {};
+  if (!gates.length) { box.replaceChildren(el("p", "no pair gates (the policy has no gates: section, or no pool has a pair)", "none")); return; }
+  const blocks = gates.map(g => {
+    state.gates[g.pool] = { state: g.state, regions: g.regions.length, events: g.history.length };
+    const block = el("div", undefined, "gate");
+    block.dataset.pool = g.pool;
+    const title = el("h3");
+    title.append(el("span", g.pool), el("span", g.state, "badge " + g.state));
+    if (g.running) title.append(el("span", "equivalence run in flight", "badge"));
+    title.append(el("span", "since " + timeLabel(g.since) + " (" + ago(now - g.since) + " ago) · version " + (g.key || "unknown") +
+      (g.collapses ? " · " + g.collapses + " collapse" + (g.collapses > 1 ? "s" : "") : ""), "muted"));
+    block.append(title, el("p", g.reason), ...verdictText(g.verdict));
+    block.append(el("h4", "serving ramp"));
+    block.append(g.regions.length ? gateTable(["slice", "in flight", "share", "window (spec / plain)", "windows", "last window"],
+      g.regions.map(r => [cell(r.slice), cell(r.load), cell(r.closed_for_s === null ? fmt(100 * r.share, 0) + " %"
+        : "closed (" + ago(r.closed_for_s) + " left)", r.share >= 1 ? "up" : r.share === 0 ? "down" : ""),
+        cell(r.window_speculative + " / " + r.window_plain), cell(r.steps), cell(r.last || "–")]))
+      : el("p", "no load region ramping", "none"));
+    block.append(el("h4", "last events"));
+    block.append(gateTable(["at", "gate", "state", "reason"], g.history.slice(-GATE_EVENTS_SHOWN).reverse().map(e => [
+      cell(timeLabel(e.at)), cell(e.gate), cell((e.previous ? e.previous + " → " : "") + e.state,
+        e.state === "failed" || e.state === "degraded" ? "down" : e.state === "passed" ? "up" : ""), cell(e.reason)])));
+    return block;
+  });
+  box.replaceChildren(...blocks);
+}
+
 function renderTiles(total, width) {
   const last = a => sum(a.slice(-WINDOW_BUCKETS_1MIN));
   const span = Math.min(WINDOW_BUCKETS_1MIN, total.requests.length) * width;
@@ -223,6 +276,7 @@ function render(data) {
   renderRules(labels, s.rules, route);
   renderPools(labels, s.pools);
   renderPoolTable(data.pools);
+  renderGates(data.gates || [], data.now);
 }
 
 let latest = null;

@@ -69,8 +69,14 @@ def test_gpu_compose_gateway_has_every_route_key_and_prometheus_scrapes_every_se
     targets = {t for job in prometheus["scrape_configs"] for group in job["static_configs"] for t in group["targets"]}
     sglang = {svc for svc, spec in services.items() if spec.get("image", "").startswith("lmsysorg/sglang:")}
     assert targets == {"gateway:8000"} | {f"{svc}:30000" for svc in sglang}
-    mounted = {(COMPOSE / v.split(":")[0]).resolve() for v in services["prometheus"]["volumes"] if v.startswith(".")}
-    assert (DEPLOY / "prometheus" / "compose.yml") in mounted
+    mounts = {v.split(":")[1]: (COMPOSE / v.split(":")[0]).resolve() for v in services["prometheus"]["volumes"]
+              if v.startswith(".")}
+    assert mounts["/etc/prometheus/prometheus.yml"] == DEPLOY / "prometheus" / "compose.yml"
+    # every rule file the config loads is mounted there, read-only, from deploy/prometheus, and holds rule groups
+    assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    assert mounts["/etc/prometheus/alerts.yml"] == DEPLOY / "prometheus" / "alerts.yml"
+    assert "../prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in services["prometheus"]["volumes"]
+    assert [g["name"] for g in load_yaml(DEPLOY / "prometheus" / "alerts.yml")["groups"]] == ["specgate-pair-gates"]
     devices = [services[s]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for s in sorted(sglang)]
     assert sorted(d for ids in devices for d in ids) == ["0", "1"], "each server gets its own GPU"
 

@@ -1,5 +1,6 @@
-"""A real dashboard server for the browser test: Telemetry fed with 10 minutes of synthetic traffic,
-then a live trickle, served by uvicorn on ``--port`` (the test picks a free loopback port).
+"""A real dashboard server for the browser test: Telemetry fed with 10 minutes of synthetic traffic and the
+scripted pair gates (tests/telemetry/gate_script.py, run over the last minute), then a live trickle, served
+by uvicorn on ``--port`` (the test picks a free loopback port).
 
 Run: python tests/telemetry/dashboard_server.py --port 8123
 """
@@ -18,18 +19,20 @@ from litestar import Litestar, Response, get
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, when run as a script
 
-from gateway.telemetry_views import policy_view  # noqa: E402
+from gateway.gates.book import GateBook  # noqa: E402
+from gateway.telemetry_views import gate_event_view, gate_views, policy_view  # noqa: E402
 from policies.load import load_policy_file  # noqa: E402
 from policies.schema import Policy  # noqa: E402
 from telemetry import Telemetry  # noqa: E402
 from telemetry.dashboard import router  # noqa: E402
 from telemetry.logs import configure_logging  # noqa: E402
+from tests.telemetry.gate_script import script  # noqa: E402
 from tests.telemetry.traffic import pool_state, traffic  # noqa: E402
 
 POLICY = Path(__file__).with_name("policy.yaml")
 
 
-def build(policy: Policy, seed: int = 7, history_s: float = 600.0) -> Telemetry:
+def build(policy: Policy, seed: int = 7, history_s: float = 600.0) -> tuple[Telemetry, GateBook]:
     telemetry = Telemetry(policy_view(policy))
     rng = random.Random(seed)
     now = time.time()
@@ -39,10 +42,13 @@ def build(policy: Policy, seed: int = 7, history_s: float = 600.0) -> Telemetry:
     while t <= now:
         telemetry.set_pools(pool_state(policy, rng), now=t)
         t += 5.0
-    return telemetry
+    book, events = script(time.monotonic() - 40.0, now - 40.0)
+    telemetry.record_gate_events([gate_event_view(e) for e in events])
+    telemetry.set_gates(gate_views(book, time.monotonic()))
+    return telemetry, book
 
 
-def app(policy: Policy, telemetry: Telemetry) -> Litestar:
+def app(policy: Policy, telemetry: Telemetry, book: GateBook) -> Litestar:
     @get("/metrics", sync_to_thread=False)
     def metrics() -> Response[bytes]:
         body, content_type = telemetry.metrics_response()
@@ -56,6 +62,8 @@ def app(policy: Policy, telemetry: Telemetry) -> Litestar:
             for record in traffic(policy, rng, now - 1.0, now):
                 telemetry.observe(record)
             telemetry.set_pools(pool_state(policy, rng))
+            telemetry.record_gate_events([gate_event_view(e) for e in book.drain()])
+            telemetry.set_gates(gate_views(book, time.monotonic()))
 
     tasks: list[asyncio.Task[None]] = []
     return Litestar(route_handlers=[router(telemetry), metrics],
@@ -69,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging(json=True, level="critical")
     policy = load_policy_file(POLICY)
-    uvicorn.run(app(policy, build(policy)), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(app(policy, *build(policy)), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

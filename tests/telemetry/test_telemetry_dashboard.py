@@ -1,8 +1,9 @@
 """The dashboard in a real headless chromium against a real server process (tests/telemetry/dashboard_server.py).
 
 Chromium is Debian's package, installed here when missing (CI runs as root). The page must load with no
-console errors or exceptions, refresh live, draw every chart with data and the speedup table; the route
-filter must show the acceptance curve of a route that has traffic. The screenshot lands in artifacts/telemetry/.
+console errors or exceptions, refresh live, draw every chart with data, the speedup table and the pair gates
+(tests/telemetry/gate_script.py's pools: state, verdict, ramp regions, last events); the route filter must
+show the acceptance curve of a route that has traffic. The screenshot lands in artifacts/telemetry/.
 """
 
 from __future__ import annotations
@@ -81,6 +82,37 @@ def _select_route(browser: Browser, route: str) -> None:
                      "s.dispatchEvent(new Event('change')); return true; })()")
 
 
+def _rows(browser: Browser, selector: str) -> list[list[str]]:
+    return browser.evaluate(f"Array.from(document.querySelectorAll({selector!r}))"
+                            ".map(r => Array.from(r.cells).map(c => c.textContent))")
+
+
+def _check_gates(browser: Browser) -> None:
+    """The scripted gates: ngram degraded (a ramping and a closed region, a collapse), draft failed on a mismatch."""
+    assert browser.evaluate("window.__dashboard.gates") == {"draft": {"state": "failed", "regions": 0, "events": 2},
+                                                            "ngram": {"state": "degraded", "regions": 2, "events": 4}}
+    badges = browser.evaluate("Array.from(document.querySelectorAll('#gates .gate')).map(g => [g.dataset.pool, "
+                              "g.querySelector('h3 .badge').textContent, g.querySelector('h3 .badge').className, "
+                              "getComputedStyle(g.querySelector('h3 .badge')).backgroundColor])")
+    assert badges == [["draft", "failed", "badge failed", "rgb(198, 40, 40)"],
+                      ["ngram", "degraded", "badge degraded", "rgb(217, 130, 43)"]]
+    ngram = "#gates [data-pool=ngram] table"
+    regions = _rows(browser, f"{ngram}:nth-of-type(2) tr")
+    assert regions[0] == ["slice", "in flight", "share", "window (spec / plain)", "windows", "last window"]
+    assert regions[1] == ["code", "3-4", "50 %", "0 / 0", "1",
+                          "share -> 0.50 (TPOT 0.50x plain, TTFT 1.00x plain, SLO 1.00 vs 1.00)"]
+    assert regions[2][:2] == ["prose", "1"] and re.fullmatch(r"closed \((9|10) min left\)", regions[2][2]), regions[2]
+    assert _rows(browser, f"{ngram}:nth-of-type(1) tr")[1] == ["passed", "8", "256", "2.60", "0.41", "12.5", "–"]
+    events = _rows(browser, f"{ngram}:nth-of-type(3) tr")
+    assert [row[1:3] for row in events[1:]] == [["collapse", "passed → degraded"], ["serving", "passed → passed"],
+                                                 ["equivalence", "pending → passed"], ["version", "pending"]]
+    assert events[1][3] == "slice prose: accept length 1.00 per round < floor 1.05 (baseline 2.60)"
+    assert _rows(browser, "#gates [data-pool=draft] table:nth-of-type(1) tr")[1] == [
+        "failed", "3", "70", "2.10", "–", "4.0", "canary code-1, output position 3: speculative token 42, plain token 17"]
+    assert browser.evaluate("document.querySelector('#gates [data-pool=ngram] > p').textContent") == \
+        "slice prose: accept length 1.00 per round < floor 1.05 (baseline 2.60)"
+
+
 def test_page_and_assets_are_served_from_the_package(server: str) -> None:
     page = httpx.get(server + "/dashboard")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
@@ -117,6 +149,8 @@ def test_dashboard_renders_every_chart_without_errors(chromium: Path, server: st
         assert rows["code"] == rows["tool_call"] == ["–"] * 5
         assert all(re.fullmatch(r"\d+\.\d\dx \(n=\d+/\d+\)", text) for text in rows["prose"]), rows["prose"]
         assert browser.evaluate("window.__dashboard.speedup") == {"rows": 3, "loads": 5, "ratios": 5}
+
+        _check_gates(browser)
 
         # filter to route "ide": its acceptance curves are per slice and pool, acceptance falls with position
         _select_route(browser, "ide")
