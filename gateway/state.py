@@ -84,6 +84,7 @@ class GatewayState:
         self._dirty = True
         self._pools_pushed = 0.0
         self.gate_settings_before = policy.gates
+        self._gate_run = asyncio.Lock()
 
     def _backend(self, policy: Policy) -> Backend:
         # with gates, every monitor round re-reads the workers' identity: a worker restarted with another pair
@@ -238,10 +239,11 @@ class GatewayState:
         self.telemetry.set_gates(gate_views(self.gates, now))
 
     async def _run_gate(self, pool: str, key: str) -> None:
-        policy = self.active.policy
         try:
-            assert policy.gates is not None
-            verdict = await check_pool(policy, pool, self.backend, self.canaries, policy.gates.equivalence)
+            async with self._gate_run:  # one run at a time: canaries load the same workers users are on
+                policy = self.active.policy
+                assert policy.gates is not None
+                verdict = await check_pool(policy, pool, self.backend, self.canaries, policy.gates.equivalence)
         except Exception as exc:  # noqa: BLE001 - a run that breaks is an error verdict, never a stuck gate
             log.exception("pair_gate_run_failed", pool=pool)
             verdict = Verdict(passed=False, error=True, reason=f"the gate run raised {type(exc).__name__}: {exc}")

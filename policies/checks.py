@@ -110,6 +110,9 @@ def _check_rule(add, base: Path, rule: Rule, policy: Policy, pools: list[str], u
         for name in _as_list(when.slice) if when.slice is not None else []:
             if name not in slices:
                 add(base + ("when", "slice"), unknown("slice", name, slices))
+        if when.pair_gate is not None and policy.gates is None:
+            add(base + ("when", "pair_gate"), "pair_gate needs a gates: section (without one no gate runs and the "
+                "condition never holds); add gates: {} for the defaults, or remove the condition")
     action = rule.then
     if not isinstance(action, PoolAction):
         return

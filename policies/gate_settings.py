@@ -40,14 +40,15 @@ class Equivalence(_Strict, kw_only=True):
     sampled check. ``canaries``: a JSON Lines file (relative to the policy file) of ``{"id", "slice",
     "prompt"}`` or ``{"id", "slice", "messages"}``; None: the built-in set (one prompt per slice kind).
     ``per_slice``/``max_canaries``: how many of them run; ``timeout_s``: the whole gate's budget (past it the
-    run counts as an error, not a verdict, and is retried after ``retry_s``); ``concurrency``: canary
-    requests in flight at once."""
+    run counts as an error, not a verdict, and is retried after ``retry_s``; generous, because CPU machines
+    differ 4x in speed and a run that never fits would keep the pool pending); ``concurrency``: canary
+    requests in flight at once. The gateway runs one pool's gate at a time."""
 
     canaries: Annotated[str, Meta(min_length=1)] | None = None
     per_slice: PosInt = 1
     max_canaries: Annotated[int, Meta(ge=1, le=1000)] = 8
     max_tokens: Annotated[int, Meta(ge=1, le=4096)] = 32
-    timeout_s: PosFloat = 120.0
+    timeout_s: PosFloat = 600.0
     retry_s: PosFloat = 30.0
     concurrency: Annotated[int, Meta(ge=1, le=64)] = 4
     sampled: SampledCheck | None = SampledCheck()
@@ -73,8 +74,8 @@ class Serving(_Strict, kw_only=True):
 
 class OutcomeCheck(_Strict, kw_only=True):
     """Task outcomes that applications report (``POST /v1/outcomes``), per pair version and route, against the
-    same route's plain requests: a non-inferiority test (Welch's t on success scores, one-sided) holds the
-    pair back (``failed``) when the speculative mean is below plain's minus ``max_drop`` at level ``alpha``,
+    same route's plain requests: a one-sided test (Welch's t on success scores) holds the pair back
+    (``failed``) when the speculative mean is shown below plain's minus ``max_drop`` at level ``alpha``,
     once each side has ``min_reports``. A route that reports nothing is never blocked. A request's id takes
     a report for ``ttl_s`` after it finished; at most ``max_tracked`` finished requests are remembered."""
 
@@ -98,6 +99,11 @@ class Collapse(_Strict, kw_only=True):
     min_baseline: Annotated[float, Meta(ge=1.0)] = 1.3
     shift_alpha: Annotated[float, Meta(gt=0, lt=1)] | None = 0.001
     recheck_s: PosFloat = 300.0
+
+    def __post_init__(self) -> None:
+        if self.floor >= self.min_baseline:
+            raise ValueError(f"floor {self.floor:g} must be below min_baseline {self.min_baseline:g}: a pair whose "
+                             "baseline lies between them would be flagged at once")
 
 
 class Gates(_Strict, kw_only=True):

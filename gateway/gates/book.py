@@ -149,6 +149,7 @@ class PoolGate:
     windows: dict[str, Window] = field(default_factory=dict)
     outcomes: dict[str, Arm] = field(default_factory=dict)  # route -> this pool's speculative requests
     collapses: int = 0
+    recheck_floor: bool = False  # an operator re-check of a degraded pool: its canaries must still clear the floor
     collapsed: set[str] = field(default_factory=set)  # the slices whose windows hold the pool degraded
     history: deque[GateEvent] = field(default_factory=lambda: deque(maxlen=HISTORY))
 
@@ -254,6 +255,7 @@ class GateBook:
             gate.reason = collapsed
             return
         gate.first_verdict = gate.first_verdict or verdict
+        gate.recheck_floor = False
         gate.regions.clear()
         gate.windows.clear()
         gate.collapsed.clear()
@@ -264,7 +266,8 @@ class GateBook:
         """A re-check of a degraded pool also needs its canaries to accept as a working pair does."""
         collapse = self.settings.collapse if self.settings else None
         first = gate.first_verdict
-        if (gate.state != "degraded" or collapse is None or first is None or first.accept_length is None
+        rechecking = gate.state == "degraded" or gate.recheck_floor
+        if (not rechecking or collapse is None or first is None or first.accept_length is None
                 or verdict.accept_length is None or first.accept_length < collapse.min_baseline):
             return None
         if verdict.accept_length < collapse.floor:
@@ -278,6 +281,7 @@ class GateBook:
         if gate is None or gate.running:
             return False
         gate.retry_at = now
+        gate.recheck_floor = gate.recheck_floor or gate.state == "degraded"
         self._move(gate, "pending", "equivalence", "re-check requested by an operator", wall)
         return True
 
@@ -299,8 +303,10 @@ class GateBook:
                 return
             for gate in self.pools.values():
                 region = gate.regions.get((sample.slice, sample.bucket))
-                if region is not None and region.share < 1.0 and region.closed_until is None:
+                if (region is not None and region.share < 1.0 and region.closed_until is None
+                        and gate.state in ("passed", "degraded")):
                     region.plain.append(sample)
+                    del region.plain[:-self.settings.serving.window if self.settings.serving else None]
                     self._step(gate, sample.slice, sample.bucket, region, now, wall)
             return
         gate = self.pools.get(sample.pool)
@@ -312,6 +318,7 @@ class GateBook:
             region = self._region(gate, sample.slice, sample.bucket, now)
             if region.share < 1.0 and region.closed_until is None:
                 region.spec.append(sample)
+                del region.spec[:-serving.window]  # a window is the latest ``window`` of each side
                 self._step(gate, sample.slice, sample.bucket, region, now, wall)
         if self.settings.collapse is not None and sample.verify_ct > 0:
             self._watch(gate, sample, wall)
