@@ -138,7 +138,7 @@ def test_a_bypass_rule_is_never_marked_held() -> None:
 
 def test_gates_section_loads_with_defaults() -> None:
     gates = policy().gates
-    assert (gates.equivalence.max_canaries, gates.equivalence.sampled, gates.equivalence.timeout_s) == (4, None, 120.0)
+    assert (gates.equivalence.max_canaries, gates.equivalence.sampled, gates.equivalence.timeout_s) == (4, None, 600.0)
     assert (gates.serving.initial_share, gates.serving.window, gates.serving.growth) == (0.5, 4, 2.0)
     assert gates.outcome is None and gates.collapse.floor == 1.05 and gates.collapse.min_baseline == 1.3
     without = load_policy(POLICY.replace("RULES\n", PIN).split("gates:")[0], "p.yaml")

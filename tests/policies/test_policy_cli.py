@@ -25,7 +25,7 @@ def test_check_valid_and_invalid(tmp_path: Path) -> None:
     out = run("check", str(bad))
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.splitlines()[0].startswith("bad.yaml:")
-    assert out.stderr.splitlines()[0].endswith("rules[3] (Rule 'learned').then.pool: unknown pool 'ngramm'; "
+    assert out.stderr.splitlines()[0].endswith("rules[4] (Rule 'learned').then.pool: unknown pool 'ngramm'; "
                                                 "declared pools: plain, ngram, ngram-adaptive, draft")
     for path in sorted((ROOT / "deploy" / "policies" / "examples").glob("*.yaml")):
         assert run("check", str(path)).returncode == 0, path
