@@ -63,7 +63,10 @@ _GATES = re.compile(r"^gates:.*?(?=^\S)", re.M | re.S)
 def without_gates(text: str) -> str:
     """A policy file's text without its top-level ``gates:`` section: a benchmark measures the policy's
     decisions on a pair already rolled out, not the rollout (canaries, the serving ramp's plain share)."""
-    return _GATES.sub("", text + "\n#\n")[:-3] if "\ngates:" in text else text
+    if "\ngates:" not in text:
+        return text
+    ended = text if text.endswith("\n") else text + "\n"
+    return _GATES.sub("", ended + "#\n")[:-2]  # "#": a line for the lookahead when gates: is the last section
 
 
 def served_policy(arm: Arm, worker_url: str, revision: str, out_dir: Path) -> Path:

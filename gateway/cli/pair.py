@@ -29,12 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     import msgspec
+    import structlog
 
     from gateway.gates.canary import CanaryError
     from gateway.gates.runner import canaries_of
     from policies.errors import PolicyError
     from policies.load import load_policy_file
     from policies.schema import Gates
+    from telemetry.logs import configure_logging
 
     try:
         policy = load_policy_file(args.policy)
@@ -54,7 +56,12 @@ def _check(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     settings = (policy.gates or Gates()).equivalence
-    verdict = asyncio.run(_run(policy, args.pool, canaries, settings))
+    saved = structlog.get_config()
+    configure_logging(json=False, level="warning", stream=sys.stderr)  # stdout holds the verdict (--json) only
+    try:
+        verdict = asyncio.run(_run(policy, args.pool, canaries, settings))
+    finally:
+        structlog.configure(**saved)
     if args.json:
         print(msgspec.json.encode(verdict).decode())
     else:

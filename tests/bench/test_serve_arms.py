@@ -4,8 +4,9 @@ where its header says (no processes are started)."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
-from bench.serve.arms import ARMS, DEFAULT_POLICY, parse_arms, served_policy
+from bench.serve.arms import ARMS, DEFAULT_POLICY, parse_arms, served_policy, without_gates
 from policies.load import load_policy_file
 from policies.schema import PoolAction
 
@@ -54,3 +55,25 @@ def test_the_per_round_arms_serve_every_request_with_their_controller():
     assert sglang.rules[0].then == PoolAction(pool="ngram-sglang", draft_tokens=7)
     pool = sglang.pools["ngram-sglang"]
     assert (pool.adaptive, pool.strategy, pool.k_range, pool.speculation) == (True, "sglang", (7, 7), "per_request")
+
+
+def test_without_gates_removes_exactly_the_default_policys_gates_section():
+    text = DEFAULT_POLICY.read_text(encoding="utf-8")
+    stripped = without_gates(text)
+    original = yaml.safe_load(text)
+    assert "gates" in original and "gates:" not in stripped
+    assert yaml.safe_load(stripped) == {k: v for k, v in original.items() if k != "gates"}
+    assert load_policy_file(DEFAULT_POLICY).gates is not None
+    assert without_gates(stripped) == stripped
+    # the section is the file's last: everything before it stays, down to its final newline
+    assert text.startswith(stripped) and stripped.endswith("acceptance collapse.\n")
+
+
+def test_without_gates_keeps_the_keys_after_the_section_and_leaves_a_policy_without_gates_alone():
+    text = "version: 1\ngates:\n  serving: null\n  # a comment\n\n  outcome: {min_reports: 5}\nrules: []\n"
+    assert without_gates(text) == "version: 1\nrules: []\n"
+    assert without_gates("version: 1\ngates:\n  serving: null\n") == "version: 1\n"
+    assert without_gates("version: 1\ngates: {}") == "version: 1\n"
+    for arm in ARMS.values():
+        if "\ngates:" not in (plain := arm.policy.read_text(encoding="utf-8")):
+            assert without_gates(plain) == plain

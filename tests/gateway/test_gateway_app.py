@@ -169,3 +169,44 @@ def test_an_invalid_reload_keeps_the_last_good_version_not_the_startup_one(tmp_p
         assert status["last_reload"]["ok"] is False and status["version"] == version_b
         assert status["last_reload"]["errors"][0].startswith("policy.yaml:6:1: bogus")
         assert rule() == "plain-b"
+
+
+def test_admin_check_answers_404_for_a_pool_without_a_gate(client):
+    admin = {"authorization": "Bearer adm"}
+    assert client.post("/admin/pools/plain/check").status_code == 401
+    r = client.post("/admin/pools/plain/check", headers=admin)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "no_such_gate"
+    assert r.json()["error"]["message"] == ("pool 'plain' has no pair gate (unknown pool, no pair, or no gates: "
+                                            "section in the policy); gated pools: none")
+    assert client.get("/admin/pools", headers=admin).json()["plain"]["gate"] is None
+
+
+def test_a_gated_pool_is_pending_until_its_workers_report_and_a_check_keeps_it_pending(tmp_path, monkeypatch):
+    """No worker answers (a closed port), so the gate waits for the pair identity and never runs; a check is
+    taken (202) and serves nothing meanwhile."""
+    monkeypatch.setenv("SPECGATE_ADMIN_TOKEN", "adm")
+    admin = {"authorization": "Bearer adm"}
+    worker = f"http://127.0.0.1:{_closed_port()}"
+    path = tmp_path / "policy.yaml"
+    path.write_text(f"""version: 1
+slices: [{{name: prose}}]
+pairs:
+  p: {{target: {{model: m, revision: "sha256:abc"}}, draft: {{kind: ngram}}}}
+pools:
+  plain: {{proposer: none, workers: ["{worker}"], speculation: per_request}}
+  ngram: {{proposer: ngram, draft_tokens: 4, pair: p, workers: ["{worker}"], speculation: per_request}}
+rules: [{{name: ngram, then: {{pool: ngram, draft_tokens: 4}}}}]
+gates: {{}}
+""")
+    with TestClient(create_app(GatewaySettings(policy_path=str(path), monitor_interval_s=30))) as c:
+        view = c.get("/admin/pools", headers=admin).json()["ngram"]["gate"]
+        assert (view["state"], view["key"], view["reason"]) == ("pending", "", "waiting for the workers' pair identity")
+        r = c.post("/admin/pools/ngram/check", headers=admin)
+        assert r.status_code == 202 and r.json()["pool"] == "ngram"
+        gate = r.json()["gate"]
+        assert (gate["state"], gate["reason"], gate["running"]) == ("pending", "re-check requested by an operator",
+                                                                    False)
+        assert [(e["gate"], e["state"]) for e in gate["history"]] == [("version", "pending"),
+                                                                      ("equivalence", "pending")]
+        r = c.post("/admin/pools/plain/check", headers=admin)
+        assert r.status_code == 404 and r.json()["error"]["message"].endswith("gated pools: ngram")
