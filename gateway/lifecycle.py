@@ -205,6 +205,7 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
         learned = stages.outcome(finished)  # the learner and telemetry hear of it once, from one value
         if learned is not None:
             state.learn(learned)
-        state.telemetry.observe(stages.record(finished))
-        state.observe_gates(finished)
+        record = stages.record(finished)
+        state.telemetry.observe(record)
+        state.observe_gates(record)
         state.recorder.finish(finished)

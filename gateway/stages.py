@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from backends.sglang.spec_stats import SpecStats
-from gateway.gates.book import Sample
 from policies.decide import Decision
 from policies.features import RequestFeatures
 from policies.schema import Slo
@@ -297,19 +296,3 @@ def record(f: Finished) -> RequestRecord:
         retries=f.retries, worker=f.dispatched.worker if f.dispatched else "",
         fallback=f.dispatched.fallback if f.dispatched else bool(d and d.fallback), timestamp=time.time(),
         concurrency=round(f.mean_concurrency))
-
-
-def gate_sample(f: Finished, bucket: int, key: str) -> Sample:
-    """What the pair gates see of a finished request (``gateway/gates/book.py``): ``bucket`` is its load
-    bucket (the learner's, from its mean concurrency) and ``key`` its pool's gate key."""
-    d, s, r = f.decision, f.relayed.stats, f.relayed
-    pool, proposer, _ = served_by(d, f.dispatched)
-    ok = f.ending.status == "ok"
-    tpot = _tpot(f)[1]
-    return Sample(
-        request_id=f.arrival.request_id, route=f.route, slice=d.slice if d else "", bucket=bucket,
-        pool=pool if pool and proposer != "none" else None, key=key, ok=ok, tpot_s=tpot,
-        ttft_s=f.ttft_s if ok else None, slo_met=_slo_met(f, ok, tpot), verify_ct=s.verify_ct if s else 0,
-        correct_drafts=(s.num_correct_drafts or 0) if s else 0, histogram=tuple(s.histogram or ()) if s else (),
-        completion_tokens=r.completion_tokens, seconds=f.e2e_s)
-

@@ -19,16 +19,15 @@ from typing import Any
 import msgspec
 import structlog
 
-from gateway import stages
 from gateway.auth import KeyRing
 from gateway.backend import Backend, pool_state, topology
-from gateway.gates.book import GateBook, Verdict
+from gateway.gates.book import GateBook
+from gateway.gates.values import Sample, Verdict
 from gateway.gates.canary import CanaryError
 from gateway.gates.runner import canaries_of, check_pool
 from gateway.limits import RouteLimiter, limiters_for
 from gateway.reload import PolicyWatcher, ReloadResult, read_policy
 from gateway.settings import GatewaySettings
-from gateway.stages import Finished
 from gateway.telemetry_views import gate_event_view, gate_views, policy_view, pool_views
 from gateway.tracing import Recorder, problems, resolve
 from policies.features import referenced_headers
@@ -36,6 +35,7 @@ from policies.schema import Policy
 from policies.snapshot import PoolState, Snapshot, load_concurrency
 from policies.stats import LearningState, Outcome
 from telemetry import Telemetry
+from telemetry.record import RequestRecord
 
 log = structlog.get_logger("specgate.gateway")
 
@@ -85,6 +85,7 @@ class GatewayState:
         self._pools_pushed = 0.0
         self.gate_settings_before = policy.gates
         self._gate_run = asyncio.Lock()
+        self._gates_shown = False
 
     def _backend(self, policy: Policy) -> Backend:
         # with gates, every monitor round re-reads the workers' identity: a worker restarted with another pair
@@ -209,16 +210,14 @@ class GatewayState:
             return state
         return msgspec.structs.replace(state, gate=gate, ramp=ramp, ramp_default=default)
 
-    def observe_gates(self, finished: Finished) -> None:
-        """A finished request's evidence for the serving, outcome and collapse gates."""
+    def observe_gates(self, record: RequestRecord) -> None:
+        """A finished request's evidence for the serving, outcome and collapse gates (from the record telemetry
+        gets, built once per request)."""
         if self.gates.settings is None:
             return
-        pool = stages.served_by(finished.decision, finished.dispatched)[0]
-        gate = self.gates.pools.get(pool)
-        bucket = bisect.bisect_left(self.active.policy.learning.concurrency_buckets,
-                                    max(1, round(finished.mean_concurrency)))
-        self.gates.observe(stages.gate_sample(finished, bucket, gate.key if gate else ""), time.monotonic(),
-                           time.time())
+        gate = self.gates.pools.get(record.pool)
+        bucket = bisect.bisect_left(self.active.policy.learning.concurrency_buckets, max(1, record.concurrency))
+        self.gates.observe(Sample.of(record, bucket, gate.key if gate else ""), time.monotonic(), time.time())
 
     def gate_tick(self) -> None:
         """Sync the gates with the pools' current pair keys, start the equivalence runs that are due, and
@@ -231,12 +230,19 @@ class GatewayState:
             self.gates.sync(self.backend.pool_keys(paired), now, time.time())
             for pool in self.gates.due(now):
                 self.spawn(self._run_gate(pool, self.gates.started(pool)))
+        self.publish_gates(now)
+
+    def publish_gates(self, now: float) -> None:
+        """Log and count the gates' state changes; a change reaches the next decision's snapshot."""
         events = self.gates.drain()
         if events:
             self.telemetry.record_gate_events([gate_event_view(e) for e in events])
             self._dirty = True
             self._snapshot_at = 0.0  # a verdict takes effect on the next request, not a snapshot age later
-        self.telemetry.set_gates(gate_views(self.gates, now))
+        views = gate_views(self.gates, now)
+        if views or self._gates_shown:  # without gates, nothing to export (once more after they go: the clear)
+            self.telemetry.set_gates(views)
+        self._gates_shown = bool(views)
 
     async def _run_gate(self, pool: str, key: str) -> None:
         try:

@@ -15,7 +15,8 @@ from typing import get_args
 import msgspec
 
 from backends.sglang.pool import PoolSnapshot, WorkerState
-from gateway.gates.book import GateBook, GateEvent, Mismatch, PoolGate, Region, Verdict
+from gateway.gates.book import GateBook, PoolGate, Region
+from gateway.gates.values import GateEvent, Mismatch, Verdict
 from policies.decide import EXPLORATIONS
 from policies.schema import Policy, Proposer
 from telemetry.views import (

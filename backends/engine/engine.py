@@ -219,7 +219,6 @@ class Engine:
         """This step's work: a round for every decoding sequence (drafts proposed now, draft-model drafts in
         one batch), then prefill chunks in admission order within what is left of ``max_batch_tokens``."""
         running = self.scheduler.running
-        fault = self.faults.mode  # read once per step (faults.py: why no lock is needed)
         decoding = [seq for seq in running if seq.status is Status.DECODE]
         works: list[_Work] = []
         drafts: list[tuple[_Work, DraftJob]] = []
@@ -239,8 +238,7 @@ class Engine:
         if drafts:
             for (work, _), proposal in zip(drafts, propose_batch([job for _, job in drafts])):
                 work.proposal, work.feed = proposal, [work.feed[0], *proposal.tokens]
-        if fault != "off":
-            self.faults.inject(fault, works)
+        self.faults.inject(works)  # test-only fault injection, "off" unless a worker sets it (faults.py)
         left = self.config.max_batch_tokens - sum(len(w.feed) for w in works)
         for seq in running:
             if seq.status is Status.PREFILL and seq.finish is None:

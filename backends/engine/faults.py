@@ -54,8 +54,11 @@ class FaultInjector:
             raise ValueError(f"fault mode must be one of {', '.join(FAULT_MODES)}, got {mode!r}")
         self.mode = mode  # type: ignore[assignment]
 
-    def inject(self, mode: FaultMode, works: list[_Work]) -> None:
-        """Apply ``mode`` (read once for this step) to the step's decode rounds, once their drafts exist."""
+    def inject(self, works: list[_Work]) -> None:
+        """Apply the mode, read once for this step, to the step's decode rounds, once their drafts exist."""
+        mode = self.mode
+        if mode == "off":
+            return
         for work in works:
             if not work.proposal.tokens:
                 continue

@@ -15,81 +15,20 @@ success reported by applications) are compared per route with plain (``OutcomeCh
 length is compared with its baseline (``Collapse``). Every state change is one ``GateEvent``, which the
 gateway logs and counts (``drain``).
 
-No I/O: the gateway runs the canaries (``gateway/gates/canary.py``) and hands verdicts and samples in, with
-the time. Statistics from SciPy (policies/ stays dependency-free, so the gates live in the gateway).
+No I/O and no statistics here: the gateway runs the canaries (``canary.py``) and hands verdicts and samples in,
+with the time; the tests behind each verdict are ``judge.py``'s (SciPy: policies/ stays dependency-free).
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import msgspec
-from scipy import stats as scistats
-
-from policies.schema import Collapse, Gates, GateState, OutcomeCheck, Serving
+from gateway.gates import judge
+from gateway.gates.values import GateEvent, Sample, Verdict
+from policies.schema import Gates, GateState, OutcomeCheck
 
 HISTORY = 20  # state changes kept per pool (the admin view and the dashboard show them)
-
-
-class Mismatch(msgspec.Struct, frozen=True, kw_only=True):
-    """The first place a speculative canary's greedy output left the plain reference's."""
-
-    canary: str  # the canary's id
-    position: int  # 0-based index into the output tokens
-    speculative: int | None  # token id (None: the output ended there)
-    plain: int | None
-
-
-class Verdict(msgspec.Struct, frozen=True, kw_only=True):
-    """One run of the equivalence gate. ``error``: the run could not finish (a worker failed, the budget ran
-    out): not a verdict on the pair; the gate stays pending and runs again after ``retry_s``."""
-
-    passed: bool
-    reason: str
-    error: bool = False
-    canaries: int = 0
-    tokens: int = 0  # greedy output tokens compared
-    mismatch: Mismatch | None = None
-    sampled_p: float | None = None  # the sampled check's smallest per-position p-value (None: not run)
-    sampled_positions: int = 0
-    accept_length: float | None = None  # the speculative canaries' accept length (None: no round ran)
-    histogram: tuple[int, ...] = ()  # the speculative canaries' rounds by accepted drafts
-    seconds: float = 0.0
-    worker: str = ""
-
-
-class GateEvent(msgspec.Struct, frozen=True, kw_only=True):
-    at: float  # time.time()
-    pool: str
-    key: str
-    gate: str  # equivalence | serving | outcome | collapse | version
-    state: str  # the pool's state after the event
-    previous: str | None
-    reason: str
-
-
-class Sample(msgspec.Struct, frozen=True, kw_only=True):
-    """What the gates need of one finished user request (built from ``gateway.stages.Finished``)."""
-
-    request_id: str
-    route: str
-    slice: str
-    bucket: int
-    pool: str | None  # the speculative pool that served it; None: served without speculation
-    key: str = ""  # that pool's gate key when it was decided
-    ok: bool = True
-    tpot_s: float | None = None
-    ttft_s: float | None = None
-    slo_met: bool | None = None
-    verify_ct: int = 0
-    correct_drafts: int = 0
-    histogram: tuple[int, ...] = ()
-    completion_tokens: int = 0
-    seconds: float = 0.0  # engine-side seconds of the request (e2e), the outcome gate's cost
 
 
 @dataclass(slots=True)
@@ -219,10 +158,8 @@ class GateBook:
         for name, gate in self.pools.items():
             if gate.running or not gate.key:
                 continue
-            if gate.state == "pending" and now >= gate.retry_at:
-                out.append(name)
-            elif (gate.state == "degraded" and collapse is not None
-                  and now - gate.last_served >= collapse.recheck_s and now >= gate.retry_at):
+            unserved = collapse is not None and now - gate.last_served >= collapse.recheck_s
+            if now >= gate.retry_at and (gate.state == "pending" or gate.state == "degraded" and unserved):
                 out.append(name)
         return out
 
@@ -338,7 +275,7 @@ class GateBook:
         serving = self.settings.serving if self.settings else None
         if serving is None or len(region.spec) < serving.window or len(region.plain) < serving.window:
             return
-        misses, figures = _serving_misses(serving, region.spec, region.plain)
+        misses, figures = judge.serving_misses(serving, region.spec, region.plain)
         region.spec, region.plain, region.steps = [], [], region.steps + 1
         where = f"slice {slice_}, load bucket {bucket}"
         if misses:
@@ -364,14 +301,14 @@ class GateBook:
             return
         rounds = window.rounds
         accept = (rounds + sum(c for _, c, _ in window.recent)) / rounds
-        histogram = sum_histograms(h for _, _, h in window.recent)
+        histogram = judge.sum_histograms(h for _, _, h in window.recent)
         if window.baseline is None:
             first = gate.first_verdict.accept_length if gate.first_verdict else None
-            collapsed = _collapsed(collapse, accept, histogram, first, None)
+            collapsed = judge.collapsed(collapse, accept, histogram, first, None)
             if collapsed is None:
                 window.baseline = (accept, histogram)
         else:
-            collapsed = _collapsed(collapse, accept, histogram, window.baseline[0], window.baseline[1])
+            collapsed = judge.collapsed(collapse, accept, histogram, window.baseline[0], window.baseline[1])
         where = f"slice {sample.slice}: "
         # the pool is degraded while any slice's window is collapsed: a healthy window elsewhere clears nothing
         if collapsed is not None and sample.slice not in gate.collapsed:
@@ -405,22 +342,20 @@ class GateBook:
             return "reported"
         self._reported.add(request_id)
         sample = entry[0]
-        if sample.pool is None:
-            self.plain_outcomes.setdefault(route, Arm()).add(score, sample.completion_tokens, sample.seconds)
-            for gate in self.pools.values():
-                self._judge(gate, route, outcome, wall)
-            return None
-        gate = self.pools.get(sample.pool)
-        if gate is not None and gate.key == sample.key:
-            gate.outcomes.setdefault(route, Arm()).add(score, sample.completion_tokens, sample.seconds)
-            self._judge(gate, route, outcome, wall)
+        gate = self.pools.get(sample.pool) if sample.pool is not None else None
+        if sample.pool is not None and (gate is None or gate.key != sample.key):
+            return None  # its pool has another pair version now: the report no longer bears on it
+        arms = gate.outcomes if gate is not None else self.plain_outcomes  # a plain report bears on every pool
+        arms.setdefault(route, Arm()).add(score, sample.completion_tokens, sample.seconds)
+        for judged in [gate] if gate is not None else list(self.pools.values()):
+            self._judge(judged, route, outcome, wall)
         return None
 
     def _judge(self, gate: PoolGate, route: str, outcome: OutcomeCheck, wall: float) -> None:
         spec, plain = gate.outcomes.get(route), self.plain_outcomes.get(route)
         if gate.state == "failed" or spec is None or plain is None:
             return
-        p = _worse(spec.scores, plain.scores, outcome)
+        p = judge.worse(spec.scores, plain.scores, outcome)
         if p is not None and p < outcome.alpha:
             s, b = spec.view(), plain.view()
             self._move(gate, "failed", "outcome", f"route {route}: success {s['success_rate']:.3f} over "
@@ -437,11 +372,9 @@ class GateBook:
         serving = self.settings.serving
         if serving is None or gate.state not in ("passed", "degraded"):
             return gate.state, {}, 1.0
-        ramp = {}
-        for (slice_, bucket), region in gate.regions.items():
-            closed = region.closed_until is not None and now < region.closed_until
-            ramp[f"{slice_}|{bucket}"] = 0.0 if closed else (serving.initial_share if region.closed_until
-                                                               else region.share)
+        # a closed region whose pause is over ramps again from the initial share (reset at its next sample)
+        ramp = {f"{s}|{b}": r.share if r.closed_until is None
+                else 0.0 if now < r.closed_until else serving.initial_share for (s, b), r in gate.regions.items()}
         return gate.state, ramp, serving.initial_share
 
     def view(self, pool: str, now: float) -> dict[str, object] | None:
@@ -453,7 +386,8 @@ class GateBook:
             "state": gate.state, "key": gate.key, "reason": gate.reason, "since": gate.since,
             "running": gate.running, "verdict": gate.verdict, "collapses": gate.collapses,
             "regions": [{"slice": s, "bucket": b, "share": r.share, "steps": r.steps, "last": r.last,
-                         "closed_for_s": round(r.closed_until - now, 1) if r.closed_until else None,
+                         "closed_for_s": round(r.closed_until - now, 1)
+                         if r.closed_until is not None and now < r.closed_until else None,
                          "window": {"speculative": len(r.spec), "plain": len(r.plain)}}
                         for (s, b), r in sorted(gate.regions.items())],
             "accept": {s: {"rounds": w.rounds, "baseline": w.baseline[0] if w.baseline else None}
@@ -463,79 +397,3 @@ class GateBook:
                          for route, arm in sorted(gate.outcomes.items())},
             "history": list(gate.history),
         }
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _serving_misses(serving: Serving, spec: list[Sample], plain: list[Sample]) -> tuple[list[str], str]:
-    """Which of the serving gate's bounds a window misses, and the window's figures."""
-    misses, figures = [], []
-    for name, bound, read in (("TPOT", serving.max_tpot_ratio, lambda s: s.tpot_s),
-                              ("TTFT", serving.max_ttft_ratio, lambda s: s.ttft_s)):
-        mine = _median([v for s in spec if (v := read(s)) is not None])
-        base = _median([v for s in plain if (v := read(s)) is not None])
-        if mine is None or not base:
-            continue
-        ratio = mine / base
-        figures.append(f"{name} {ratio:.2f}x plain")
-        if ratio > bound:
-            misses.append(f"p50 {name} {ratio:.2f}x plain > {bound:g}")
-    met = [s.slo_met for s in spec if s.slo_met is not None]
-    base = [s.slo_met for s in plain if s.slo_met is not None]
-    if met and base:
-        mine_rate, base_rate = sum(met) / len(met), sum(base) / len(base)
-        ratio = mine_rate / base_rate if base_rate else (1.0 if mine_rate == 0 else math.inf)
-        figures.append(f"SLO {mine_rate:.2f} vs {base_rate:.2f}")
-        if ratio < serving.min_slo_ratio:
-            misses.append(f"SLO attainment {ratio:.2f}x plain < {serving.min_slo_ratio:g}")
-    return misses, ", ".join(figures) or "no timings"
-
-
-def sum_histograms(histograms: Iterable[Sequence[int]]) -> tuple[int, ...]:
-    """Element-wise sum of histograms of different lengths."""
-    total: list[int] = []
-    for h in histograms:
-        if len(h) > len(total):
-            total += [0] * (len(h) - len(total))
-        for i, n in enumerate(h):
-            total[i] += n
-    return tuple(total)
-
-
-def _collapsed(collapse: Collapse, accept: float, histogram: tuple[int, ...], baseline: float | None,
-               base_histogram: tuple[int, ...] | None) -> str | None:
-    """Why a window's acceptance counts as collapsed against its baseline, or None."""
-    if baseline is not None and baseline >= collapse.min_baseline and accept < collapse.floor:
-        return (f"accept length {accept:.2f} per round < floor {collapse.floor:g} (baseline {baseline:.2f})")
-    if collapse.shift_alpha is None or not base_histogram or not histogram:
-        return None
-    width = max(len(histogram), len(base_histogram))
-    rows = [list(h) + [0] * (width - len(h)) for h in (histogram, base_histogram)]
-    columns = [i for i in range(width) if rows[0][i] + rows[1][i] > 0]
-    if len(columns) < 2:
-        return None
-    table = [[row[i] for i in columns] for row in rows]
-    mean_now = sum(i * n for i, n in enumerate(rows[0])) / max(1, sum(rows[0]))
-    mean_base = sum(i * n for i, n in enumerate(rows[1])) / max(1, sum(rows[1]))
-    # a shift DOWN by at least half: rounds within a request are correlated and traffic mixes change, so
-    # significance alone would flag ordinary variation between windows
-    if mean_now >= 0.5 * mean_base:
-        return None
-    p = float(scistats.chi2_contingency(table).pvalue)
-    if p < collapse.shift_alpha:
-        return (f"accepted drafts per round fell from {mean_base:.2f} to {mean_now:.2f} "
-                f"(histogram shift, chi-square p = {p:.2g} < {collapse.shift_alpha:g})")
-    return None
-
-
-def _worse(spec: list[float], plain: list[float], outcome: OutcomeCheck) -> float | None:
-    """One-sided p-value that the speculative mean is below plain's minus ``max_drop`` (Welch's t), or None
-    before both sides have ``min_reports``."""
-    if len(spec) < outcome.min_reports or len(plain) < outcome.min_reports:
-        return None
-    shifted = [x - outcome.max_drop for x in plain]
-    if statistics.pvariance(spec) == 0 and statistics.pvariance(shifted) == 0:
-        return 0.0 if statistics.fmean(spec) < statistics.fmean(shifted) else 1.0
-    return float(scistats.ttest_ind(spec, shifted, equal_var=False, alternative="less").pvalue)

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-from scipy import stats as scistats
 
 from backends.sglang.client import SGLangClient
 from backends.sglang.errors import WorkerError
 from backends.sglang.spec_stats import spec_stats_from_sglext
-from gateway.gates.book import Mismatch, Verdict, sum_histograms
+from gateway.gates.judge import homogeneity, sum_histograms
+from gateway.gates.values import Mismatch, Verdict
 from policies.schema import Equivalence, SampledCheck
 
 T = TypeVar("T")
@@ -153,24 +153,6 @@ def first_difference(spec: list[int], plain: list[int]) -> tuple[int, int | None
         i = min(len(spec), len(plain))
         return i, spec[i] if i < len(spec) else None, plain[i] if i < len(plain) else None
     return None
-
-
-def homogeneity(spec: list[list[int]], plain: list[list[int]]) -> tuple[float | None, int]:
-    """Smallest per-position chi-square p-value between two sets of sampled outputs, and how many positions
-    were testable (tokens seen fewer than 5 times in all are pooled into one category)."""
-    smallest, tested = None, 0
-    for j in range(max(map(len, spec + plain), default=0)):
-        a = Counter(ids[j] for ids in spec if len(ids) > j)
-        b = Counter(ids[j] for ids in plain if len(ids) > j)
-        total = a + b
-        common = [t for t, n in total.items() if n >= 5]
-        rows = [[side[t] for t in common] + [sum(n for t, n in side.items() if total[t] < 5)] for side in (a, b)]
-        columns = [i for i in range(len(rows[0])) if rows[0][i] + rows[1][i] > 0]
-        if len(columns) < 2 or not sum(rows[0]) or not sum(rows[1]):
-            continue
-        p = float(scistats.chi2_contingency([[row[i] for i in columns] for row in rows]).pvalue)
-        smallest, tested = p if smallest is None else min(smallest, p), tested + 1
-    return smallest, tested
 
 
 async def run(spec: Side, plain: Side, canaries: Sequence[Canary], settings: Equivalence) -> Verdict:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from gateway.backend import Backend
-from gateway.gates.book import Verdict
+from gateway.gates.values import Verdict
 from gateway.gates.canary import BUILTIN, Canary, Side, load_canaries, pick, run
 from policies.decide import speculation_override
 from policies.schema import Equivalence, Policy

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,10 @@ class Received:
 
 
 class ReplayServer:
-    """``async with ReplayServer({("GET", "/health"): Reply(...)}) as server: server.url``."""
+    """``async with ReplayServer({("GET", "/health"): Reply(...)}) as server: server.url``. A route may also be
+    answered by a function of the request's JSON body (a fake worker that answers what it was asked)."""
 
-    def __init__(self, routes: dict[tuple[str, str], Reply]) -> None:
+    def __init__(self, routes: dict[tuple[str, str], Reply | Callable[[Any], Reply]]) -> None:
         self.routes = routes
         self.received: list[Received] = []
         self._server: asyncio.AbstractServer | None = None
@@ -93,6 +95,8 @@ class ReplayServer:
         self.received.append(Received(method, target, json.loads(raw) if raw else None))
         path = target.split("?", 1)[0]
         reply = self.routes.get((method, path), Reply(status=404, body=b'{"detail":"Not Found"}'))
+        if callable(reply):
+            reply = reply(self.received[-1].body)
         if reply.delay_s:
             await asyncio.sleep(reply.delay_s)
         head = [f"HTTP/1.1 {reply.status} X"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from scipy import stats as scistats
 
-from gateway.gates.book import GateBook, Mismatch, Sample, Verdict
+from gateway.gates.book import GateBook
+from gateway.gates.values import Mismatch, Sample, Verdict
 from policies.schema import Collapse, Equivalence, Gates, OutcomeCheck, Serving
 
 PASS = Verdict(passed=True, reason="4 canaries token-identical to plain", accept_length=2.0, histogram=(1, 2, 3))

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from backends.sglang.client import SGLangClient
-from gateway.gates.book import Mismatch
-from gateway.gates.canary import (BUILTIN, Canary, CanaryError, Side, first_difference, homogeneity,
-                                  load_canaries, pick, run)
+from gateway.gates.canary import BUILTIN, Canary, CanaryError, Side, first_difference, load_canaries, pick, run
+from gateway.gates.judge import homogeneity
+from gateway.gates.values import Mismatch
+from tests.backends.replay_server import ReplayServer, Reply
 from policies.schema import Equivalence, SampledCheck
 
 FIELDS = '; each line is {"id", "slice", "prompt" or "messages"}'
@@ -111,45 +112,19 @@ def test_homogeneity_skips_untestable_positions() -> None:
 Answer = Callable[[dict[str, Any]], tuple[int, dict[str, Any], float]]  # body -> (status, JSON, delay before it)
 
 
-class ChatServer:
-    """A real HTTP/1.1 server on a free loopback port that answers ``POST /v1/chat/completions`` from
-    ``answer(body)``; every request body is kept in ``received``."""
+class ChatServer(ReplayServer):
+    """A fake SGLang worker on a free loopback port (``tests/backends/replay_server.py``) that answers ``POST
+    /v1/chat/completions`` from ``answer(body)``; ``bodies``: every request body it received."""
 
     def __init__(self, answer: Answer) -> None:
-        self.answer = answer
-        self.received: list[dict[str, Any]] = []
-        self._server: asyncio.AbstractServer | None = None
+        def reply(body: dict[str, Any]) -> Reply:
+            status, payload, delay = answer(body)
+            return Reply(status=status, body=json.dumps(payload).encode(), delay_s=delay)
+        super().__init__({("POST", "/v1/chat/completions"): reply})
 
-    async def __aenter__(self) -> ChatServer:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while request_line := await reader.readline():
-                assert request_line.startswith(b"POST /v1/chat/completions "), request_line
-                length = 0
-                while (line := await reader.readline()) not in (b"\r\n", b""):
-                    name, _, value = line.decode().partition(":")
-                    length = int(value) if name.strip().lower() == "content-length" else length
-                body = json.loads(await reader.readexactly(length))
-                self.received.append(body)
-                status, payload, delay = self.answer(body)
-                await asyncio.sleep(delay)
-                data = json.dumps(payload).encode()
-                writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: "
-                             f"{len(data)}\r\n\r\n".encode() + data)
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [r.body for r in self.received]
 
 
 def completion(ids: list[int], details: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -207,12 +182,12 @@ def test_run_identical_outputs_pass_with_the_canaries_accept_length() -> None:
     assert (verdict.accept_length, verdict.histogram, verdict.sampled_p) == (2.25, (2, 2, 4), None)
     assert verdict.reason == "2 canaries token-identical to plain (9 tokens), canaries accept 2.25 per round"
     assert verdict.worker == spec.url
-    first = next(b for b in spec.received if canary_of(b) == "c1")
+    first = next(b for b in spec.bodies if canary_of(b) == "c1")
     assert first == {"model": "m", "messages": [{"role": "user", "content": "one"}], "max_tokens": 32,
                      "temperature": 0.0, "return_output_ids_in_sglext": True, "stream": False,
                      "return_spec_tokens_details": True,
                      "custom_params": {"speculation": {"proposer": "ngram", "draft_tokens": 4}}}
-    assert all("custom_params" not in b for b in plain.received) and len(plain.received) == 2
+    assert all("custom_params" not in b for b in plain.bodies) and len(plain.bodies) == 2
 
 
 def test_run_differing_token_fails_with_the_mismatch() -> None:
@@ -227,9 +202,9 @@ def test_run_sampled_check_passes_identical_samplers_and_sends_seeds() -> None:
     settings = Equivalence(timeout_s=10.0, sampled=SampledCheck(samples=8, prompts=1, seed=100))
     verdict, spec, plain = gate(speculative(), CANARIES, settings)
     assert verdict.passed and verdict.sampled_p is None and verdict.sampled_positions == 0  # one token per position
-    assert sorted(b["seed"] for b in spec.received if "seed" in b) == list(range(100, 108))
-    assert sorted(b["seed"] for b in plain.received if "seed" in b) == list(range(108, 116))
-    assert {b["max_tokens"] for b in spec.received if "seed" in b} == {4}
+    assert sorted(b["seed"] for b in spec.bodies if "seed" in b) == list(range(100, 108))
+    assert sorted(b["seed"] for b in plain.bodies if "seed" in b) == list(range(108, 116))
+    assert {b["max_tokens"] for b in spec.bodies if "seed" in b} == {4}
 
 
 def test_run_sampled_check_rejects_a_different_distribution() -> None:

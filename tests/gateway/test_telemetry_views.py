@@ -10,7 +10,7 @@ from typing import get_args
 import msgspec
 
 from backends.sglang.pool import PoolSnapshot, WorkerLoad, WorkerState
-from gateway.gates.book import Mismatch
+from gateway.gates.values import Mismatch
 from gateway.telemetry_views import gate_event_view, gate_views, mismatch_text, policy_view, pool_views
 from policies.decide import EXPLORATIONS
 from policies.load import load_policy, load_policy_file

@@ -15,32 +15,16 @@ import openai
 import pytest
 
 from bench.processes import ADMIN, BIN, MODEL, free_port, gateway, running, worker, write_policy
-from tests.integration.gateway_processes import CODE
+from tests.integration.gateway_processes import CODE, policy_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
 
 def gated_policy(url: str, revision: str, *, gates: str, extra_rules: str = "") -> str:
-    return f"""version: 1
-slo: {{ttft_ms: 20000, tpot_ms: 2000}}
-slices:
-  - {{name: code, when: {{code_score: {{gte: 0.3}}}}}}
-  - {{name: prose}}
-pairs:
-  smollm2-ngram:
-    target: {{model: SmolLM2-135M-Instruct, revision: "{revision}"}}
-    draft: {{kind: ngram}}
-pools:
-  plain: {{proposer: none, workers: ["{url}"], speculation: per_request}}
-  ngram: {{proposer: ngram, draft_tokens: 4, pair: smollm2-ngram, workers: ["{url}"], speculation: per_request}}
-rules:
-  - {{name: degraded, when: {{pool: ngram, pair_gate: [failed, degraded]}}, then: bypass}}
-{extra_rules}  - {{name: code-ngram, when: {{slice: code}}, then: {{pool: ngram, draft_tokens: 4}}}}
-  - {{name: rest, then: bypass}}
-learning: {{explore: 0.0}}
-gates:
-{gates}
-"""
+    """The integration tests' policy (code pinned to the ngram pool at k=4) with a ``gates:`` section and a rule
+    bypassing the ngram pool while its gate is failed or degraded."""
+    degraded = "  - {name: degraded, when: {pool: ngram, pair_gate: [failed, degraded]}, then: bypass}\n"
+    return policy_text([url], revision=revision, extra_rules=degraded + extra_rules) + "gates:\n" + gates
 
 
 FAST_EQUIVALENCE = "  equivalence: {max_tokens: 24, sampled: null}\n"

@@ -10,7 +10,8 @@ share 0.5 (TPOT 0.5x plain), had slice prose at bucket 0 closed (TPOT 1.5x plain
 
 from __future__ import annotations
 
-from gateway.gates.book import GateBook, GateEvent, Mismatch, Sample, Verdict
+from gateway.gates.book import GateBook
+from gateway.gates.values import GateEvent, Mismatch, Sample, Verdict
 from policies.schema import Gates
 
 KEYS = {"ngram": "p-ngram@r1+4f2a", "draft": "p-draft@r1+9c1e"}
