@@ -6,7 +6,6 @@ Secrets are not fields: the admin token is read from the environment variable na
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Annotated
 
@@ -37,13 +36,3 @@ class GatewaySettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     def __post_init__(self) -> None:
         if not Path(self.policy_path).name:
             raise ValueError("policy_path must name a file")
-
-
-def is_loopback(host: str) -> bool:
-    """True for addresses only this machine can reach (``localhost``, 127.0.0.0/8, ::1)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -14,7 +14,6 @@ speculation on purpose, so it is refused unless the worker listens on a loopback
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from backends.engine.types import (
     ADAPTIVE_STRATEGIES, FAULT_MODES, MAX_DRAFT_TOKENS, NGRAM_MATCHES, FaultMode, NgramMatch, SpeculationParams,
     SuffixSettings,
 )
+from backends.net import is_loopback
 
 SpeculativeAlgorithm = Literal["NGRAM", "STANDALONE", "SUFFIX"]
 # SGLang's algorithm name -> the engine's proposer (STANDALONE = a separate draft model; ours is the
@@ -45,16 +45,6 @@ _SUFFIX = SuffixSettings()
 def flag(name: str) -> str:
     """A WorkerSettings field's command-line flag (errors name the flag the operator typed)."""
     return "--" + name.replace("_", "-")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` listens on this machine only: localhost, 127.0.0.0/8 or ::1."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a hostname other than localhost may resolve anywhere
-        return False
 
 
 @dataclass(frozen=True, slots=True)

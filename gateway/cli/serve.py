@@ -49,7 +49,8 @@ def _run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.settings import GatewaySettings, is_loopback
+    from backends.net import is_loopback
+    from gateway.settings import GatewaySettings
     from policies.errors import PolicyError
     from policies.load import load_policy_file
     from telemetry.logs import configure_logging

@@ -13,7 +13,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from backends.sglang.wire import ServerInfo
-from backends.worker.settings import WorkerSettings, is_loopback
+from backends.net import is_loopback
+from backends.worker.settings import WorkerSettings
 
 BASE = [101, 102, 103, 104, 105] * 6
 OFF_MESSAGE = ("fault injection is off: start the worker with --fault-injection (a test switch, loopback hosts "
