@@ -21,6 +21,7 @@ from litestar import Request, Response, post
 from msgspec import Meta
 
 from gateway.errors import ApiError
+from gateway.requests import field_of
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState
@@ -43,9 +44,8 @@ def parse_report(raw: bytes, header_id: str | None) -> tuple[str, float]:
     try:
         report = msgspec.json.decode(raw, type=OutcomeReport)
     except msgspec.ValidationError as exc:
-        field = str(exc).rpartition("at `$.")[2].rstrip("`") or None
         raise ApiError(400, f"invalid outcome report: {exc}; send {{\"request_id\": ..., \"success\": true}} "
-                       "or a \"score\" in [0, 1]", param=field, code="invalid_value") from None
+                       "or a \"score\" in [0, 1]", param=field_of(str(exc)), code="invalid_value") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"the body is not JSON ({exc})", code="invalid_json") from None
     rid = report.request_id or header_id

@@ -123,7 +123,7 @@ class CompletionRequest(_Common, kw_only=True):
 _RAW = msgspec.json.Decoder()
 
 
-def _param(text: str) -> str | None:
+def field_of(text: str) -> str | None:
     """``... - at `$.messages[0].role``` -> ``messages[0].role``; an unknown key names itself."""
     if "unknown field `" in text:
         name = text.split("unknown field `", 1)[1].split("`", 1)[0]
@@ -149,7 +149,7 @@ def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]
         request = msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        param = _param(text)
+        param = field_of(text)
         hint = "; remove it" if "unknown field" in text else ""
         raise ApiError(400, f"invalid field `{param}`: {text.split(' - at ')[0]}{hint}" if param
                        else f"invalid request: {text}", param=param, code="invalid_field") from None

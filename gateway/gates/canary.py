@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -235,14 +235,12 @@ async def gather_ids(calls: Any) -> list[list[int]]:
     return [answer.ids for answer in await _all(calls)]
 
 
-async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """``asyncio.gather`` that, when one call fails, cancels the others before raising: a run that gave up
-    leaves no canary request running on the worker (gather alone lets the rest run on, unawaited)."""
-    tasks = [asyncio.ensure_future(call) for call in calls]
+async def _all(calls: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Every call's result, in order; when one fails the others are cancelled (``asyncio.TaskGroup``: a run
+    that gave up leaves no canary request running on the worker) and its exception is raised as itself."""
     try:
-        return await asyncio.gather(*tasks)
-    except Exception:
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks)
-        raise
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(call) for call in calls]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [task.result() for task in tasks]
