@@ -48,7 +48,7 @@ JSON = "application/json"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-class Head(msgspec.Struct, frozen=True):
+class Head(msgspec.Struct, frozen=True, gc=False):
     """The start of an answer: status and headers, and the whole body unless a stream follows."""
 
     status: int
@@ -77,10 +77,12 @@ def admit(state: GatewayState, arrival: Arrival, active: Active, route: str, bod
     """Features and the model/window checks (ApiError when refused); no limit is taken here."""
     wanted = active.wanted_headers
     picked = {h: headers[h] for h in wanted if h in headers} if wanted else None
-    features = features_from_openai(body, route=route, headers=picked, wanted_headers=set(wanted) if wanted else None)
+    trace_ids = state.recorder.select(route, arrival.request_id) == "record"
+    features = features_from_openai(body, route=route, headers=picked, wanted_headers=set(wanted) if wanted else None,
+                                    repeat=active.reads_repeat or trace_ids)  # a trace keeps every feature
     _check_model_and_window(state, request, features.prompt_tokens)
     return Admitted(
-        trace_ids=state.recorder.select(route, arrival.request_id) == "record",
+        trace_ids=trace_ids,
         arrival=arrival, active=active, route=route, body=body, features=features, stream=request.stream,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         echo=isinstance(request, CompletionRequest) and request.echo,

@@ -5,7 +5,9 @@
             -> Ending (how it ended)                         => Finished: the one final result
 
 The values are frozen msgspec Structs: several are built per request, and a frozen dataclass costs an
-``object.__setattr__`` per field. ``Finished`` is the only source of what the learner sees (``outcome``:
+``object.__setattr__`` per field. They are not tracked by the cycle collector (``gc=False``): a value refers
+only to earlier stages' values and to data, never back, so none can be part of a cycle, and the collector's
+young generation fills (and is walked) less often per request. ``Finished`` is the only source of what the learner sees (``outcome``:
 ``policies.stats.Outcome``), of what telemetry sees (``record``: ``telemetry.record.RequestRecord``) and of
 what the trace recorder writes (``gateway.tracing.Recorder.finish``); the
 answer's ``x-specgate-*`` headers and ``specgate`` object are derived from the same values. Nothing here
@@ -32,13 +34,13 @@ if TYPE_CHECKING:
     from gateway.state import Active
 
 
-class Arrival(msgspec.Struct, frozen=True, kw_only=True):
+class Arrival(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     request_id: str
     endpoint: str  # chat | completions
     t0: float  # time.perf_counter() when the request arrived
 
 
-class Admitted(msgspec.Struct, frozen=True, kw_only=True):
+class Admitted(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """A request that passed auth, parsing and the model/window checks (limits are taken next)."""
 
     arrival: Arrival
@@ -53,7 +55,7 @@ class Admitted(msgspec.Struct, frozen=True, kw_only=True):
     trace_ids: bool = False  # selected for the trace: the worker is asked for token ids (gateway/tracing.py)
 
 
-class Dispatched(msgspec.Struct, frozen=True, kw_only=True):
+class Dispatched(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """Where the request was served, once a worker accepted it."""
 
     pool: str
@@ -66,7 +68,7 @@ class Dispatched(msgspec.Struct, frozen=True, kw_only=True):
     fallback_note: str  # appended to the decision's reason when the fallback served it
 
 
-class Relayed(msgspec.Struct, frozen=True, kw_only=True):
+class Relayed(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """What the worker's answer told: token counts, speculation counters, first-token time, the worker's decode
     time; for a request selected for the trace also its token ids and finish reason (None otherwise, or when
     the worker sent none)."""
@@ -83,7 +85,7 @@ class Relayed(msgspec.Struct, frozen=True, kw_only=True):
     finish: str | None = None  # the choice's finish_reason
 
 
-class Ending(msgspec.Struct, frozen=True):
+class Ending(msgspec.Struct, frozen=True, gc=False):
     http_status: int
     status: str  # RequestRecord.status: ok | client_error | rate_limited | upstream_error | aborted | unavailable
     error_type: str | None = None
@@ -99,7 +101,7 @@ CLIENT_LEFT = Ending(499, "aborted", "ClientDisconnected", "client closed the co
 INTERNAL = Ending(500, "upstream_error", "InternalError", "gateway error")
 
 
-class Finished(msgspec.Struct, frozen=True, kw_only=True):
+class Finished(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """Everything known when the request ended; built once, by the owner, in its ``finally``."""
 
     arrival: Arrival
@@ -174,7 +176,7 @@ def headers(arrival: Arrival, route: str, decision: Decision | None, dispatched:
             "x-specgate-draft-tokens": str(k), "x-specgate-route": route, "x-specgate-retries": str(retries)}
 
 
-class SpecgateInfo(msgspec.Struct, frozen=True, kw_only=True):
+class SpecgateInfo(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """The ``specgate`` object in non-streaming bodies and the final streaming chunk."""
 
     request_id: str

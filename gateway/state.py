@@ -30,7 +30,7 @@ from gateway.reload import PolicyWatcher, ReloadResult, read_policy
 from gateway.settings import GatewaySettings
 from gateway.telemetry_views import gate_event_view, gate_views, policy_view, pool_views
 from gateway.tracing import Recorder, problems, resolve
-from policies.features import referenced_headers
+from policies.features import reads_prompt_repeat, referenced_headers
 from policies.schema import Policy
 from policies.snapshot import PoolState, Snapshot, load_concurrency
 from policies.stats import LearningState, Outcome
@@ -48,6 +48,7 @@ class Active:
     version: str
     keys: KeyRing
     wanted_headers: frozenset[str]
+    reads_repeat: bool  # some condition looks at prompt_repeat
     limiters: dict[str, RouteLimiter]
     pair_versions: dict[str, str]
 
@@ -99,7 +100,7 @@ class GatewayState:
         for problem in keys.problems:
             log.warning("policy_keys_problem", problem=problem)
         return Active(policy=policy, version=version, keys=keys,
-                      wanted_headers=frozenset(referenced_headers(policy)),
+                      wanted_headers=frozenset(referenced_headers(policy)), reads_repeat=reads_prompt_repeat(policy),
                       limiters=limiters_for(policy.routes, policy.route_names(), old),
                       pair_versions={p: policy.pool_pair_version(p) for p in policy.pools})
 

@@ -65,7 +65,7 @@ class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     stream: bool = False
     headers: dict[str, str] = {}
     code_score: float = 0.0
-    prompt_repeat: float = 0.0
+    prompt_repeat: float | None = 0.0  # None: not computed (the gateway computes it only for a policy that reads it)
     budget_tokens: int | None = None
 
     @property
@@ -105,6 +105,13 @@ def prompt_repeat(text: str) -> float:
     return round(1.0 - distinct / positions, 4)
 
 
+def reads_prompt_repeat(policy: Any) -> bool:
+    """Whether any slice or rule condition looks at ``prompt_repeat`` (up to ~1 ms a long prompt, so the
+    gateway computes it only then, or for a request it records in a trace)."""
+    return any(item.when is not None and item.when.prompt_repeat is not None
+               for item in list(policy.slices) + list(policy.rules))
+
+
 def referenced_headers(policy: Any) -> set[str]:
     """Lowercase header names any slice or rule condition looks at; the gateway extracts only these."""
     names: set[str] = set()
@@ -123,8 +130,9 @@ def _message_text(content: Any) -> str:
 
 
 def features_from_openai(body: dict[str, Any], *, route: str = "default", headers: dict[str, str] | None = None,
-                         wanted_headers: set[str] | None = None) -> RequestFeatures:
-    """Features of an OpenAI chat/completions request body (already validated by the gateway)."""
+                         wanted_headers: set[str] | None = None, repeat: bool = True) -> RequestFeatures:
+    """Features of an OpenAI chat/completions request body (already validated by the gateway);
+    ``repeat=False`` leaves ``prompt_repeat`` None (not computed)."""
     if "messages" in body:
         text = "\n".join(_message_text(m.get("content")) for m in body.get("messages") or [])
     else:
@@ -141,4 +149,4 @@ def features_from_openai(body: dict[str, Any], *, route: str = "default", header
         response_format=fmt_type if fmt_type in ("text", "json_object", "json_schema") else None,
         prompt_tokens=approx_tokens(text), max_tokens=max_tokens, temperature=body.get("temperature"),
         stream=bool(body.get("stream", False)), headers=lowered, code_score=code_score(text),
-        prompt_repeat=prompt_repeat(text))
+        prompt_repeat=prompt_repeat(text) if repeat else None)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -79,3 +81,11 @@ def test_telemetry_imports_no_policy_pool_or_gateway_code():
 def test_the_engine_imports_no_gateway_or_policy_code():
     # the engine takes settings, not policies: calibrate returns plain measurements, policies.costmodel types them
     assert _imports_of("backends/engine", ("policies", "gateway")) == []
+
+
+def test_the_gateway_starts_without_scipy_or_numpy():
+    # both double the objects a gateway process holds, which every full collection walks on the request path
+    # (docs/benchmarks.md, issue 29's gate); the pair gates import SciPy when a test first runs
+    code = "import sys, gateway.app; print(sorted({'scipy', 'numpy', 'torch'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -8,6 +8,7 @@ trace (``gateway/tracing.py``): the flag names the file, the policy's ``tracing:
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -81,8 +82,18 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, PolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    app.on_startup.append(_freeze_heap)
     # idle client connections are kept 75 s, longer than common clients keep them (httpx and the openai
     # SDK: 5 s), so the client closes first and never sends on a connection the gateway is closing
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 timeout_graceful_shutdown=5, timeout_keep_alive=75)
     return 0
+
+
+def _freeze_heap() -> None:
+    """Once started (modules imported, policy compiled, clients open), move every live object to the
+    collector's permanent generation (``gc.freeze``): a full collection on the request path then walks only
+    what requests made since, not the ~50k objects of start-up. Cyclic garbage frozen this way (none is
+    expected: start-up's is collected first) would never be freed."""
+    gc.collect()
+    gc.freeze()

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.decide import decide, explain
-from policies.features import RequestFeatures, features_from_openai, prompt_repeat
+from policies.features import RequestFeatures, features_from_openai, prompt_repeat, reads_prompt_repeat
 from policies.load import load_policy
 from policies.slicing import classify
 from policies.snapshot import PoolState, Snapshot, SnapshotData
@@ -117,3 +117,18 @@ def test_a_condition_routes_repetitive_and_non_repetitive_prompts_apart() -> Non
     trace = explain(policy, RequestFeatures(prompt_repeat=0.05), snap)
     assert (trace.slice, trace.decision.rule, trace.rules[0].failed) == ("between", "rest", "prompt_repeat >= 0.1")
     assert trace.features.prompt_repeat == 0.05
+
+
+def test_it_is_computed_only_when_asked_and_a_policy_says_whether_it_reads_it() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": f"{PHRASE} {PHRASE}"}]}
+    skipped = features_from_openai(body, repeat=False)
+    assert skipped.prompt_repeat is None
+    assert msgspec.structs.replace(skipped, prompt_repeat=0.3333) == features_from_openai(body)
+    only_slices = POLICY.replace("prompt_repeat: {gte: 0.1}, ", "")
+    only_rule = only_slices.replace("when: {prompt_repeat: {gte: 0.25}}", "when: {code_score: {gte: 0.3}}").replace(
+        "when: {prompt_repeat: {gt: 0.0, lt: 0.25}}", "when: {has_tools: true}").replace(
+        "slice: [repetitive, between]", "prompt_repeat: {gte: 0.1}")
+    neither = only_rule.replace("prompt_repeat: {gte: 0.1}", "code_score: {gte: 0.1}")
+    assert "prompt_repeat" not in neither and only_rule.count("prompt_repeat") == 1
+    assert [reads_prompt_repeat(load_policy(text, "p.yaml")) for text in (POLICY, only_slices, only_rule, neither)
+            ] == [True, True, True, False]

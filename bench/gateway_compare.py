@@ -1,0 +1,143 @@
+"""Two specgate gateways side by side in one run: a before/after benchmark of the gateway's own cost.
+
+    git worktree add /tmp/wt-before REV
+    git show REV:deploy/policies/default.yaml > /tmp/before-policy.yaml   # a policy both trees accept
+    .venv/bin/python -m bench.gateway_compare --before /tmp/wt-before --policy /tmp/before-policy.yaml \\
+        --rounds 10 --duration 5 --concurrency 1 32
+
+One instant worker (``bench/instant_worker.py``, the stand-in that answers at once, so only the gateway's
+cost remains) and BOTH gateways stay up for the whole run, each from its own checkout (``--before`` and
+``--after``, default this one). Every round measures each concurrency on both, in alternating order
+(ABBA: a round where before runs first is followed by one where after runs first), so a drift of the
+machine or a second-position penalty falls on both alike. Per round and concurrency: wrk's req/s and
+p50, and the gateway process's user + system CPU per request served (the figure least moved by
+the load generator sharing the CPUs). The report gives the per-round rows, the medians and, per metric,
+the median of the per-round after/before ratios with a 95% bootstrap interval over rounds (SciPy):
+an interval that includes 1.0 is "no difference resolved".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from bench.gateway import BIN, REPO, cpu_seconds, ensure_wrk, wrk
+from bench.processes import free_port, running
+from bench.serve.arms import without_gates
+
+METRICS = (("rps", "req/s", "higher"), ("p50_ms", "p50 ms", "lower"), ("cpu_us_per_req", "CPU us/req", "lower"))
+
+
+def policy_text(source: Path, worker: str) -> str:
+    """The policy both gateways run: ``source`` with its worker URL pointed at the instant worker and its
+    rollout gates stripped (this measures rolled-out pairs; an older tree may not know ``gates:``)."""
+    return without_gates(source.read_text()).replace("http://127.0.0.1:30000", worker)
+
+
+@contextlib.contextmanager
+def gateway(tree: Path, policy: Path, log: Path) -> Iterator[tuple[str, int]]:
+    """specgate's gateway run from ``tree`` (first on PYTHONPATH); yields (chat URL, process id)."""
+    port = free_port()
+    with running([str(BIN / "specgate"), "serve", "--policy", str(policy), "--port", str(port),
+                  "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", log,
+                 env={"PYTHONPATH": str(tree.resolve())}) as proc:
+        yield f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid
+
+
+def measure(url: str, pid: int, body: dict, concurrency: int, duration: float, tmp: Path) -> dict[str, float]:
+    before = cpu_seconds(pid)
+    result = wrk(url, body, concurrency, duration, tmp)
+    served = result["rps"] * duration
+    result["cpu_us_per_req"] = (cpu_seconds(pid) - before) / served * 1e6 if served else float("nan")
+    return result
+
+
+def ratio_summary(before: list[float], after: list[float], seed: int = 0) -> dict[str, float]:
+    """Median of the paired after/before ratios and a 95% bootstrap interval of that median over rounds."""
+    ratios = np.asarray(after, dtype=float) / np.asarray(before, dtype=float)
+    if len(ratios) < 2:
+        return {"median": float(ratios[0]), "low": float("nan"), "high": float("nan")}
+    ci = stats.bootstrap((ratios,), np.median, confidence_level=0.95, n_resamples=5000,
+                         method="percentile", random_state=seed).confidence_interval
+    return {"median": float(np.median(ratios)), "low": float(ci.low), "high": float(ci.high)}
+
+
+def report(rows: list[dict], concurrencies: list[int]) -> str:
+    lines = ["| round | first | c | before req/s | after req/s | before p50 ms | after p50 ms | "
+             "before CPU us/req | after CPU us/req |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        b, a = r["before"], r["after"]
+        lines.append(f"| {r['round']} | {r['first']} | {r['concurrency']} | {b['rps']:.1f} | {a['rps']:.1f} | "
+                     f"{b['p50_ms']:.2f} | {a['p50_ms']:.2f} | {b['cpu_us_per_req']:.0f} | "
+                     f"{a['cpu_us_per_req']:.0f} |")
+    lines += ["", "| c | metric | before median | after median | after/before (median of rounds) | 95% interval |",
+              "|---:|---|---:|---:|---:|---|"]
+    for c in concurrencies:
+        mine = [r for r in rows if r["concurrency"] == c]
+        for key, label, _ in METRICS:
+            b = [r["before"][key] for r in mine]
+            a = [r["after"][key] for r in mine]
+            s = ratio_summary(b, a)
+            lines.append(f"| {c} | {label} | {statistics.median(b):.2f} | {statistics.median(a):.2f} | "
+                         f"{s['median']:.3f} | {s['low']:.3f}-{s['high']:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", type=Path, required=True, help="checkout of the earlier commit")
+    parser.add_argument("--after", type=Path, default=REPO, help="checkout of the later commit (default: this one)")
+    parser.add_argument("--policy", type=Path, default=REPO / "deploy/policies/default.yaml",
+                        help="policy both gateways run (an older tree may refuse today's default)")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the tables as Markdown")
+    args = parser.parse_args()
+    ensure_wrk()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-compare-"))
+    port = free_port()
+    worker = f"http://127.0.0.1:{port}"
+    policy = tmp / "policy.yaml"
+    policy.write_text(policy_text(args.policy, worker))
+    body = {"model": "instant", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+    rows: list[dict] = []
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(running([sys.executable, "-m", "bench.instant_worker", "--port", str(port)],
+                                    f"{worker}/health", tmp / "instant.log"))
+        sides = {name: stack.enter_context(gateway(tree, policy, tmp / f"gateway-{name}.log"))
+                 for name, tree in (("before", args.before), ("after", args.after))}
+        for url, _ in sides.values():
+            wrk(url, body, 1, 2, tmp)  # warm-up: connections, caches, the learner's first snapshot
+        for round_ in range(1, args.rounds + 1):
+            order = ("before", "after") if round_ % 4 in (1, 0) else ("after", "before")  # ABBA
+            for c in args.concurrency:
+                row: dict = {"round": round_, "first": order[0], "concurrency": c}
+                for name in order:
+                    url, pid = sides[name]
+                    row[name] = measure(url, pid, body, c, args.duration, tmp)
+                rows.append(row)
+                print(f"  round {round_:2} c={c:<3} " + "  ".join(
+                    f"{name} {row[name]['rps']:8.1f} req/s {row[name]['cpu_us_per_req']:5.0f} us/req"
+                    for name in ("before", "after")), flush=True)
+    text = report(rows, args.concurrency)
+    print("\n" + text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
