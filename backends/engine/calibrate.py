@@ -11,6 +11,9 @@ Every number is a median of real engine work, timed the way the engine times it,
   keep=w)`` (what a round feeds: the last committed token and w - 1 drafts) and rolled back to L. Widths
   are interleaved within each repeat, so load that comes and goes spreads over all of them instead of
   bending one. Prefill chunks: ``forward`` of t new tokens after L with ``keep=1``, from L = 0.
+- **Batched steps.** The engine runs one forward per step for every running sequence
+  (``runner.forward_batch``), so the forward grid is measured again for each batch size b > 1: b caches
+  grown through the same contexts, every width fed by all b sequences in ONE ``forward_batch``, rolled back.
 - **draft_model.** The layer-truncated self-draft's own ``DraftModelProposer``, called as the engine calls
   it, on contexts of length L: per drafted token one draft forward plus its logits processing. Calls of
   1 and ``DRAFT_K`` drafts give the cost per token (their difference) and per call (the rest). A fresh
@@ -44,6 +47,7 @@ from backends.engine.types import GenerateRequest, SamplingParams, SpeculationPa
 DEFAULT_CONTEXTS = (32, 256, 1024, 2048)  # the workloads' prompts reach ~1700 tokens plus their output
 DEFAULT_WIDTHS = (1, 2, 3, 5, 9, 17)  # k + 1 for k = 0, 1, 2, 4, 8, 16
 DEFAULT_PREFILL_TOKENS = (16, 64, 256)  # 256: the engine's prefill_chunk; the others: a prompt's last chunk
+DEFAULT_BATCHES = (1, 2, 4, 8, 16)  # sequences per step; up to the worker's --max-running-requests (16)
 PROPOSERS = ("ngram", "suffix", "draft_model")
 DRAFT_K = 8  # drafts per long timed draft_model call
 MODEL_FREE_CALLS = 16  # steady-state calls per context for ngram and suffix
@@ -93,6 +97,31 @@ def _grids(runner, ids: list[int], contexts: Sequence[int], widths: Sequence[int
     prefill = dict(tokens=list(prefill_tokens), context=prefill_contexts,
                    seconds=[[_median(samples["prefill", t, c]) for c in prefill_contexts] for t in prefill_tokens])
     return forward, prefill
+
+
+def _batched_grid(runner, ids: list[int], contexts: Sequence[int], widths: Sequence[int], batch: int,
+                  repeats: int, chunk: int, progress: Progress) -> dict:
+    """The forward grid of ``batch`` sequences per step: at every context each width fed by all of them in
+    one ``forward_batch`` (what a step of ``batch`` rounds of that width runs), rolled back."""
+    from backends.engine.runner import Feed
+
+    samples: dict[tuple[int, int], list[float]] = {}
+    caches = [runner.new_cache() for _ in range(batch)]
+    for length in contexts:
+        for cache in caches:
+            runner.prefill(cache, ids[runner.cache_len(cache):length], chunk)
+        for repeat in range(repeats + 1):  # pass 0 warms up
+            for width in widths:
+                fed = ids[length:length + width]
+                seconds = runner.forward_batch([Feed(cache, fed, width) for cache in caches]).seconds
+                for cache in caches:
+                    runner.rollback(cache, length)
+                if repeat:
+                    samples.setdefault((width, length), []).append(seconds)
+        progress(f"forwards of {batch} sequences at context {length}: " + ", ".join(
+            f"{width} {1e3 * _median(samples[width, length]):.1f} ms" for width in widths))
+    return dict(tokens=list(widths), context=list(contexts),
+                seconds=[[_median(samples[w, c]) for c in contexts] for w in widths])
 
 
 def _draft_model(runner, ids: list[int], contexts: Sequence[int], repeats: int, stop_ids: frozenset[int],
@@ -241,7 +270,7 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
               contexts: Sequence[int] = DEFAULT_CONTEXTS, widths: Sequence[int] = DEFAULT_WIDTHS,
               prefill_tokens: Sequence[int] = DEFAULT_PREFILL_TOKENS, repeats: int = 5,
               proposers: Sequence[str] = PROPOSERS, draft_layers: int = 8, hardware: str = "",
-              progress: Progress | None = None) -> Measurements:
+              batches: Sequence[int] = DEFAULT_BATCHES, progress: Progress | None = None) -> Measurements:
     """Measure a cost model on ``engine`` (an ``Engine``, not started) with ``token_ids`` (a real text's ids,
     repeated as needed). ``model`` and ``revision`` name the target, as a trace header does. Returns the
     file's fields as plain data (``policies.costmodel.from_measurements`` makes the CostModel)."""
@@ -252,8 +281,11 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
     unknown = [p for p in proposers if p not in PROPOSERS]
     if unknown:
         raise ValueError(f"proposers: unknown {unknown}; choose from {list(PROPOSERS)}")
+    batches = sorted({1, *batches})
     if repeats < 1 or not contexts or not widths or not prefill_tokens:
         raise ValueError("need repeats >= 1 and at least one context, width and prefill size")
+    if batches[0] < 1:
+        raise ValueError(f"batches: {batches[0]}; a step holds at least one sequence")
     runner = engine.runner
     longest = contexts[-1] + max(widths[-1], prefill_tokens[-1], DRAFT_K + 1, MODEL_FREE_CALLS + 1)
     if longest > runner.context_length:
@@ -262,6 +294,8 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
     ids = stream(token_ids, max(longest, 16 * 96))
     forward, prefill = _grids(runner, ids, contexts, widths, prefill_tokens, repeats, engine.config.prefill_chunk,
                               progress)
+    grids = [forward] + [_batched_grid(runner, ids, contexts, widths, b, repeats, engine.config.prefill_chunk,
+                                       progress) for b in batches[1:]]
     draft: dict[str, dict] = {}
     if "ngram" in proposers:
         draft["ngram"] = _model_free("ngram", lambda prompt: NgramProposer(), ids, contexts, progress)
@@ -276,7 +310,7 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
     overhead_s = _overhead(engine, ids, contexts, progress)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     return dict(model=model, revision=revision, hardware=hardware, created=created,
-                source="specgate trace calibrate", batch=[1], forward=[forward], prefill=prefill, draft=draft,
+                source="specgate trace calibrate", batch=batches, forward=grids, prefill=prefill, draft=draft,
                 overhead_s=overhead_s)
 
 

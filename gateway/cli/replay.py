@@ -43,7 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "--speculative-ngram-match); default the worker's: 1 12 earliest")
     parser.add_argument("--max-running-requests", type=int, default=16, help="the worker's (specgate worker's default)")
     parser.add_argument("--max-total-tokens", type=int, default=65536, help="the worker's KV capacity")
-    parser.add_argument("--prefill-chunk", type=int, default=256, help="the worker's prompt tokens per turn")
+    parser.add_argument("--prefill-chunk", type=int, default=256,
+                        help="the worker's --chunked-prefill-size: prompt tokens one request feeds per step")
+    parser.add_argument("--max-batch-tokens", type=int, default=512,
+                        help="the worker's --max-batch-tokens: tokens one step feeds, rounds first, then prefill")
     parser.add_argument("--context-length", type=int, default=8192, help="the model's context window")
     parser.add_argument("--slo-ttft-ms", type=float, default=None, help="default: the first policy's, else 2000")
     parser.add_argument("--slo-tpot-ms", type=float, default=None, help="default: the first policy's, else 150")
@@ -68,8 +71,8 @@ def _replay(args: argparse.Namespace) -> int:
     from policies.costmodel import CostModelError, load_cost_model
     from policies.trace import TraceError, read_trace
 
-    if args.seeds < 1 or args.max_running_requests < 1 or args.prefill_chunk < 1:
-        return _fail("--seeds, --max-running-requests and --prefill-chunk must be at least 1", 2)
+    if min(args.seeds, args.max_running_requests, args.prefill_chunk, args.max_batch_tokens) < 1:
+        return _fail("--seeds, --max-running-requests, --prefill-chunk and --max-batch-tokens must be at least 1", 2)
     try:
         for label in args.loads:
             Load.parse(label)
@@ -111,7 +114,7 @@ def _replay(args: argparse.Namespace) -> int:
     slo_default = first.slo if first is not None else None
     slo_ms = (args.slo_ttft_ms or (slo_default.ttft_ms if slo_default and slo_default.ttft_ms else 2000.0),
               args.slo_tpot_ms or (slo_default.tpot_ms if slo_default and slo_default.tpot_ms else 150.0))
-    prices = Prices(book, default, args.prefill_chunk, args.context_length, per_worker)
+    prices = Prices(book, default, args.prefill_chunk, args.context_length, per_worker, args.max_batch_tokens)
     names = [c.name for c in contenders]
     processes = args.processes or os.cpu_count() or 1
     started = time.perf_counter()

@@ -50,12 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_calibrate(actions: argparse._SubParsersAction) -> None:
-    from backends.engine.calibrate import DEFAULT_CONTEXTS, DEFAULT_PREFILL_TOKENS, DEFAULT_WIDTHS, PROPOSERS
+    from backends.engine.calibrate import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_PREFILL_TOKENS, DEFAULT_WIDTHS,
+                                           PROPOSERS)
 
     calibrate = actions.add_parser(
         "calibrate", help="measure the replay cost model (forward, prefill, draft and overhead seconds)",
-        description="Time the embedded engine's target forwards by width (tokens fed: k + 1) and context length, "
-                    "prefill chunks, each proposer's drafting and the per-round overhead (medians after a "
+        description="Time the embedded engine's target forwards by width (tokens fed: k + 1), context length and "
+                    "batch (sequences in one step's forward), prefill chunks, each proposer's drafting and the per-round overhead (medians after a "
                     "warm-up), write the cost model replay times rounds with, and set real rounds (plain and "
                     "ngram k = 4) beside the model's prediction. Measure on a quiet machine: the file is what "
                     "replay believes this machine does.",
@@ -73,6 +74,10 @@ def _register_calibrate(actions: argparse._SubParsersAction) -> None:
                            help="context lengths (tokens cached) to measure at; span the prompts replay will see")
     calibrate.add_argument("--widths", type=int, nargs="+", default=list(DEFAULT_WIDTHS),
                            help="tokens fed per forward (k + 1); others interpolate")
+    calibrate.add_argument("--batches", type=int, nargs="+", default=list(DEFAULT_BATCHES),
+                           help="sequences per step to measure the forward grid at (1 is always measured); "
+                                "span the worker's --max-running-requests: above the largest, replay scales "
+                                "proportionally")
     calibrate.add_argument("--prefill-tokens", type=int, nargs="+", default=list(DEFAULT_PREFILL_TOKENS),
                            help="prefill chunk sizes to measure (the engine's chunk is 256)")
     calibrate.add_argument("--proposers", nargs="+", choices=PROPOSERS, default=list(PROPOSERS),
@@ -153,9 +158,10 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    bad = args.repeats < 1 or min(args.widths) < 1 or min(args.contexts) < 0 or min(args.prefill_tokens) < 1
-    model = _prepared(args, "--repeats, --widths and --prefill-tokens must be at least 1, --contexts at least 0"
-                      if bad else None)
+    bad = (min(args.repeats, min(args.widths), min(args.prefill_tokens), min(args.batches)) < 1
+           or min(args.contexts) < 0)
+    model = _prepared(args, "--repeats, --widths, --prefill-tokens and --batches must be at least 1, --contexts "
+                      "at least 0" if bad else None)
     if model is None:
         return 2
 
@@ -174,12 +180,13 @@ def _calibrate(args: argparse.Namespace) -> int:
     ids = engine.tokenizer.encode(text, add_special_tokens=False)
     hardware = describe_hardware(args.dtype)
     print(f"calibrating {model.name} ({model.revision}) on {hardware}: contexts {sorted(set(args.contexts))}, "
-          f"widths {sorted(set(args.widths))}, {args.repeats} repeats", file=sys.stderr)
+          f"widths {sorted(set(args.widths))}, batches {sorted({1, *args.batches})}, {args.repeats} repeats",
+          file=sys.stderr)
     try:
         measured = calibrate(engine, ids, model=model.name, revision=model.revision, contexts=args.contexts,
                              widths=args.widths, prefill_tokens=args.prefill_tokens, repeats=args.repeats,
                              proposers=args.proposers, draft_layers=args.draft_layers, hardware=hardware,
-                             progress=lambda line: print(f"  {line}", file=sys.stderr))
+                             batches=args.batches, progress=lambda line: print(f"  {line}", file=sys.stderr))
         cost = from_measurements(measured)  # a CostModelError is a ValueError
     except ValueError as exc:
         print(f"error: {exc} (nothing written)", file=sys.stderr)
@@ -210,6 +217,8 @@ def _summary(cost) -> list[str]:
     low, high = cost.forward[0].context[0], cost.forward[0].context[-1]
     lines = [f"forward, width {w}: {ms(cost.forward_s(w, low))} at context {low}, {ms(cost.forward_s(w, high))} "
              f"at {high}" for w in (1, 9)]
+    lines += [f"forward of {b} sequences, width 1 at context {low}: {ms(cost.forward_s(1, low, b))} "
+              f"({cost.forward_s(1, low, b) / cost.forward_s(1, low):.2f}x one)" for b in cost.batch[1:]]
     chunk = cost.prefill.tokens[-1]
     lines.append(f"prefill, {chunk} tokens: {ms(cost.prefill_s(chunk, 0))} at context 0, "
                  f"{ms(cost.prefill_s(chunk, cost.prefill.context[-1]))} at {cost.prefill.context[-1]}")

@@ -43,16 +43,18 @@ class Choice:
 
 
 class Prices:
-    """Profiles of (request, option) on one cost model. ``context_length`` caps the KV reservation as the
-    worker's ``Sequence.reserved_tokens`` does."""
+    """Profiles of (request, option) on one cost model, and the simulated workers' settings as the worker's
+    flags name them: ``context_length`` caps the KV reservation as ``Sequence.reserved_tokens`` does;
+    ``prefill_chunk`` and ``max_batch_tokens`` shape every engine step (gateway/replay/sim.py)."""
 
     def __init__(self, book: RoundBook, costs, prefill_chunk: int = 256, context_length: int = 8192,
-                 per_worker: dict | None = None) -> None:
+                 per_worker: dict | None = None, max_batch_tokens: int = 512) -> None:
         from gateway.replay.profile import CachedCosts
 
         self.book, self.costs = book, CachedCosts(costs)
         self.per_worker = {url: CachedCosts(model) for url, model in (per_worker or {}).items()}
         self.prefill_chunk, self.context_length = prefill_chunk, context_length
+        self.max_batch_tokens = max_batch_tokens
         self._memo: dict[tuple[int, Option, int], Profile] = {}
         # suffix rounds of a fixed arm, by the stream order that filled its tree (RunState.order)
         self._suffix: dict[tuple, object] = {}
@@ -86,10 +88,9 @@ class Prices:
             hit = self._memo.get(key)
             if hit is None:
                 hit = self._memo[key] = profile(costs, len(r.prompt_ids), len(r.output_ids), option,
-                                                self.book.rounds(i, option), self.prefill_chunk)
+                                                self.book.rounds(i, option))
             return hit, estimated
-        return profile(costs, len(r.prompt_ids), len(r.output_ids), option, rounds,
-                       self.prefill_chunk), estimated
+        return profile(costs, len(r.prompt_ids), len(r.output_ids), option, rounds), estimated
 
 
     def walker(self, i: int, option: Option, run: RunState):
@@ -107,7 +108,7 @@ class Prices:
             matches = [0] * n
         seed = random.Random(f"controller:{run.seed}:{i}").getrandbits(63)
         return Walker(self.costs_of(run.worker_of), len(r.prompt_ids), n, r.sampling.max_new_tokens, option,
-                      lens, runs, matches, seed, self.prefill_chunk)
+                      lens, runs, matches, seed)
 
 
 class RunState:

@@ -1,19 +1,18 @@
-"""A request's timeline on the embedded engine under one option: the durations of its scheduling units
-and the per-request statistics the worker reports, from its rounds and the cost model.
+"""A request's rounds on the embedded engine under one option, and the price of an engine step.
 
-The engine (backends/engine/engine.py) gives every running sequence one unit per turn: a prefill chunk
-(``prefill_chunk`` prompt tokens, the last prompt token excepted: the first round feeds it) or one round.
-A round drafts (the proposer's time), feeds ``[last token, d_1..d_k]`` to the target in one forward at
-the sequence's cached length, and pays a fixed overhead (sampling, verification, commit) and the serving
-path's cost per streamed round (``CostModel.serving_s``). So a unit's
-seconds do not depend on the other sequences (one sequence per forward), and a request's units are
-computed once per option and reused at every load and seed. An engine that batches sequences into one
-forward (issue 27) breaks this: its step cost depends on the batch, and this module must then price
-steps, not units.
+The engine (backends/engine/engine.py) batches continuously: every step runs ONE target forward holding a
+round of every decoding sequence (the last committed token and its k drafts) and then prefill chunks of
+admitted prompts in admission order, each at most ``prefill_chunk`` tokens, within what the rounds leave of
+``max_batch_tokens`` (the last prompt token is left for the first round). So a round's seconds depend on
+the step it shares, and the simulator (gateway/replay/sim.py) prices steps: a :class:`Profile` holds each
+round's shape (tokens fed, cached context) and its seconds outside the forward (the proposer's call, the
+per-round overhead, the serving path's cost per streamed round), computed once per (request, option) and
+reused at every load and seed; :func:`step_s` prices the forward of a step from the cost model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.replay.book import Option, Rounds
@@ -22,21 +21,21 @@ from gateway.replay.book import Option, Rounds
 class CachedCosts:
     """A cost model's lookups memoized by argument: a sweep prices the same (width, context) pairs for every
     option of a request, and a lookup interpolates in Python (~3 us) where a dict hit costs ~0.1 us. At most
-    (widths x contexts) entries: ~140k for a 8192-token window."""
+    (widths x contexts x batch sizes) entries."""
 
     __slots__ = ("costs", "overhead_s", "serving_s", "_forward", "_draft", "_prefill")
 
     def __init__(self, costs) -> None:
         self.costs, self.overhead_s, self.serving_s = costs, costs.overhead_s, costs.serving_s
-        self._forward: dict[tuple[int, int], float] = {}
+        self._forward: dict[tuple[int, int, int], float] = {}
         self._draft: dict[tuple[str, int, int], float] = {}
         self._prefill: dict[tuple[int, int], float] = {}
 
-    def forward_s(self, tokens: int, context: int) -> float:
-        key = (tokens, context)
+    def forward_s(self, tokens: int, context: int, batch: int = 1) -> float:
+        key = (tokens, context, batch)
         hit = self._forward.get(key)
         if hit is None:
-            hit = self._forward[key] = self.costs.forward_s(tokens, context)
+            hit = self._forward[key] = self.costs.forward_s(tokens, context, batch)
         return hit
 
     def draft_s(self, proposer: str, k: int, context: int) -> float:
@@ -57,14 +56,40 @@ class CachedCosts:
         return self.costs.setup_s(proposer, prompt_tokens)
 
 
+def step_s(costs, rounds: Sequence[tuple[int, int]], chunks: Sequence[tuple[int, int]]) -> float:
+    """Seconds of one engine forward holding ``rounds`` ((tokens fed, cached context) per decoding sequence)
+    and prefill ``chunks`` ((tokens, cached context) each).
+
+    Rounds: the mean over the step's B sequences of a B-sequence forward at each one's own shape
+    (``CostModel.forward_s(tokens, context, B)``; a ragged step's linear layers run once over all its rows,
+    its attention per sequence). With a cost model measured at batch 1 only, a B-sequence forward costs B
+    single ones (``forward_s`` above its largest batch), so a step costs the sum of its rounds alone: the
+    engine as it was before continuous batching. Chunks: each its ``prefill_s``, added (a chunk's rows are
+    compute-bound, hundreds of milliseconds here, and share only the weight read, ~25 ms, with the rounds:
+    an upper bound by that much when both are in one step)."""
+    seconds = 0.0
+    batch = len(rounds)
+    if batch:
+        seconds = sum(costs.forward_s(tokens, context, batch) for tokens, context in rounds) / batch
+    for tokens, context in chunks:
+        seconds += costs.prefill_s(tokens, context)
+    return seconds
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """``units``: seconds of each unit in order (prefill chunks, then rounds); ``first``: the index of the
-    first round (its end is the first token). The rest is what the worker reports for the request
-    (RequestStats: per-position counts include the positions a round's budget asked for)."""
+    """One request's rounds under one option: per round the tokens it feeds the target (``fed``: the last
+    committed token and its drafts), the positions cached before that forward (``context``) and its
+    seconds outside the forward (``serial``: the proposer's call, with the proposer's once-per-request
+    setup on the first one that drafts, the per-round overhead and ``serving_s``). The rest is what the
+    worker reports for the request (RequestStats: per-position counts include the positions a round's
+    budget asked for); ``verify_s`` prices each forward alone (the simulator replaces it with the steps' own
+    seconds, as the worker reports them)."""
 
-    units: tuple[float, ...]
-    first: int
+    prompt_len: int
+    fed: tuple[int, ...]
+    context: tuple[int, ...]
+    serial: tuple[float, ...]
     tokens: int
     verify_ct: int
     accepted: int  # drafts accepted, all rounds
@@ -76,43 +101,33 @@ class Profile:
 
 
 def round_parts(costs, proposer: str, drafted: int, budget: int, context: int) -> tuple[float, float]:
-    """(draft seconds, verify seconds) of one round at ``context`` cached positions: the proposer is called
-    when the round's budget is >= 1 (it may draft fewer), the target scores the last token and the drafts."""
+    """(draft seconds, verify seconds alone) of one round at ``context`` cached positions: the proposer is
+    called when the round's budget is >= 1 (it may draft fewer), the target scores the last token and the
+    drafts."""
     draft = costs.draft_s(proposer, max(drafted, 1), context) if budget > 0 else 0.0
     return draft, costs.forward_s(drafted + 1, context)
 
 
-def prefill_units(costs, prompt_len: int, prefill_chunk: int) -> list[float]:
-    """The engine's _prefill: one chunk per turn, at least one turn (even for a 1-token prompt)."""
-    units: list[float] = []
-    target, done = prompt_len - 1, 0
-    while True:
-        end = min(target, done + prefill_chunk)
-        units.append(costs.prefill_s(end - done, done) if end > done else 0.0)
-        done = end
-        if done == target:
-            return units
-
-
-def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rounds,
-            prefill_chunk: int) -> Profile:
-    """The timeline of one request (``costs``: a policies.costmodel.CostModel or its :class:`CachedCosts`).
+def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rounds) -> Profile:
+    """The rounds of one request (``costs``: a policies.costmodel.CostModel or its :class:`CachedCosts`).
     The proposer's once-per-request setup (``setup_s``: indexing the prompt) is paid by its first draft."""
-    units = prefill_units(costs, prompt_len, prefill_chunk)
-    first = len(units)
     drafted_t, accepted_t, budgets = rounds
     width = max((max(d, b) for d, b in zip(drafted_t, budgets)), default=0)
     hist = [0] * (max(accepted_t, default=0) + 1)
     acc_pp, reach_pp = [0] * width, [0] * width
+    fed, contexts, serial = [], [], []
     draft_total = verify_total = 0.0
     committed = 0
+    per_round = costs.overhead_s + costs.serving_s
     setup = costs.setup_s(option.proposer, prompt_len) if option.proposer != "none" else 0.0
     for drafted, accepted, budget in zip(drafted_t, accepted_t, budgets):
         context = prompt_len - 1 + committed  # cached positions when the round's forward runs
         draft, verify = round_parts(costs, option.proposer, drafted, budget, context)
         if budget > 0:
             draft, setup = draft + setup, 0.0
-        units.append(draft + verify + costs.overhead_s + costs.serving_s)
+        fed.append(drafted + 1)
+        contexts.append(context)
+        serial.append(draft + per_round)
         draft_total += draft
         verify_total += verify
         hist[accepted] += 1
@@ -122,6 +137,7 @@ def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rou
             if j < accepted:
                 acc_pp[j] += 1
         committed = min(output_len, committed + accepted + 1)
-    return Profile(units=tuple(units), first=first, tokens=output_len, verify_ct=len(accepted_t),
-                   accepted=sum(accepted_t), histogram=tuple(hist), accepted_per_position=tuple(acc_pp),
-                   reached_per_position=tuple(reach_pp), draft_s=draft_total, verify_s=verify_total)
+    return Profile(prompt_len=prompt_len, fed=tuple(fed), context=tuple(contexts), serial=tuple(serial),
+                   tokens=output_len, verify_ct=len(accepted_t), accepted=sum(accepted_t), histogram=tuple(hist),
+                   accepted_per_position=tuple(acc_pp), reached_per_position=tuple(reach_pp),
+                   draft_s=draft_total, verify_s=verify_total)

@@ -5,8 +5,11 @@ Events, in time order (ties: finishes, then arrivals, then engine turns, then by
   policy's real ``decide()`` on a snapshot of the real learner at the simulated time) and hands it to that
   pool's worker;
 - **turn**: one worker runs ``Engine.step``: intake of what arrived, admission by the worker's own
-  ``Scheduler`` (running cap, KV reservation, FIFO), then one unit (prefill chunk or round) per running
-  sequence, one after another, each priced by the cost model (:mod:`gateway.replay.profile`);
+  ``Scheduler`` (running cap, KV reservation, FIFO), then ONE forward: a round of every decoding sequence,
+  then prefill chunks of the others in admission order (at most ``prefill_chunk`` tokens each, within what
+  the rounds leave of ``max_batch_tokens``), priced by the cost model as one step
+  (:func:`gateway.replay.profile.step_s`) plus each round's seconds outside the forward. Every unit of the
+  step ends when the step ends; a sequence whose prompt is prefilled decodes from the next step;
 - **finish**: the answer's last token; the chooser learns (the gateway's Outcome), a closed-loop client
   sends its next request at that instant.
 
@@ -21,10 +24,10 @@ import heapq
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from backends.engine.scheduler import Scheduler
-from gateway.replay.profile import Profile
+from gateway.replay.profile import Profile, step_s
 
 FINISH, ARRIVAL, TURN = 0, 1, 2
 
@@ -63,9 +66,13 @@ class Flight:
     reserved_tokens: int
     arrival: float
     choice: object
+    target: int  # prompt tokens to prefill: all but the last, which the first round feeds
     status: object = None
-    pos: int = 0
+    prefilled: int = 0
+    decoding: bool = False  # its prompt is prefilled: a round per step from the next one
+    pos: int = 0  # rounds done
     ttft: float | None = None
+    verify_s: float = 0.0  # the forwards of its rounds, whole steps, as the worker reports them
     area: float = 0.0  # the gateway's busy area at arrival (mean concurrency)
     walker: object = None
 
@@ -74,6 +81,7 @@ class Flight:
 class Worker:
     name: str
     scheduler: Scheduler
+    costs: object  # the pool's cost model (a profile.CachedCosts)
     inbox: list[Flight] = field(default_factory=list)
     turn_pending: bool = False
     free_at: float = 0.0  # when its last turn's work ended: a request arriving earlier waits for it
@@ -102,12 +110,15 @@ class Served:
 class Simulation:
     """One run: ``blocks`` of request indices (one block per slice with ``--mix by-slice``, each starting
     when the previous one has finished, as the serving benchmark's cells; one block when interleaved).
-    ``chooser`` (gateway/replay/choosers.py) decides, profiles and learns."""
+    ``chooser`` (gateway/replay/choosers.py) decides, profiles and learns; its ``prices`` hold the workers'
+    cost models and their ``prefill_chunk`` and ``max_batch_tokens`` (the worker's flags)."""
 
     def __init__(self, chooser, load: Load, blocks: Sequence[Sequence[int]], seed: int, *,
                  max_running: int, max_total_tokens: int, arrival_of: Callable[[int], float] | None = None) -> None:
         self.chooser, self.load, self.blocks, self.seed = chooser, load, blocks, seed
-        self.workers = {name: Worker(name, Scheduler(max_running, max_total_tokens, 1 << 30))
+        prices = chooser.prices
+        self.prefill_chunk, self.max_batch_tokens = prices.prefill_chunk, prices.max_batch_tokens
+        self.workers = {name: Worker(name, Scheduler(max_running, max_total_tokens, 1 << 30), prices.costs_of(name))
                         for name in chooser.workers()}
         self.arrival_of = arrival_of
         self.now = 0.0
@@ -177,7 +188,7 @@ class Simulation:
         if walker is not None:
             walker.bind(worker.controllers)
         flight = Flight(index=index, profile=None if walker else plan, reserved_tokens=reserve, arrival=t,
-                        choice=choice, area=self.busy_area(t), walker=walker)
+                        choice=choice, target=plan.prompt_len - 1, area=self.busy_area(t), walker=walker)
         self._in_flight(+1, t)
         worker.scheduler.check(flight)  # a request that can never fit is refused, as the worker refuses it
         worker.inbox.append(flight)
@@ -187,35 +198,66 @@ class Simulation:
 
     def _turn(self, worker: Worker, t: float) -> None:
         """One ``Engine.step`` at ``t``, and the next ones at once while no event comes before them (the
-        same result as queueing each turn, without a heap round trip per turn: at c1 a turn is one unit)."""
-        scheduler, events = worker.scheduler, self._events
+        same result as queueing each turn, without a heap round trip per turn)."""
+        scheduler, events, costs = worker.scheduler, self._events, worker.costs
         running = scheduler.running
+        chunk_cap, budget = self.prefill_chunk, self.max_batch_tokens
         while True:
             if worker.inbox:
                 scheduler.waiting.extend(worker.inbox)
                 worker.inbox.clear()
             if scheduler.waiting:
                 scheduler.admit()
-            finished = False
             batch = len(running)
-            for flight in list(running):
+            rounds: list[tuple[int, int]] = []
+            chunks: list[tuple[int, int]] = []
+            serial, fed, decoded = 0.0, 0, []
+            for flight in running:  # Engine._schedule: a round per decoding sequence
+                if not flight.decoding:
+                    continue
                 walker = flight.walker
                 if walker is None:
-                    units = flight.profile.units
-                    t += units[flight.pos]
-                    first, flight.pos = flight.profile.first, flight.pos + 1
-                    done = flight.pos == len(units)
+                    p, pos = flight.profile, flight.pos
+                    shape = (p.fed[pos], p.context[pos])
+                    serial += p.serial[pos]
                 else:
-                    t += walker.next_unit(batch)
-                    first, flight.pos, done = walker.first, walker.pos, walker.finished
-                if flight.pos == first + 1:
+                    width, context, extra = walker.next_round(batch)
+                    shape = (width, context)
+                    serial += extra
+                rounds.append(shape)
+                fed += shape[0]
+                decoded.append(flight)
+            left = budget - fed
+            for flight in running:  # then prefill chunks in admission order, within what the rounds left
+                if flight.decoding:
+                    continue
+                end = min(flight.target, flight.prefilled + chunk_cap, flight.prefilled + max(0, left))
+                if end > flight.prefilled:
+                    chunks.append((end - flight.prefilled, flight.prefilled))
+                    left -= end - flight.prefilled
+                    flight.prefilled = end
+            forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
+            t += serial + forward
+            finished = False
+            for flight in decoded:
+                flight.pos += 1
+                flight.verify_s += forward
+                if flight.pos == 1:
                     flight.ttft = t - flight.arrival
-                if done:
-                    if walker is not None:
+                walker = flight.walker
+                if walker is None:
+                    done = flight.pos == len(flight.profile.fed)
+                else:
+                    done = walker.finished
+                    if done:
                         flight.profile = walker.profile()
+                if done:
                     scheduler.remove(flight)
                     self._push(t, FINISH, flight)
                     finished = True
+            for flight in running:  # prefilled (its last chunk in this step, or nothing to prefill): decodes next
+                if not flight.decoding and flight.prefilled == flight.target:
+                    flight.decoding = True
             for controller in worker.controllers.values():
                 controller.end_step()
             if not (running or scheduler.waiting):
@@ -229,7 +271,7 @@ class Simulation:
         e2e = t - flight.arrival
         area = self.busy_area(t) - flight.area
         self._in_flight(-1, t)
-        p = flight.profile
+        p = flight.profile = replace(flight.profile, verify_s=flight.verify_s)
         served = Served(index=flight.index, arrival=flight.arrival, ttft=flight.ttft if flight.ttft is not None
                         else e2e, e2e=e2e, tokens=p.tokens, verify_ct=p.verify_ct, accepted=p.accepted,
                         choice=flight.choice, concurrency=area / e2e if e2e > 0 else 1.0)

@@ -1,15 +1,16 @@
 """A request whose draft length the engine picks every round (``adaptive`` with a strategy of
 backends/engine/adaptive.py), walked one unit per simulated engine turn.
 
-A fixed option's rounds are a function of the request alone (gateway/replay/book.py), so its timeline is
+A fixed option's rounds are a function of the request alone (gateway/replay/book.py), so its profile is
 computed once. A per-round controller's k depends on what it observed so far and, for the SGLang and vLLM
 controllers, on the engine's batch at that turn (SGLang's EMA is shared by the sequences of one engine and
 moves once per engine step; vLLM's table reads the batch size). So the walker asks the real controller for
 k at each of its turns, with the batch the simulated engine runs, and replays the round exactly: a round
 starting at output position p with budget b drafts min(b, lens[p]) tokens and accepts min(that, runs[p])
-(:meth:`RoundBook.positions`). Its seconds are priced like a fixed round (:func:`profile.round_parts`); the
-controller's own cost model is the engine's view (forward by width at the request's prompt length, draft
-and overhead: ``StepCosts.round_s``). The recorded rounds give the request's Profile when it finishes.
+(:meth:`RoundBook.positions`). Its shape and seconds outside the forward are a fixed round's
+(:func:`profile.round_parts`; the simulator prices the step it joins); the controller's own cost model is
+the engine's view (forward by width at the request's prompt length, draft and overhead:
+``StepCosts.round_s``). The recorded rounds give the request's Profile when it finishes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import replace
 from backends.engine.adaptive import controller_for, match_context
 from backends.engine.types import SpeculationParams
 from gateway.replay.book import NGRAM_SPAN, Option
-from gateway.replay.profile import Profile, prefill_units, profile, round_parts
+from gateway.replay.profile import Profile, profile, round_parts
 
 
 class Walker:
@@ -28,20 +29,19 @@ class Walker:
     position, as RoundBook.positions gives them; ``seed``: the controller's sampling seed."""
 
     def __init__(self, costs, prompt_len: int, output_len: int, max_new: int, option: Option,
-                 lens: list[int], runs: list[int], matches: list[int], seed: int, prefill_chunk: int) -> None:
+                 lens: list[int], runs: list[int], matches: list[int], seed: int) -> None:
         self.costs, self.option = costs, option
         self.prompt_len, self.output_len, self.max_new = prompt_len, output_len, max_new
         self.lens, self.runs, self.matches = lens, runs, matches
-        self.seed, self.prefill_chunk = seed, prefill_chunk
+        self.seed = seed
         self.prefix = option.proposer == "ngram"  # drafts first, the controller picks k knowing them (engine)
-        self.units: list[float] = []
+        self.serial: list[float] = []
         self.draft_total = self.verify_total = 0.0
-        self.prefill = prefill_units(costs, prompt_len, prefill_chunk)
-        self.first = len(self.prefill)
         self.spec = SpeculationParams(proposer=option.proposer, draft_tokens=option.k, adaptive=True,
                                       strategy=option.strategy, k_by_batch=option.table)
         self.controller = None
         self.pos = self.done = 0
+        self.batch = 1  # the sequences of the step being planned (the controller's cost reads it)
         self.drafted: list[int] = []
         self.accepted: list[int] = []
         self.budgets: list[int] = []
@@ -52,22 +52,22 @@ class Walker:
         ctx, proposer, costs = self.prompt_len, self.option.proposer, self.costs
         overhead = costs.overhead_s
 
-        def cost(k: int) -> float:
-            return costs.forward_s(k + 1, ctx) + (costs.draft_s(proposer, k, ctx) if k else 0.0) + overhead
+        def cost(k: int) -> float:  # the engine's StepCosts.round_s: the step of `batch` rounds it joins
+            batch = self.batch
+            width = k + 1 if batch == 1 else 1 + k / batch  # the others feed one token each
+            return costs.forward_s(width, ctx, batch) + (costs.draft_s(proposer, k, ctx) if k else 0.0) + overhead
 
         self.controller = controller_for(self.spec, cost, self.seed, shared)
 
     @property
     def finished(self) -> bool:
-        return self.pos >= self.first and self.done >= self.output_len
+        return self.done >= self.output_len
 
-    def next_unit(self, batch: int) -> float:
-        """Seconds of this request's next unit in an engine step running ``batch`` sequences."""
-        if self.pos < self.first:
-            self.pos += 1
-            self.units.append(self.prefill[self.pos - 1])
-            return self.units[-1]
+    def next_round(self, batch: int) -> tuple[int, int, float]:
+        """This request's next round in an engine step running ``batch`` sequences: (tokens fed, cached
+        context, seconds outside the forward)."""
         done, controller = self.done, self.controller
+        self.batch = batch
         k_cap = max(0, min(self.option.k, self.max_new - done - 1))
         context = match_context(self.matches[done])
         if self.prefix:  # Engine._round: propose k_cap, then k <= the drafts found, knowing their match
@@ -78,7 +78,8 @@ class Walker:
         drafted = min(budget, self.lens[done])
         accepted = min(drafted, self.runs[done])
         controller.observe(drafted, accepted, context)
-        draft, verify = round_parts(self.costs, self.option.proposer, drafted, called, self.prompt_len - 1 + done)
+        cached = self.prompt_len - 1 + done
+        draft, verify = round_parts(self.costs, self.option.proposer, drafted, called, cached)
         if called > 0:
             draft, self.setup = draft + self.setup, 0.0
         self.drafted.append(drafted)
@@ -88,15 +89,15 @@ class Walker:
         self.verify_total += verify
         self.done = min(self.output_len, done + accepted + 1)
         self.pos += 1
-        self.units.append(draft + verify + self.costs.overhead_s + self.costs.serving_s)
-        return self.units[-1]
+        self.serial.append(draft + self.costs.overhead_s + self.costs.serving_s)
+        return drafted + 1, cached, self.serial[-1]
 
     def profile(self) -> Profile:
-        """The finished request's Profile: the worker's statistics of its rounds, the units it was walked
+        """The finished request's Profile: the worker's statistics of its rounds, the seconds it was walked
         with (an n-gram round calls the proposer whatever k the controller then picks)."""
         rounds = (tuple(self.drafted), tuple(self.accepted), tuple(self.budgets))
-        stats = profile(self.costs, self.prompt_len, self.output_len, self.option, rounds, self.prefill_chunk)
-        return replace(stats, units=tuple(self.units), draft_s=self.draft_total, verify_s=self.verify_total)
+        stats = profile(self.costs, self.prompt_len, self.output_len, self.option, rounds)
+        return replace(stats, serial=tuple(self.serial), draft_s=self.draft_total, verify_s=self.verify_total)
 
 
 def drawn_positions(rates: list[float], output_len: int, rng: random.Random) -> tuple[list[int], list[int]]:

@@ -28,15 +28,16 @@ def text_ids(real_tokenizer):
 def test_calibrate_measures_every_part_of_the_model(tiny_engine, text_ids, tmp_path):
     lines: list[str] = []
     cost = calibrate(tiny_engine, text_ids, model="tiny", revision=REVISION, contexts=(64, 8), widths=(1, 5, 3),
-                     prefill_tokens=(16, 4), repeats=1, draft_layers=1, hardware="test", progress=lines.append)
+                     prefill_tokens=(16, 4), repeats=1, draft_layers=1, hardware="test", batches=(3,),
+                     progress=lines.append)
     assert (cost.model, cost.revision, cost.hardware, cost.source) == ("tiny", REVISION, "test",
                                                                         "specgate trace calibrate")
-    assert cost.batch == [1] and len(cost.forward) == 1
-    forward = cost.forward[0]
-    assert (forward.tokens, forward.context) == ([1, 3, 5], [8, 64])
+    assert cost.batch == [1, 3] and len(cost.forward) == 2  # batch 1 is always measured
+    for forward in cost.forward:
+        assert (forward.tokens, forward.context) == ([1, 3, 5], [8, 64])
     assert (cost.prefill.tokens, cost.prefill.context) == ([4, 16], [0, 8, 64])
-    seconds = [s for grid in (forward, cost.prefill) for row in grid.seconds for s in row]
-    assert len(seconds) == 6 + 6 and all(0 < s < 10 for s in seconds)
+    seconds = [s for grid in (*cost.forward, cost.prefill) for row in grid.seconds for s in row]
+    assert len(seconds) == 6 + 6 + 6 and all(0 < s < 10 for s in seconds)
     assert set(cost.draft) == {"ngram", "suffix", "draft_model"}
     assert cost.draft["ngram"].call_s > 0 and cost.draft["suffix"].call_s > 0
     assert cost.draft["ngram"].token_s == [] and cost.draft["suffix"].token_s == []
@@ -46,7 +47,9 @@ def test_calibrate_measures_every_part_of_the_model(tiny_engine, text_ids, tmp_p
     assert draft.setup_token_s >= 0  # its prefill: on the tiny model barely more than a step
     assert cost.overhead_s > 0
     assert cost.round_s("draft_model", 4, 30) > cost.round_s("none", 0, 30) > 0
-    assert len(lines) == 3 + 2 + 3 + 1  # forwards at 0, 8, 64; ngram; suffix; draft at 8, 64, first; overhead
+    # forwards at 0, 8, 64; of 3 sequences at 8, 64; ngram; suffix; draft at 8, 64, first; overhead
+    assert len(lines) == 3 + 2 + 2 + 3 + 1
+    assert lines[3].startswith("forwards of 3 sequences at context 8: 1 ")
     path = tmp_path / "cost.json"
     write_cost_model(path, cost)
     assert load_cost_model(path, revision=REVISION) == cost
@@ -78,7 +81,7 @@ def test_rounds_are_recovered_one_for_one(tiny_engine, text_ids):
 
 def test_self_check_sets_real_rounds_beside_the_model(tiny_engine, text_ids):
     cost = calibrate(tiny_engine, text_ids, model="tiny", revision=REVISION, contexts=(8, 64), widths=(1, 5),
-                     prefill_tokens=(4,), repeats=1, proposers=("ngram",))
+                     prefill_tokens=(4,), repeats=1, proposers=("ngram",), batches=())
     arms = self_check(tiny_engine, cost.round_s, {name: d.call_s for name, d in cost.draft.items()}, text_ids,
                       prompt_tokens=48, max_new_tokens=8)
     assert [(a.arm, a.rounds) for a in arms] == [("plain", 7), ("ngram-k4", 7)]
@@ -94,9 +97,10 @@ def test_the_command_line_checks_its_arguments_before_loading_a_model(tmp_path, 
         build_parser().parse_args(["trace", "calibrate", "--help"])
     shown = capsys.readouterr().out
     assert all(flag in shown for flag in ("--out", "--model-dir", "--num-threads", "--repeats", "--contexts",
-                                          "--widths", "--prefill-tokens", "--proposers", "--draft-layers", "--text"))
+                                          "--widths", "--prefill-tokens", "--proposers", "--draft-layers", "--text",
+                                          "--batches"))
     code = main(["trace", "calibrate", "--out", str(tmp_path / "cost.json"), "--repeats", "0"])
     err = capsys.readouterr().err
-    assert code == 2 and ("--repeats, --widths and --prefill-tokens must be at least 1" in err
+    assert code == 2 and ("--repeats, --widths, --prefill-tokens and --batches must be at least 1" in err
                           or "no prepared model" in err)
     assert not (tmp_path / "cost.json").exists()

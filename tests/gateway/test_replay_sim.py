@@ -1,7 +1,8 @@
 """The replay simulator (gateway/replay/profile.py, sim.py, choosers.py, run.py): unit timelines priced by a
 hand-made cost model, the worker's turns, admission and KV reservation on a simulated clock, the three
 kinds of load, the by-slice mix, determinism, and a policy deciding with the gateway's real decide() and
-learner. Expected times are sums written out by hand from the cost model's formulas below."""
+learner. Expected times are sums written out by hand from the cost model's formulas below: a step's forward
+costs the sum of its rounds' forwards alone when the model was measured at batch 1 only (profile.step_s)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from backends.engine.scheduler import AdmissionError
 from backends.engine.types import RequestStats, RoundStats
 from gateway.replay.book import PLAIN, Option, RoundBook
 from gateway.replay.choosers import FixedChooser, PolicyChooser, Prices
-from gateway.replay.profile import profile
+from gateway.replay.profile import profile, step_s
 from gateway.replay.run import Contender, blocks, sweep
 from gateway.replay.sim import Load, Simulation
 from policies.costmodel import FORMAT as COSTS_FORMAT
@@ -69,8 +70,8 @@ def request(prompt_len: int, output_len: int, *, rid: str = "r", slice_: str = "
         prompt_ids=prompt, output_ids=output)
 
 
-def prices_of(*requests: TraceRequest, header: Header = HEADER, chunk: int = 256) -> Prices:
-    return Prices(RoundBook(Trace(header, list(requests))), COSTS, prefill_chunk=chunk)
+def prices_of(*requests: TraceRequest, header: Header = HEADER) -> Prices:
+    return Prices(RoundBook(Trace(header, list(requests))), COSTS)
 
 
 def simulate(prices: Prices, load: str, order, *, option: Option = PLAIN, seed: int = 0, max_running: int = 16,
@@ -83,31 +84,35 @@ def simulate(prices: Prices, load: str, order, *, option: Option = PLAIN, seed: 
 
 
 def plain_units(prompt_len: int, output_len: int, chunk: int = 256) -> list[float]:
-    """Prefill chunks, then one plain step per output token at its cached length."""
+    """One request alone: its prefill chunks, then one plain step per output token at its cached length
+    (alone, every engine step holds one unit)."""
     units, done = [], 0
     while done < prompt_len - 1:
         end = min(prompt_len - 1, done + chunk)
         units.append(prefill(end - done, done))
         done = end
-    return (units or [0.0]) + [forward(1, prompt_len - 1 + i) + OVERHEAD for i in range(output_len)]
+    return (units or [0.0]) + [plain_round(prompt_len - 1 + i) for i in range(output_len)]
 
 
-# -- profile ----------------------------------------------------------------------------------------
+def plain_round(context: int) -> float:
+    return forward(1, context) + OVERHEAD
 
 
-def test_profile_prices_prefill_chunks_then_rounds_and_counts_as_the_worker():
-    # 600-token prompt: 599 prefilled in chunks of 256 at cached lengths 0, 256, 512; the 600th is the first
-    # round's. Rounds (ngram, k = 4, output 13 tokens): a full accept, a short draft, no draft with a budget,
-    # 3 of 4, and the last token with budget 0 (no propose call)
+# -- profile and step ----------------------------------------------------------------------------------
+
+
+def test_profile_gives_each_rounds_shape_and_seconds_outside_the_forward_and_counts_as_the_worker():
+    # 600-token prompt: the 600th is the first round's. Rounds (ngram, k = 4, output 13 tokens): a full
+    # accept, a short draft, no draft with a budget, 3 of 4, and the last token with budget 0 (no propose call)
     rounds = ((4, 2, 0, 4, 0), (4, 1, 0, 3, 0), (4, 4, 4, 4, 0))
-    p = profile(COSTS, 600, 13, Option("ngram", 4), rounds, prefill_chunk=256)
-    contexts = [599, 604, 606, 607, 611]  # prompt - 1 + committed before the round (5, 2, 1, 4 committed)
-    expected_rounds = [600 * NGRAM_SETUP + NGRAM_CALL + forward(5, 599) + OVERHEAD,  # the first draft indexes
-                       NGRAM_CALL + forward(3, 604) + OVERHEAD, NGRAM_CALL + forward(1, 606) + OVERHEAD,
-                       NGRAM_CALL + forward(5, 607) + OVERHEAD, forward(1, 611) + OVERHEAD]
-    expected = [prefill(256, 0), prefill(256, 256), prefill(87, 512), *expected_rounds]
-    assert p.units == pytest.approx(expected, rel=TIGHT)
-    assert p.first == 3
+    p = profile(COSTS, 600, 13, Option("ngram", 4), rounds)
+    contexts = (599, 604, 606, 607, 611)  # prompt - 1 + committed before the round (5, 2, 1, 4 committed)
+    assert p.prompt_len == 600
+    assert p.fed == (5, 3, 1, 5, 1)
+    assert p.context == contexts
+    assert p.serial == pytest.approx([600 * NGRAM_SETUP + NGRAM_CALL + OVERHEAD,  # the first draft indexes
+                                      NGRAM_CALL + OVERHEAD, NGRAM_CALL + OVERHEAD, NGRAM_CALL + OVERHEAD,
+                                      OVERHEAD], rel=TIGHT)
     assert (p.tokens, p.verify_ct, p.accepted) == (13, 5, 8)
     assert p.draft_s == pytest.approx(600 * NGRAM_SETUP + 4 * NGRAM_CALL, rel=TIGHT)
     assert p.verify_s == pytest.approx(sum(forward(d + 1, c) for d, c in zip(rounds[0], contexts)), rel=TIGHT)
@@ -123,28 +128,43 @@ def test_profile_prices_prefill_chunks_then_rounds_and_counts_as_the_worker():
 
 def test_profile_of_a_draft_model_pays_per_drafted_token():
     rounds = ((2, 2), (1, 2), (2, 2))
-    p = profile(COSTS, 10, 4, Option("draft_model", 2, "0123456789ab"), rounds, prefill_chunk=256)
-    assert p.units == pytest.approx([
-        prefill(9, 0), DRAFT_CALL + 2 * DRAFT_TOKEN + forward(3, 9) + OVERHEAD,
-        DRAFT_CALL + 2 * DRAFT_TOKEN + forward(3, 11) + OVERHEAD], rel=TIGHT)
+    p = profile(COSTS, 10, 4, Option("draft_model", 2, "0123456789ab"), rounds)
+    assert (p.fed, p.context) == ((3, 3), (9, 11))
+    assert p.serial == pytest.approx([DRAFT_CALL + 2 * DRAFT_TOKEN + OVERHEAD] * 2, rel=TIGHT)
 
 
-def test_the_serving_cost_is_paid_once_per_round_not_by_prefill_or_in_the_engine_figures():
+def test_the_serving_cost_is_paid_once_per_round_and_not_in_the_engine_figures():
     serving = 0.029
     costs = msgspec.structs.replace(COSTS, serving_s=serving)
     rounds = ((0, 0), (0, 0), (0, 0))
-    p = profile(costs, 10, 2, PLAIN, rounds, prefill_chunk=256)
-    q = profile(COSTS, 10, 2, PLAIN, rounds, prefill_chunk=256)
-    assert p.units[0] == q.units[0]  # the prefill streams nothing
-    assert [a - b for a, b in zip(p.units[1:], q.units[1:])] == pytest.approx([serving, serving], rel=TIGHT)
+    p = profile(costs, 10, 2, PLAIN, rounds)
+    q = profile(COSTS, 10, 2, PLAIN, rounds)
+    assert [a - b for a, b in zip(p.serial, q.serial)] == pytest.approx([serving, serving], rel=TIGHT)
     assert (p.draft_s, p.verify_s) == (q.draft_s, q.verify_s)  # what the worker reports is the engine's alone
 
 
-def test_a_one_token_prompt_has_one_empty_prefill_unit():
-    p = profile(COSTS, 1, 2, PLAIN, ((0, 0), (0, 0), (0, 0)), prefill_chunk=256)
-    assert p.units == pytest.approx([0.0, forward(1, 0) + OVERHEAD, forward(1, 1) + OVERHEAD], rel=TIGHT)
-    assert p.first == 1 and p.units[0] == 0.0
-    assert (p.histogram, p.reached_per_position, p.accepted_per_position) == ((2,), (), ())
+def batched(four: float) -> CostModel:
+    """COSTS measured at batch 1 and 4: a forward of 4 sequences costs ``four`` times one of 1."""
+    grid = COSTS.forward[0]
+    return msgspec.structs.replace(COSTS, batch=[1, 4], forward=[grid, Grid(
+        tokens=grid.tokens, context=grid.context, seconds=[[four * v for v in row] for row in grid.seconds])])
+
+
+def test_a_step_prices_its_rounds_as_one_forward_of_the_batch_and_adds_its_prefill_chunks():
+    rounds, chunks = [(1, 100), (5, 300)], [(64, 0)]
+    # measured at batch 1 only: the engine before batching, one forward per sequence: the sum
+    assert step_s(COSTS, rounds, []) == pytest.approx(forward(1, 100) + forward(5, 300), rel=TIGHT)
+    assert step_s(COSTS, [], chunks) == pytest.approx(prefill(64, 0), rel=TIGHT)
+    # measured at 1 and 4: 4 rounds cost 1.6x one (the mean of four 4-sequence forwards at their own shapes)
+    four = [(1, 100), (5, 300), (1, 0), (9, 50)]
+    assert step_s(batched(1.6), four, []) == pytest.approx(1.6 * sum(forward(*r) for r in four) / 4, rel=TIGHT)
+    # two rounds: linear between batch 1 and batch 4, a third of the way
+    assert step_s(batched(1.6), rounds, chunks) == pytest.approx(
+        1.2 * (forward(1, 100) + forward(5, 300)) / 2 + prefill(64, 0), rel=TIGHT)
+    # above the largest measured batch: proportional (8 sequences = two forwards of 4)
+    assert step_s(batched(1.6), four * 2, []) == pytest.approx(2 * 1.6 * sum(forward(*r) for r in four) / 4,
+                                                               rel=TIGHT)
+    assert step_s(COSTS, [], []) == 0.0
 
 
 # -- the worker on a simulated clock ------------------------------------------------------------------
@@ -161,27 +181,71 @@ def test_one_plain_request_at_c1():
     assert (served.tokens, served.verify_ct, served.accepted) == (5, 5, 0)
 
 
-def test_two_requests_take_turns_one_unit_each():
-    a, b = plain_units(10, 3), plain_units(20, 5)  # 4 and 6 units
+def test_a_one_token_prompt_decodes_from_the_step_after_its_empty_prefill():
+    served = simulate(prices_of(request(1, 2)), "c1", [[0]])[0]
+    assert served.ttft == pytest.approx(plain_round(0), rel=TIGHT)
+    assert served.e2e == pytest.approx(plain_round(0) + plain_round(1), rel=TIGHT)
+
+
+def two_side_by_side() -> tuple[list[float], float, float]:
+    """a (10-token prompt, 3 tokens) and b (20, 5) admitted together: step 1 prefills both, steps 2-4 hold a
+    round of each, steps 5-6 b's alone. Returns (step seconds, a's end, b's first token)."""
+    steps = [prefill(9, 0) + prefill(19, 0)]
+    steps += [plain_round(9 + i) + plain_round(19 + i) for i in range(3)]
+    steps += [plain_round(19 + i) for i in range(3, 5)]
+    return steps, sum(steps[:4]), sum(steps[:2])
+
+
+def test_two_requests_share_every_step_and_end_with_it():
     served = simulate(prices_of(request(10, 3, rid="a"), request(20, 5, rid="b")), "c2", [[0, 1]])
-    # turns: (a0 b0) (a1 b1) (a2 b2) (a3 b3) (b4) (b5); a's first token ends a1, b's ends b1
-    assert served[0].ttft == pytest.approx(a[0] + b[0] + a[1], rel=TIGHT)
-    assert served[0].e2e == pytest.approx(sum(a) + sum(b[:3]), rel=TIGHT)
-    assert served[1].ttft == pytest.approx(sum(a[:2]) + sum(b[:2]), rel=TIGHT)
-    assert served[1].e2e == pytest.approx(sum(a) + sum(b), rel=TIGHT)
+    steps, a_done, first = two_side_by_side()
+    assert served[0].ttft == pytest.approx(first, rel=TIGHT)
+    assert served[1].ttft == pytest.approx(first, rel=TIGHT)
+    assert served[0].e2e == pytest.approx(a_done, rel=TIGHT)
+    assert served[1].e2e == pytest.approx(sum(steps), rel=TIGHT)
+    assert served[0].tpot == pytest.approx(sum(steps[2:4]) / 2, rel=TIGHT)
 
 
-def test_a_request_arriving_during_a_turn_waits_for_the_turn_to_end():
-    """Three identical requests, two closed-loop clients: the third arrives when the first finishes, in
-    the middle of the turn that still runs the second's last unit; the engine takes it in at the next turn."""
-    u = plain_units(10, 3)
-    served = simulate(prices_of(*(request(10, 3, rid=rid) for rid in "abc")), "c2", [[0, 1, 2]])
-    first_done, turn_end = 2 * sum(u) - u[-1], 2 * sum(u)
-    assert served[0].e2e == pytest.approx(first_done, rel=TIGHT)
-    assert served[1].e2e == pytest.approx(turn_end, rel=TIGHT)
-    assert served[2].arrival == pytest.approx(first_done, rel=TIGHT)
-    assert served[2].ttft == pytest.approx(u[-1] + u[0] + u[1], rel=TIGHT)
-    assert served[2].e2e == pytest.approx(u[-1] + sum(u), rel=TIGHT)
+def test_the_worker_reports_each_rounds_whole_step_as_its_forward():
+    prices = prices_of(request(10, 3, rid="a"), request(20, 5, rid="b"))
+    chooser = FixedChooser(PLAIN, prices, 0)
+    seen = {}
+    chooser.finished = lambda served, prof, t, sim: seen.__setitem__(served.index, prof.verify_s)
+    Simulation(chooser, Load.parse("c2"), [[0, 1]], 0, max_running=16, max_total_tokens=1 << 16).run()
+    forwards = [forward(1, 9 + i) + forward(1, 19 + i) for i in range(3)] + [forward(1, 19 + i) for i in (3, 4)]
+    assert seen[0] == pytest.approx(sum(forwards[:3]), rel=TIGHT)
+    assert seen[1] == pytest.approx(sum(forwards), rel=TIGHT)
+
+
+def test_a_request_arriving_during_a_step_joins_the_next_one():
+    """b arrives while a's prefill runs; the engine takes it in at the next step, whose forward holds a's
+    first round and b's prefill chunk."""
+    prices = prices_of(request(10, 3, rid="a", arrival=0.0), request(10, 2, rid="b", arrival=0.001))
+    served = simulate(prices, "trace", [[0, 1]])
+    s1 = prefill(9, 0)
+    assert s1 > 0.001
+    s2 = plain_round(9) + prefill(9, 0)
+    s3 = plain_round(10) + plain_round(9)
+    s4 = plain_round(11) + plain_round(10)
+    assert served[0].ttft == pytest.approx(s1 + s2, rel=TIGHT)
+    assert served[0].e2e == pytest.approx(s1 + s2 + s3 + s4, rel=TIGHT)
+    assert served[1].ttft == pytest.approx(s1 + s2 + s3 - 0.001, rel=TIGHT)
+    assert served[1].e2e == pytest.approx(s1 + s2 + s3 + s4 - 0.001, rel=TIGHT)
+
+
+def test_prefill_chunks_fill_what_the_rounds_leave_of_the_step_budget_in_admission_order():
+    """Budget 32 tokens a step, chunks of up to 256: a's 99 prompt tokens go 32 a step and b (admitted
+    after a) waits until a's last chunk leaves room; once both decode, their rounds come first."""
+    book = prices_of(request(100, 4, rid="a"), request(10, 6, rid="b")).book
+    prices = Prices(book, COSTS, prefill_chunk=256, max_batch_tokens=32)
+    served = simulate(prices, "c2", [[0, 1]])
+    steps = [prefill(32, 0), prefill(32, 32), prefill(32, 64), prefill(3, 96) + prefill(9, 0)]
+    steps += [plain_round(99 + i) + plain_round(9 + i) for i in range(4)]
+    steps += [plain_round(9 + i) for i in (4, 5)]
+    assert served[0].ttft == pytest.approx(sum(steps[:5]), rel=TIGHT)
+    assert served[1].ttft == pytest.approx(sum(steps[:5]), rel=TIGHT)
+    assert served[0].e2e == pytest.approx(sum(steps[:8]), rel=TIGHT)
+    assert served[1].e2e == pytest.approx(sum(steps), rel=TIGHT)
 
 
 def test_max_running_one_queues_the_second_request():
@@ -203,8 +267,9 @@ def test_kv_reservations_queue_and_a_request_that_can_never_fit_is_refused():
     assert served[1].ttft == pytest.approx(sum(a) + b[0] + b[1], rel=TIGHT)
     assert served[1].e2e == pytest.approx(sum(a) + sum(b), rel=TIGHT)
     served = simulate(prices, "c2", [[0, 1]], max_total_tokens=40)  # they do: served side by side
-    assert served[1].e2e == pytest.approx(sum(a) + sum(b), rel=TIGHT)
-    assert served[1].ttft == pytest.approx(sum(a[:2]) + sum(b[:2]), rel=TIGHT)
+    steps, _, first = two_side_by_side()
+    assert served[1].e2e == pytest.approx(sum(steps), rel=TIGHT)
+    assert served[1].ttft == pytest.approx(first, rel=TIGHT)
     with pytest.raises(AdmissionError) as caught:
         simulate(prices, "c2", [[0, 1]], max_total_tokens=25)
     assert str(caught.value) == ("request needs up to 26 KV tokens (prompt + max_new_tokens + draft) but the "
