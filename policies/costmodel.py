@@ -180,10 +180,10 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
         """One target forward of ``batch`` sequences, each feeding ``tokens`` after ``context`` cached ones.
         Between two measured batch sizes: linear. Below the smallest: the smallest's grid (a smaller batch
         is assumed no cheaper). Above the largest: ``batch / largest`` times the largest's value, as if the
-        forward ran that many times over: exact for the embedded engine, which runs one sequence per forward
-        (its file holds batch [1]), and an upper bound on a GPU, whose forward grows slower until it
-        saturates; measure the batch sizes a pool serves. Sequences at different contexts: pass their
-        mean (a forward's attention work grows about linearly with each sequence's context)."""
+        forward ran that many times over: exact for an engine that runs one sequence per forward (a file
+        holding batch [1]), and an upper bound on a batching engine, whose forward grows slower until it
+        saturates; measure the batch sizes a pool serves (``specgate trace calibrate --batches``). A step
+        of sequences at different shapes: gateway.replay.profile.step_s."""
         _check_query(tokens=tokens, context=context, batch=batch)
         sizes = self.batch
         if batch >= sizes[-1]:

@@ -17,10 +17,16 @@ evidence of this proposer in context c across sequences (:class:`PooledAcceptanc
 pseudo-rounds), and this sequence's own rounds. Rule (Thompson sampling): every round draw theta_j ~ Beta(alpha_j,
 beta_j) and serve
 
-    k* = argmax_{0 <= k <= k_max}  E[P](k | theta) / c(k),     E[P](k | theta) = 1 + sum_{j<=k} prod_{i<=j} theta_i
+    k* = argmax_{0 <= k <= k_max}  (E[P](k | theta) + B - 1) / c(k),     E[P](k | theta) = 1 + sum_{j<=k} prod_{i<=j} theta_i
 
-with c(k) the full round cost measured by the engine (target forward of width k + 1, k drafts, overhead;
-c(0) a plain step). The round's evidence is discounted by ``DISCOUNT`` per round (discounted Thompson
+with c(k) the full cost of the engine step the round joins, as the engine measures it (one target forward
+holding this round's k + 1 tokens and the other sequences' tokens, k drafts, overhead; c(0) with a plain
+step), and B the sequences in the step: the rate is the step's committed tokens per second, the other B - 1
+sequences counted at one token each (the least they commit). Every sequence in the step waits for its
+forward, so drafts that widen it are charged for the time they cost the others (engine-seconds per output
+token, issue 26); at B = 1 it is the round's own E[P](k) / c(k). Replayed on the batching engine (80
+workload requests, mixed, 20 seeds; docs/benchmarks.md, "Per-round draft length"), the controller's TPOT over
+the best fixed k's went from 1.011 to 0.910 at 16 closed-loop clients, 0.951 to 0.912 at 4, with this term. The round's evidence is discounted by ``DISCOUNT`` per round (discounted Thompson
 sampling, Raj & Kalyani 2017: acceptance drifts within a request as copied spans come and go): the posterior
 is Beta(prior + discounted hits, prior + discounted misses), so without recent evidence a position returns
 to the gateway's estimate for this slice, which is the best one left. Why it is enough: Thompson sampling
@@ -135,10 +141,11 @@ def expected_tokens(rates, k: int) -> float:
     return total
 
 
-def best_k(rates, k_max: int, cost: Callable[[int], float]) -> int:
-    """argmax_k E[P](k) / cost(k) over 0..k_max; ties go to the smaller k (plain at exact break-even)."""
-    best, best_rate = 0, 1.0 / cost(0)
-    total, survive = 1.0, 1.0
+def best_k(rates, k_max: int, cost: Callable[[int], float], others: float = 0.0) -> int:
+    """argmax_k (E[P](k) + others) / cost(k) over 0..k_max (``others``: tokens the rest of the step commits,
+    whatever this k); ties go to the smaller k (plain at exact break-even)."""
+    best, best_rate = 0, (1.0 + others) / cost(0)
+    total, survive = 1.0 + others, 1.0
     for k in range(1, k_max + 1):
         survive *= rates[k - 1]
         total += survive
@@ -239,7 +246,7 @@ class BetaDraftLength:
             return 0
         alpha, beta = self.posterior(context)
         draw = self.rng.betavariate
-        return best_k([draw(a, b) for a, b in zip(alpha[:k_max], beta[:k_max])], k_max, self.cost)
+        return best_k([draw(a, b) for a, b in zip(alpha[:k_max], beta[:k_max])], k_max, self.cost, batch - 1)
 
     def observe(self, proposed: int, accepted: int, context: int = 0) -> None:
         """One round: discount this sequence's evidence (every context), count the round in its context."""

@@ -48,6 +48,22 @@ def test_expensive_draft_needs_higher_acceptance_than_ngram():
     assert best_k([0.3] * 4, 4, draft_cost) == 0
 
 
+def test_in_a_batched_step_drafts_pay_for_the_time_they_cost_the_other_sequences():
+    """The step's committed tokens per second: a draft that pays for a sequence alone (1.3 tokens for 1.1x the
+    step) does not pay in a step of 16 whose other sequences wait for the wider forward (16.3 for 1.1x)."""
+    def step(k: int) -> float:
+        return 1.0 + 0.1 * k
+
+    assert best_k([0.3], 1, step) == 1
+    assert best_k([0.3], 1, step, others=15) == 0
+    # well accepted drafts that widen the step little still pay: (15 + 4.52) / 1.08 > 16
+    assert best_k([0.95] * 4, 4, lambda k: 1.0 + 0.02 * k, others=15) == 4
+    always = beta(k_max=4, prior=(0.3,), cost=step)
+    always.base_a, always.base_b = [1e6] * 4, [2.333e6] * 4  # a posterior pinned at 0.3: no sampling noise
+    assert always.choose(batch=1) >= 1
+    assert always.choose(batch=16) == 0
+
+
 def run(controller, accept, tokens: int = 256, seed: int = 0) -> float:
     """Tokens per second of ``controller`` on scripted acceptance: ``accept(round, k, rng)`` drafts accepted."""
     rng, spent, done, r = random.Random(1000 + seed), 0.0, 0, 0

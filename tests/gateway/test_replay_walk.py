@@ -12,6 +12,7 @@ import statistics
 
 import pytest
 
+from gateway.replay.book import PLAIN as PLAIN_ARM
 from gateway.replay.book import Option
 from gateway.replay.choosers import FixedChooser
 from gateway.replay.run import Contender, blocks, parse_arm, sweep
@@ -138,3 +139,24 @@ def test_match_lengths_are_the_engines_proposers():
         for p in range(len(r.output_ids)):
             got = proposer.propose([*r.prompt_ids, *r.output_ids[:p]], 16, SamplingParams(), None, None)
             assert (got.match, len(got.tokens)) == (matches[p], lens[p]), (r.id, p)
+
+
+def test_the_beta_controller_prices_k_in_the_step_it_joins():
+    """As the engine's StepCosts.round_s: a round of k drafts in a step of B sequences costs the B-sequence
+    forward the others share (they feed one token each), its draft and the overhead."""
+    from tests.gateway.test_replay_sim import COSTS, batched
+
+    costs = batched(1.6)
+    prices = prices_of(copying("a", 1))
+    walker = prices.walker(0, Option("ngram", 8, strategy="beta"), FixedChooser(PLAIN_ARM, prices, 0).run)
+    walker.costs = costs
+    walker.bind({})
+    cost = walker.controller.cost
+    context = len(prices.book.requests[0].prompt_ids)
+    alone = costs.forward_s(5, context) + costs.draft_s("ngram", 4, context) + costs.overhead_s
+    assert cost(4) == pytest.approx(alone, rel=1e-12)
+    walker.next_round(4)
+    shared = costs.forward_s(2, context, 4) + costs.draft_s("ngram", 4, context) + costs.overhead_s
+    assert cost(4) == pytest.approx(shared, rel=1e-12)  # 4 sequences feeding 1 + 1 + 1 + 5 tokens: 2 a row
+    assert cost(0) == pytest.approx(costs.forward_s(1, context, 4) + costs.overhead_s, rel=1e-12)
+    assert COSTS.batch == [1]  # the default test model: one sequence per forward
