@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-serving", action="store_true",
                         help="set the cost model's serving_s (seconds each streamed round adds through the HTTP "
                              "stack) from the run's plain c1 requests alone, then predict every other cell with it")
+    parser.add_argument("--serving-s", type=float, default=None,
+                        help="set the cost model's serving_s to this (seconds per streamed round), e.g. a value "
+                             "fitted with --fit-serving on another run of the same machine")
     args = parser.parse_args(argv)
 
     run = json.loads(gzip.open(args.run).read() if args.run.suffix == ".gz" else args.run.read_text())
@@ -70,8 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in (args.arms or run["settings"]["arms"]) if a in FIXED or a.endswith(("-beta", "-sglang"))]
     book = RoundBook(trace, ngram=(int(args.ngram[0]), int(args.ngram[1]), args.ngram[2]))  # type: ignore[arg-type]
     contenders = [parse_arm("suffix-k8" if a == "suffix" else a, book) for a in arms]
+    if args.serving_s is not None:
+        from msgspec import structs
+
+        costs = structs.replace(costs, serving_s=args.serving_s)
     if args.fit_serving:
         costs = fit_serving(run, book, costs)
+        if costs is None:
+            print("error: --fit-serving: the run has no plain c1 requests to fit serving_s on; give --serving-s "
+                  "(fitted on another run of this machine) instead", file=sys.stderr)
+            return 2
     prices = Prices(book, costs)
     results = sweep(prices, contenders, loads, 1, "by-slice", max_running=run["settings"]["max_running_requests"],
                     max_total_tokens=65536, processes=args.processes)
@@ -135,6 +146,8 @@ def fit_serving(run: dict, book: RoundBook, costs):
     predicted = {book.requests[s.index].id: s.tpot for s in served if s.tpot}
     gaps = [r["tpot_s"] - predicted[r["item"]] for r in run["requests"]
             if r["arm"] == "plain" and r["load"] == "c1" and r["ok"] and r["tpot_s"] and r["item"] in predicted]
+    if not gaps:
+        return None
     serving = max(0.0, statistics.median(gaps))
     print(f"serving_s fitted on {len(gaps)} plain c1 requests: {serving * 1e3:.1f} ms per round "
           f"(gaps p10-p90 {1e3 * sorted(gaps)[len(gaps) // 10]:.1f}-{1e3 * sorted(gaps)[9 * len(gaps) // 10]:.1f} ms)\n")

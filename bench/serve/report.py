@@ -22,11 +22,12 @@ def _decisions(cell: dict) -> str:
 TPOT_TARGET = 1.03  # adaptive p50 TPOT <= 1.03x the best fixed arm's
 
 
-def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, slice_: str,
+def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, slice_: str | None,
                       between: tuple[float, int] | None = None, repeats: int = 1
                       ) -> tuple[float, float, float, int] | None:
     """Geometric mean of ``arm``'s TPOT over ``other``'s on the same prompts of one cell, with a 95%
     confidence interval (Student t on the log ratios): (ratio, low, high, pairs), None under 2 pairs.
+    ``slice_`` None: every slice's prompts of the load together.
     Pairing by prompt removes the variation between prompts, which dwarfs the one between arms; with
     ``--repeats`` each side of a pair is the geometric mean of the prompt's replicates.
     ``between`` = (variance, cells): the variance of a cell's mean log ratio between runs
@@ -38,7 +39,8 @@ def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, sli
 
     logs_of: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in requests:
-        if r["load"] == load and r["slice"] == slice_ and r["arm"] in (arm, other) and r["ok"] and r["tpot_s"]:
+        if (r["load"] == load and slice_ in (None, r["slice"]) and r["arm"] in (arm, other) and r["ok"]
+                and r["tpot_s"]):
             logs_of[(r["arm"], r["item"])].append(math.log(r["tpot_s"]))
     mean_log = {key: statistics.fmean(xs) for key, xs in logs_of.items()}
     logs = [mean_log[(arm, item)] - x for (a, item), x in mean_log.items() if a == other and (arm, item) in mean_log]
