@@ -98,8 +98,12 @@ class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
         away from the grid, else the nearest point's value: never below the value measured at the nearest
         point (a shorter context or a narrower forward than any measured costs what the nearest measured
         one did; a longer or wider one grows with the end segment's slope)."""
-        column = [_line(self.context, row, context) for row in self.seconds]
-        return _line(self.tokens, column, tokens)
+        tokens_at, rows = self.tokens, self.seconds
+        if len(tokens_at) == 1:
+            return _line(self.context, rows[0], context)
+        i = min(max(bisect_right(tokens_at, tokens) - 1, 0), len(tokens_at) - 2)  # the rows _line would read
+        pair = (_line(self.context, rows[i], context), _line(self.context, rows[i + 1], context))
+        return _line(tokens_at[i:i + 2], pair, tokens)
 
 
 class DraftCost(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):

@@ -69,8 +69,13 @@ def step_s(costs, rounds: Sequence[tuple[int, int]], chunks: Sequence[tuple[int,
     an upper bound by that much when both are in one step)."""
     seconds = 0.0
     batch = len(rounds)
-    if batch:
-        seconds = sum(costs.forward_s(tokens, context, batch) for tokens, context in rounds) / batch
+    if batch == 1:
+        seconds = costs.forward_s(rounds[0][0], rounds[0][1], 1)
+    elif batch:
+        forward = costs.forward_s
+        for tokens, context in rounds:
+            seconds += forward(tokens, context, batch)
+        seconds /= batch
     for tokens, context in chunks:
         seconds += costs.prefill_s(tokens, context)
     return seconds
