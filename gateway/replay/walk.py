@@ -40,7 +40,7 @@ class Walker:
         self.spec = SpeculationParams(proposer=option.proposer, draft_tokens=option.k, adaptive=True,
                                       strategy=option.strategy, k_by_batch=option.table)
         self.controller = None
-        self.pos = self.done = 0
+        self.done = 0
         self.batch = 1  # the sequences of the step being planned (the controller's cost reads it)
         self.drafted: list[int] = []
         self.accepted: list[int] = []
@@ -88,7 +88,6 @@ class Walker:
         self.draft_total += draft
         self.verify_total += verify
         self.done = min(self.output_len, done + accepted + 1)
-        self.pos += 1
         self.serial.append(draft + self.costs.overhead_s + self.costs.serving_s)
         return drafted + 1, cached, self.serial[-1]
 
