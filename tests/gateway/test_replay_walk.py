@@ -144,7 +144,8 @@ def test_match_lengths_are_the_engines_proposers():
 def test_the_beta_controller_prices_k_in_the_step_it_joins():
     """As the engine's StepCosts.round_s: a round of k drafts in a step of B sequences costs the B-sequence
     forward the others share (they feed one token each), its draft and the overhead."""
-    from tests.gateway.test_replay_sim import COSTS, batched
+    from tests.gateway.test_replay_profile import batched
+    from tests.gateway.test_replay_sim import COSTS
 
     costs = batched(1.6)
     prices = prices_of(copying("a", 1))
