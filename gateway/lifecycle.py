@@ -143,7 +143,7 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
                 tally.want_ids()
             holds.take_limits(admitted)
             decision = decide(active.policy, admitted.features, state.snapshot(), rng=state.rng,
-                              exploring=state.exploring.keys())
+                              exploring=state.exploring)
             holds.count(decision)
             answered, served = await unless_client_leaves(
                 request.receive, dispatch(state, admitted, decision, holds, waited, sender(admitted)))

@@ -190,7 +190,7 @@ class SpecgateInfo(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     fallback: bool
     retries: int
     explored: bool = False  # the decision measured an option instead of serving the best known one (auto)
-    exploration: str | None = None  # why: cold | unconfirmed | stale | slope | routine (policies.decide.Decision)
+    exploration: str | None = None  # why: cold | thompson (policies.decide.Decision)
     verify_rounds: int | None = None
     accept_length: float | None = None
     accept_rate: float | None = None
@@ -247,7 +247,8 @@ def outcome(f: Finished) -> Outcome | None:
         reached_per_position=_positions(s.reached_per_position) if s else None,
         ttft_s=r.ttft_s if f.stream else None, tpot_s=_learned_tpot(f, _tpot(f)[1]), e2e_s=f.e2e_s,
         concurrency=round(f.mean_concurrency), ok=f.ending.status == "ok", status=f.ending.http_status,
-        draft_s=s.draft_s if s else None, verify_s=s.verify_s if s else None, timestamp=time.monotonic())
+        draft_s=s.draft_s if s else None, verify_s=s.verify_s if s else None, timestamp=time.monotonic(),
+        prompt_repeat=f.admitted.features.prompt_repeat if f.admitted is not None else None)
 
 
 def slo_met(f: Finished) -> bool | None:

@@ -1,20 +1,11 @@
-"""Acceptance curve math: from decayed per-position counts to E[P](k).
+"""Acceptance statistics: decayed per-position counts, the accept length, E[P](k).
 
 For draft position j (1-based), ``reached_j`` counts rounds whose draft budget included position j and
 whose drafts 1..j-1 were all accepted; ``accepted_j`` counts those where draft j was accepted too. A
 position the proposer left undrafted (suffix drafts by match length, n-gram finds no match) counts as
-reached and not accepted: the round got no token there, which is what E[P](k) predicts. The conditional
-acceptance rate, with a prior of ``prior.rounds`` pseudo-rounds accepting with probability
-``prior.accept`` (so a new pair version starts cautious and unvisited positions fall back to it), is
-
-    a_j = (accepted_j + prior.accept * prior.rounds) / (reached_j + prior.rounds)
-
-with the counts as of the pool's last outcome (decayed between outcomes, so recent rounds weigh more), not
-decayed further to now: a pool that is not served keeps the estimate its evidence gave. Decaying them to
-now pulled an unserved pool's estimate toward the cautious prior (a_j -> 0.3), so the longer a pool was
-not served the worse it looked, and it was never chosen again (issue 26). Time without evidence makes the
-estimate uncertain, not pessimistic: the decayed amount of evidence (``rounds * f``) is what marks it
-stale and gets it re-measured (policies/auto.py).
+reached and not accepted: the round got no token there. The conditional acceptance rate is
+a_j = accepted_j / reached_j. Rule conditions (``pool.mean_accept_length``...) and dashboards read these;
+``auto`` learns from each request's TPOT instead (policies/auto.py), which already prices what acceptance buys.
 
 Expected committed tokens per round with k drafts (accept length, including the recovered/bonus token) is
 
@@ -50,19 +41,6 @@ class AcceptanceSummary(msgspec.Struct, frozen=True, kw_only=True):
     def mean_accept_length(self) -> float | None:
         """Observed committed tokens per round (decay-invariant ratio); None without rounds."""
         return self.tokens / self.rounds if self.rounds > 0 else None
-
-
-def conditional_curve(summary: AcceptanceSummary | None, prior_accept: float, prior_rounds: float,
-                      k_max: int) -> list[float]:
-    """a_1..a_{k_max} (see module docstring)."""
-    curve = []
-    for j in range(k_max):
-        reached = accepted = 0.0
-        if summary is not None and j < len(summary.reached):
-            reached, accepted = summary.reached[j], summary.accepted[j]
-        denom = reached + prior_rounds
-        curve.append((accepted + prior_accept * prior_rounds) / denom if denom > 0 else prior_accept)
-    return curve
 
 
 def expected_tokens(curve: list[float]) -> list[float]:

@@ -1,237 +1,185 @@
-"""``auto``: pick the pool and draft length with the best predicted speedup over plain decoding, or bypass.
+"""``auto``: Thompson sampling over options, per context.
 
-For a candidate pool p (healthy, pair verified) and draft length k in its range:
+**Options** of an auto rule: plain decoding, and for each of its pools that may speculate, the pool at each
+draft length of its grid (:func:`k_grid`: a fixed k; a range at its ends and the powers of two between; an
+adaptive pool at its cap, the worker choosing k per round below it). **Context**: the request's slice, its
+load bucket (the pool's running + waiting from ``/v1/loads`` or the gateway's in-flight count, whichever is
+higher: :func:`policies.snapshot.load_concurrency`) and its ``prompt_repeat`` band (``learning.repeat_bands``).
 
-    predicted TPOT(p, k) = t_round(p, k) / E[P](k)        speedup = t_plain / predicted TPOT
+**Model.** y = log(seconds per output token) of one request served by option o in context x is
+Normal(mu[o, x], s2); s2, the spread between requests, is pooled over every option and context (a prior of
+0.3 worth ``NU0`` requests). mu[o, x] has a hierarchical Normal prior: the option's estimate from the
+slice's *other* load buckets, widened by ``TAU_LOAD``^2, then updated with this bucket's other repeat bands,
+widened by ``TAU_BAND``^2, then updated with this cell's own requests. Each level's data excludes the level
+below it, so no request is counted twice. An option never measured in the slice starts at the slice's plain
+TPOT (else the slice's mean over all options) with variance ``V0``. Every sum is decayed (half-life
+``learning.half_life_s``), so old evidence weighs less than new; a posterior *mean* uses the sums as of the
+latest outcome behind them and does not move while nothing is observed, while its *variance* uses them
+decayed to now and grows back toward the prior's.
 
-- E[P](k) from the conditional acceptance curve of (route, slice, p, pair version) (:mod:`policies.accept`;
-  the route's own curve once it has ``min_rounds`` decayed rounds, else all routes pooled);
-- t_round(p, k): seconds per speculative round (draft + verify + overhead) fitted per pool and
-  concurrency bucket (:mod:`policies.cost`);
-- t_plain: measured TPOT of requests served without speculation in this slice and concurrency bucket.
+**Decision.** Draw mu[o, x] from every option's posterior and serve the smallest draw; a speculative option
+must beat plain's draw by log(``learning.min_gain``). Without a random source (explanations) the posterior
+means decide. An option never served in the slice is served first (one request each, in the rule's order,
+plain first; not while one is in flight on its pool), as bandits pull every arm once: a hierarchical prior
+with no data under it is only the anchor's guess. Every request in flight exploring an option counts as one more observation at its current
+mean (the "believer" rule of batched Thompson sampling), so a burst of arrivals does not all try the same
+untried option on the same evidence.
 
-Where a pool has no per-position data (SGLang reports only totals) but has ``min_rounds`` rounds and
-``min_requests`` requests, its measured TPOT per (pool, slice, bucket) replaces the model:
-speedup = t_plain / TPOT(p). So does an ``adaptive`` pool's (the worker picks k per round and sequence, up
-to the pool's draft_tokens): one option per pool, at its largest k. t_plain and the pool's fit (or TPOT)
-come from the same concurrency bucket when one has both (the nearest to the current concurrency where both
-have ``min_rounds`` of undecayed evidence, else the nearest where both exist), so a speedup never divides
-times measured at different loads, nor trusts one request's timing at a new load.
+Why this suffices (sketch): Thompson sampling serves each option with the posterior probability that it is
+the best; with Gaussian rewards its expected regret over T requests is O(sqrt(K T log K)) for K options
+(Agrawal & Goyal, 2013), so a worse option's share falls as its evidence grows. The special cases of the
+learner this replaces follow from the rule: a *cold* option has a wide posterior and is drawn often until
+measured; a *stale* one (evidence decayed) widens again and is re-drawn, in proportion to how plausibly it
+could win, with its mean untouched (it does not drift to a pessimistic prior); a *new load* bucket borrows the
+other buckets' estimates widened by ``TAU_LOAD``, so options near the best are re-measured there; the
+per-context means make costs per slice and per load by construction. The objective is the request's own
+TPOT; what its drafts cost the sequences beside it is charged inside the embedded engine, whose per-round
+controller maximises the whole step's committed tokens per second (backends/engine/adaptive.py).
 
-A candidate that was never measured enough (``min_rounds`` rounds and ``min_requests`` requests,
-counted without decay) is *cold*: not exploited (a new pair version has no evidence, and its curve starts
-at the prior), only explored; so is plain decoding with fewer than ``min_rounds`` tokens of TPOT evidence
-in the slice (t_plain is every speedup's numerator). While the slice has anything cold, with probability
-``explore_cold`` the decision measures the least-sampled cold option (a pool at its largest k, which
-measures every draft position): a cold pool needs only ``min_rounds`` rounds, a handful of requests, and
-every other request still gets the best known option. A candidate with an estimate from fewer than
-``confirm_requests`` requests, within reach of the served option (not below ``FAR`` x its speed), is
-*unconfirmed* and explored at ``explore_cold`` too, so that two unlucky prompts cannot lock a winning pool
-out; so is the served pool at a shorter k until its round time was measured at two k with ``min_rounds``
-rounds each in some concurrency bucket (:func:`slope_probe`; a bucket without its own measured slope
-borrows the nearest measured one, scaled to its own round time). Plain decoding is cold only while no
-bucket has ``min_rounds`` tokens of it; a bucket reached for the first time takes the speedup of the
-nearest bucket where plain and the pool were both measured, and plain is unconfirmed there (explored at
-``explore_cold``) until it has ``min_rounds`` tokens within a factor of two of the current concurrency,
-unless the served pool is predicted more than 1/``FAR`` x plain. A pool (or plain) already being explored
-(the gateway passes the explorations in flight) is not explored again, at any k, before it reports: under open-loop
-arrivals many requests are decided on the same evidence. A candidate measured enough once but whose *decayed*
-evidence fell below the minimums is *stale*: still exploited on its estimate (ratios do not decay), and
-re-measured at the low rate ``explore`` (the least-sampled stale option, plain included; one predicted
-below ``FAR`` x the served speed only ``FAR_RATE`` as often); with nothing stale, ``explore`` serves the
-best pool at its largest k (the tail of its curve), or at its smallest when it is served at its largest.
-So losing pools and plain decoding cost a few percent of one request per half-life, not a burst of half
-the traffic. The best candidate is used only if its speedup >= ``min_gain``.
-
-A speedup is capped at the expected accept length (:func:`_capped`): a speculative round commits E[P](k)
-tokens and costs at least one plain step (a wider forward is no faster, a draft is not free), so no pool can
-beat plain by more. A prediction above it means plain and the pool were timed under different congestion
-(measured under open-loop arrivals on one shared engine: 1.91x predicted from an accept length of 1.42).
-
-Assumptions: acceptance depends on (route, slice, pool, pair version) but not on concurrency; cost
-depends on (pool, concurrency bucket) and is linear in k; TPOT of plain decoding does not depend on
-which plain pool serves it.
+Assumptions: requests in one context are exchangeable; the log TPOT spread is similar across options.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import bisect
+import math
+import random
+from collections.abc import Mapping
 
 import msgspec
 
-from policies.accept import conditional_curve, expected_tokens
 from policies.schema import Policy
 
-# A stale candidate predicted below FAR x the speed of what is served now is re-measured FAR_RATE times as
-# often as one that could plausibly win: on an engine that interleaves sequences, one slow request
-# stretches the TPOT of every request in flight, and a pool at a quarter of the best speed is unlikely
-# to have become the best. It is still re-measured, so an estimate that went wrong can recover.
-FAR = 0.5
-FAR_RATE = 0.1
+NU0, S0 = 4.0, 0.3  # the spread's prior: 0.3 in log TPOT (1.35x), worth 4 requests
+TAU_LOAD = 0.5  # how far an option's log TPOT in one load bucket may sit from the slice's other buckets
+TAU_BAND = 0.25  # ... in one prompt_repeat band from the bucket's other bands
+V0 = 1.0  # variance of the first guess for an option never measured in the slice (a factor e either way)
+DEFAULT_LOG_TPOT = math.log(0.05)  # nothing measured anywhere: 50 ms a token; only ranks equal options
+PLAIN = "none"  # the option label of plain decoding
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
-    """One (pool, k) the optimizer considered, for explain and the admin endpoint."""
+    """One option auto weighed (for explain and the admin endpoint). ``pool`` "" is plain decoding.
+    ``samples``: the decayed requests of this option in the request's own context; ``p_best``: the share of
+    posterior draws in which it wins (256 seeded draws)."""
 
     pool: str
     draft_tokens: int
-    eligible: bool
-    note: str
-    expected_accept_length: float | None = None
+    eligible: bool = True
+    note: str = ""
     predicted_tpot_ms: float | None = None
-    speedup: float | None = None
-    samples: float = 0.0  # decayed rounds of evidence
-    cold: bool = False  # never measured enough (min_rounds / min_requests without decay): explore, never exploit
-    unconfirmed: bool = False  # has an estimate, but from fewer than confirm_requests requests
-    slope_unknown: bool = False  # the pool's round time lacks min_rounds rounds at a second k
-    stale: bool = False  # measured enough once, but the decayed evidence is below those minimums
+    sd: float | None = None  # posterior sd of log TPOT
+    speedup: float | None = None  # posterior-mean speedup over plain decoding in this context
+    samples: float = 0.0
+    p_best: float | None = None
+    expected_accept_length: float | None = None
 
 
-def candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, pools: tuple[str, ...]
-               ) -> tuple[list[Candidate], float | None]:
-    """Every (pool, k) option with its prediction; memoized in the snapshot. Returns (options, t_plain)."""
-    key = ("auto", id(comp), route, slice_, pools)
-    hit = snap._memo.get(key)
-    if hit is None:
-        hit = snap._memo[key] = _candidates(policy, comp, snap, route, slice_, pools)
-    return hit
+def option_label(pool: str, k: int, pair_version: str = "") -> str:
+    """How an option is keyed in the learner: ``none`` (plain decoding), else ``pool@k#pair_version`` (a new
+    pair version is a new option: its evidence starts empty)."""
+    return PLAIN if not pool or k <= 0 else f"{pool}@{k}#{pair_version}"
 
 
-def _capped(speedup: float, accept_length: float | None) -> float:
-    """``speedup`` no higher than the accept length that bounds it (see the module docstring)."""
-    return speedup if accept_length is None else min(speedup, accept_length)
+def k_grid(policy: Policy, pool: str) -> list[int]:
+    """The draft lengths auto offers for ``pool``: its fixed k; an adaptive pool's cap; a range's ends and the
+    powers of two between (1..8 -> 1, 2, 4, 8: each arm must be measured, so fewer arms learn faster)."""
+    spec = policy.pools[pool]
+    lo, hi = spec.k_range
+    if spec.adaptive or lo == hi:
+        return [hi]
+    return sorted({lo, hi} | {1 << i for i in range(hi.bit_length()) if lo <= 1 << i <= hi})
 
 
-def _candidates(policy: Policy, comp: Any, snap: Any, route: str, slice_: str, pools: tuple[str, ...]
-                ) -> tuple[list[Candidate], float | None]:
-    learn = policy.learning
-    plain = snap.tpot("none", slice_)
-    t_plain = plain[0].mean if plain else None
-    out: list[Candidate] = []
-    for name in pools:
-        pool = policy.pools[name]
-        lo, hi = pool.k_range
-        summary, f = snap.acceptance(route, slice_, name, comp.pair_versions[name], learn.min_rounds)
-        rounds = summary.rounds * f if summary else 0.0
-        requests = summary.requests * f if summary else 0.0
-        measured_ever = summary is not None and summary.ever_requests >= learn.min_requests
-        curve_ok = measured_ever and summary.ever_curve_rounds >= learn.min_rounds
-        totals_ok = measured_ever and summary.ever_rounds >= learn.min_rounds
-        stale = rounds < learn.min_rounds or requests < learn.min_requests
-        plain_fit, fit = snap.plain_and(slice_, "rounds", name, learn.min_rounds)
-        # an adaptive pool's k varies per round and per prompt: its curve and round-time fit describe the
-        # worker's choices, not a k auto could pick, so only its measured TPOT counts
-        use_curve = t_plain is not None and curve_ok and fit is not None and not pool.adaptive
-        plain_measured, measured = (snap.plain_and(slice_, "tpot", name, learn.min_rounds)
-                                    if t_plain is not None and totals_ok and not use_curve else (None, None))
-        if t_plain is None:
-            out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds,
-                                 cold=not (curve_ok or totals_ok), stale=stale,
-                                 note="no plain TPOT measured yet for this slice"))
-        elif use_curve:
-            curve = conditional_curve(summary, learn.prior.accept, learn.prior.rounds, hi)
-            e_p = expected_tokens(curve)
-            unconfirmed = summary.ever_requests < learn.confirm_requests
-            line = fit.round_time(learn.draft_token_cost, learn.min_rounds)
-            donor = None if line.slope_measured else snap.measured_slope(name, learn.min_rounds)
-            if donor is not None:
-                line = line.shaped_like(donor.round_time(learn.draft_token_cost, learn.min_rounds)) or line
-            note = "acceptance curve x round-time fit" + (" (slope from another load)" if line.borrowed else "")
-            for k in range(lo, hi + 1):
-                tpot = line.predict(k) / e_p[k]
-                out.append(Candidate(pool=name, draft_tokens=k, eligible=True, samples=rounds, stale=stale,
-                                     unconfirmed=unconfirmed, slope_unknown=not line.slope_measured,
-                                     note=note, expected_accept_length=e_p[k],
-                                     predicted_tpot_ms=tpot * 1e3, speedup=_capped(plain_fit.mean / tpot, e_p[k])))
-        elif measured is not None:
-            tpot = measured.mean
-            out.append(Candidate(pool=name, draft_tokens=hi, eligible=True, samples=rounds, stale=stale,
-                                 unconfirmed=summary.ever_requests < learn.confirm_requests,
-                                 note=("measured TPOT (the worker picks k per sequence, up to this one)"
-                                       if pool.adaptive else "measured TPOT (per-request totals only)"),
-                                 expected_accept_length=summary.mean_accept_length,
-                                 predicted_tpot_ms=tpot * 1e3,
-                                 speedup=_capped(plain_measured.mean / tpot, summary.mean_accept_length)))
-        else:
-            ever_rounds = summary.ever_rounds if summary else 0.0
-            ever_requests = summary.ever_requests if summary else 0.0
-            out.append(Candidate(pool=name, draft_tokens=hi, eligible=False, samples=rounds, cold=True,
-                                 stale=stale, note=f"cold: {ever_rounds:.0f} rounds / {ever_requests:.0f} "
-                                 f"requests measured < min_rounds {learn.min_rounds} / min_requests "
-                                 f"{learn.min_requests}"))
-    return out, t_plain
+def repeat_band(learning, prompt_repeat: float | None) -> int:
+    """The ``prompt_repeat`` band of a request (``learning.repeat_bands`` edges; not computed counts as 0)."""
+    return bisect.bisect_right(learning.repeat_bands, prompt_repeat or 0.0)
 
 
-def far_behind(c: Candidate, best: Candidate | None) -> bool:
-    """Predicted below ``FAR`` times the speed of what auto serves now (the best pool, or plain)."""
-    served = max(1.0, best.speedup) if best is not None else 1.0
-    return c.speedup is not None and c.speedup < FAR * served
+class Posterior(msgspec.Struct, frozen=True):
+    mean: float
+    var: float
+    own: float  # decayed requests in the cell itself
 
 
-def unconfirmed(options: list[Candidate], best: Candidate | None, min_gain: float) -> list[Candidate]:
-    """Candidates whose estimate rests on fewer than ``confirm_requests`` requests, within reach of what
-    is served (not :func:`far_behind`), other than the pool being served (it gathers evidence anyway).
-    Acceptance varies far more between prompts than between rounds of one prompt, so an estimate from two
-    or three requests can put a winning pool just below plain; these are explored at the cold rate until
-    confirmed."""
-    served = best.pool if best is not None and best.speedup >= min_gain else None
-    return [c for c in options if c.unconfirmed and c.eligible and not far_behind(c, best) and c.pool != served]
+def _update(mean: float, var: float, w: float, sy: float, s2: float, f: float = 1.0) -> tuple[float, float]:
+    """Normal prior (mean, var) and w observations summing to sy with noise variance s2, where w and sy are
+    decayed to now and ``f`` is the decay since the latest of them: the mean uses them as of that outcome
+    (w / f), the variance as of now (w), so time without evidence widens a posterior and leaves its mean."""
+    if w <= 1e-12:
+        return mean, var
+    p_now, p_then = 1.0 / var + w / s2, 1.0 / var + w / (f * s2)
+    return (mean / var + sy / (f * s2)) / p_then, 1.0 / p_now
 
 
-def slope_probe(options: list[Candidate], best: Candidate | None, min_gain: float) -> Candidate | None:
-    """The served pool at a shorter k, midway between its smallest and the served one, while its round
-    time lacks ``min_rounds`` rounds at a second k at every load (a slope measured at another load is
-    borrowed, :meth:`policies.cost.RoundTime.shaped_like`): a few requests there fit the cost slope, so
-    auto can weigh shorter drafts on measured cost instead of the prior's guess or one request's timing.
-    Midway, not the smallest: on copy-friendly code k=1 is the costliest k (309-512 ms/token against
-    19-337 for k=8 in one cell), and any second k identifies the line."""
-    if best is None or best.speedup < min_gain or not best.slope_unknown:
-        return None
-    ks = {c.draft_tokens: c for c in options if c.pool == best.pool}
-    k = (min(ks) + best.draft_tokens) // 2
-    if k == best.draft_tokens:
-        k = max(ks)
-    return ks[k] if k != best.draft_tokens else None
+def posterior(snap, slice_: str, bucket: int, band: int, label: str, in_flight: float = 0.0) -> Posterior:
+    """The posterior of mu[label, (slice_, bucket, band)] (module docstring), ``in_flight`` believer
+    observations included."""
+    s2 = snap.arm_spread(S0 * S0, NU0)
+    (w2, y2, f2), (w1, y1, f1), (w0, y0, f0) = snap.arm_levels(slice_, bucket, band, label)
+    mean, var = snap.arm_anchor(slice_), V0
+    # the slice's other load buckets, then this bucket's other repeat bands (decayed as of the level's latest)
+    mean, var = _update(mean, var, w2 - w1, y2 - y1, s2, f2)
+    var += TAU_LOAD * TAU_LOAD
+    mean, var = _update(mean, var, w1 - w0, y1 - y0, s2, f1)
+    var += TAU_BAND * TAU_BAND
+    mean, var = _update(mean, var, w0, y0, s2, f0)
+    if in_flight > 0:
+        mean, var = _update(mean, var, in_flight, in_flight * mean, s2)
+    return Posterior(mean, var, w0)
 
 
-def explore_target(options: list[Candidate], best: Candidate | None, cold: bool, far_ok: bool = True,
-                   unsure: list[Candidate] | None = None, probe: Candidate | None = None,
-                   busy: Callable[[Candidate], bool] = lambda c: False) -> Candidate | None:
-    """What exploration measures (None: nothing among the pools; the caller weighs plain decoding).
-    ``cold``: the least-sampled cold candidate, else the least-sampled of ``unsure`` (:func:`unconfirmed`),
-    else ``probe`` (:func:`slope_probe`); the caller computes both once per decision. Else the least-sampled
-    stale one (those :func:`far_behind` only if ``far_ok``), else the best pool at its largest k (its
-    smallest when the best is already its largest, so round time is measured at two k). Cold, unconfirmed
-    and stale ones at their pool's largest k, which measures every draft position. Never a candidate
-    ``busy`` says is being explored already: its evidence has not come back, so another request spent on
-    it would be decided on the same evidence (under open-loop arrivals three slope probes were started
-    within 0.8 s on the same rounds)."""
-    pick = (([c for c in options if c.cold and not busy(c)] or [c for c in unsure or () if not busy(c)]
-             or ([probe] if probe and not busy(probe) else []))
-            if cold else
-            [c for c in options if c.stale and not busy(c) and (far_ok or not far_behind(c, best))])
-    if not pick:
-        if cold:
-            return None
-        same = [c for c in options if best is not None and c.pool == best.pool]
-        if not same:
-            return None
-        end = max(same, key=lambda c: c.draft_tokens)
-        if best is not None and best.draft_tokens == end.draft_tokens:
-            end = min(same, key=lambda c: c.draft_tokens)  # the other end, so the cost slope gets measured
-        return None if busy(end) else end
-    target: Candidate | None = None
-    for c in pick:
-        if target is None or c.samples < target.samples or (c.pool == target.pool
-                                                            and c.draft_tokens > target.draft_tokens):
-            target = c
-    return target
+class Choice(msgspec.Struct, frozen=True):
+    pool: str  # "" for plain decoding
+    k: int
+    exploration: str | None  # cold | thompson | None (the posterior mean's best)
+    speedup: float | None  # posterior-mean speedup over plain of the chosen option
+    candidates: list[Candidate]
+    plain_tpot_s: float | None
 
 
-def best_option(options: list[Candidate]) -> Candidate | None:
-    best: Candidate | None = None
-    for c in options:
-        if c.eligible and (best is None or c.speedup > best.speedup):
-            best = c
-    return best
+def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools: tuple[str, ...],
+           versions: Mapping[str, str], rng: random.Random | None, in_flight: Mapping[str, int],
+           explain: bool = False) -> Choice:
+    """Thompson sampling over plain and every (pool, k) of ``pools`` (module docstring); ``versions``: each
+    pool's pair version. ``in_flight``: explorations in flight per ``slice|pool`` (``slice|none`` for plain)."""
+    bucket, band = snap.bucket(), repeat_band(policy.learning, prompt_repeat)
+    options = [("", 0)] + [(p, k) for p in pools for k in k_grid(policy, p)]
+    labels = [option_label(p, k, versions.get(p, "")) for p, k in options]
+    posts = [posterior(snap, slice_, bucket, band, label,
+                       in_flight.get(f"{slice_}|{p or PLAIN}", 0)) for (p, k), label in zip(options, labels)]
+    margin = math.log(policy.learning.min_gain)
+
+    def score(i: int, value: float) -> float:
+        return value - margin if i == 0 else value  # plain wins unless beaten by min_gain
+
+    by_mean = min(range(len(options)), key=lambda i: score(i, posts[i].mean))
+    untried = [] if rng is None else [i for i, (p, _) in enumerate(options) if snap.arm_ever(slice_, labels[i]) < 1.0
+                                      and not in_flight.get(f"{slice_}|{p or PLAIN}", 0)]
+    if rng is None:
+        pick = by_mean
+    elif untried:  # every option is served once per slice before the draws decide
+        pick = untried[0]
+    else:
+        pick = min(range(len(options)), key=lambda i: score(i, rng.gauss(posts[i].mean, math.sqrt(posts[i].var))))
+    exploration = None
+    if pick != by_mean or pick in untried:
+        exploration = "cold" if snap.arm_ever(slice_, labels[pick], (bucket, band)) < 1.0 else "thompson"
+    plain_mean = posts[0].mean
+    candidates: list[Candidate] = []
+    if explain:
+        draws = random.Random(0)
+        wins = [0] * len(options)
+        for _ in range(256):
+            wins[min(range(len(options)),
+                     key=lambda i: score(i, draws.gauss(posts[i].mean, math.sqrt(posts[i].var))))] += 1
+        for i, ((p, k), post) in enumerate(zip(options, posts)):
+            candidates.append(Candidate(
+                pool=p, draft_tokens=k, predicted_tpot_ms=math.exp(post.mean) * 1e3, sd=math.sqrt(post.var),
+                speedup=math.exp(plain_mean - post.mean), samples=post.own, p_best=wins[i] / 256,
+                note="plain decoding" if not p else f"{p} k={k}" + (" (the worker picks k per round up to it)"
+                                                                     if policy.pools[p].adaptive else "")))
+    p, k = options[pick]
+    return Choice(pool=p, k=k, exploration=exploration,
+                  speedup=None if pick == 0 else math.exp(plain_mean - posts[pick].mean),
+                  candidates=candidates, plain_tpot_s=math.exp(plain_mean))

@@ -9,13 +9,12 @@ back to a healthy plain pool, else to the same per-request workers with speculat
 from __future__ import annotations
 
 import random
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, Literal, get_args
 
 import msgspec
 
-from policies.auto import (FAR, FAR_RATE, Candidate, best_option, candidates, explore_target, far_behind,
-                           slope_probe, unconfirmed)
+from policies.auto import Candidate, choose
 from policies.compiled import Compiled, Ctx, compiled
 from policies.features import RequestFeatures
 from policies.schema import Policy, PoolAction
@@ -23,17 +22,15 @@ from policies.slicing import classify
 from policies.snapshot import Snapshot
 
 
-Exploration = Literal["cold", "unconfirmed", "stale", "slope", "routine"]
+Exploration = Literal["cold", "thompson"]
 EXPLORATIONS: tuple[str, ...] = get_args(Exploration)
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """What to do with one request. ``draft_tokens`` 0 and ``bypass`` True mean no speculation.
     ``speculation_override``: send as ``custom_params.speculation`` (per_request pools only).
-    ``exploration``: why ``auto`` measured an option instead of serving the best known one (None: it did
-    not): a *cold* option (too little evidence to exploit), an *unconfirmed* one (an estimate from few
-    requests within reach of the best, or plain decoding not measured near this load), a *stale* one
-    (evidence decayed), the cost *slope* of the best pool (a second k), or *routine* (the background rate)."""
+    ``exploration``: whether ``auto``'s posterior draw chose an option other than the best posterior mean
+    (None: it did not): *cold* (the option was never measured in this context) or *thompson* (it was)."""
 
     slice: str
     pool: str
@@ -84,9 +81,9 @@ class _Trace:
 
 def decide(policy: Policy, features: RequestFeatures, snapshot: Snapshot, *,
            rng: random.Random | None = None, exploring: Collection[str] = frozenset()) -> Decision:
-    """Decide for one request; ``rng`` drives exploration (None = never explore). ``exploring``: the
-    :func:`exploration_key` of every exploration still in flight; auto starts no second one of the same
-    option before the first reports (its evidence is not in ``snapshot`` yet)."""
+    """Decide for one request; ``rng`` drives auto's posterior draws (None: the posterior means decide).
+    ``exploring``: the :func:`exploration_key` of every exploration still in flight (a mapping to how many, or
+    a collection of keys, one each); auto counts each as an observation at its option's current mean."""
     return _decide(policy, features, snapshot, rng, None, exploring)
 
 
@@ -104,10 +101,8 @@ def explain(policy: Policy, features: RequestFeatures, snapshot: Snapshot, *,
 def exploration_key(decision: Decision) -> str | None:
     """What ``decision`` explores, as ``slice|pool`` (``slice|none`` for plain decoding), or None when it
     is not an exploration. The gateway counts these in flight and passes them to :func:`decide`. Per pool,
-    not per k: a pool's evidence (its acceptance curve, its round-time fit, its request count) is one, so
-    a second request exploring it at another k before the first reports is decided on the same evidence;
-    with per-k keys, open-loop arrivals at p0.5 explored the self-draft pool at k=4, 3, 2 and 1 at once
-    (serve-rep2), each ~800 ms per token and stretching every request in flight."""
+    not per k: with per-k keys, open-loop arrivals at p0.5 explored the self-draft pool at k=4, 3, 2 and 1 at
+    once (serve-rep2), each ~800 ms per token and stretching every request in flight."""
     if not decision.explored:
         return None
     return _option_key(decision.slice, "none" if decision.bypass else decision.pool)
@@ -225,10 +220,10 @@ def _act(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatur
                           f"{unsafe}; safety fallback without speculation", crule.subjects, fallback=True)
         return _speculate(policy, slice_, action.pool, action.draft_tokens, rule,
                           f"rule '{rule}' ({why}) pins pool '{action.pool}' with k={action.draft_tokens}")
-    return _auto(policy, comp, snap, features.route, slice_, rule, crule.subjects, rng, trace, exploring)
+    return _auto(policy, comp, snap, features, slice_, rule, crule.subjects, rng, trace, exploring)
 
 
-def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: str, rule: str,
+def _auto(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatures, slice_: str, rule: str,
           pools: tuple[str, ...], rng: random.Random | None, trace: _Trace | None,
           exploring: Collection[str]) -> Decision:
     unsafe = [(p, why) for p in pools if (why := _safe(snap, p))]
@@ -237,61 +232,27 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: st
         notes = "; ".join(why for _, why in unsafe) or "no speculative pool"
         return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: no pool may speculate ({notes})",
                       pools, fallback=bool(unsafe))
-    options, t_plain = candidates(policy, comp, snap, route, slice_, safe)
+    in_flight = exploring if isinstance(exploring, Mapping) else dict.fromkeys(exploring, 1)
+    c = choose(policy, snap, slice_, features.prompt_repeat, safe, comp.pair_versions, rng, in_flight,
+               explain=trace is not None)
     if trace is not None:
-        trace.candidates, trace.t_plain = options, t_plain
-    learn = policy.learning
-    plain = snap.tpot("none", slice_)
-    plain_samples = plain[0].weight * plain[1] if plain else 0.0  # decayed tokens = rounds of width 1
-    plain_cold = snap.plain_evidence(slice_) < learn.min_rounds  # in every bucket: a new one borrows
-    best = best_option(options)
-    # plain measured only at other loads: the served pool's speedup is borrowed from there, and the gain of
-    # speculation changes with load (prose: 1.09-1.22x predicted from c1, 1.19x slower than plain at p0.5),
-    # so plain is re-measured near this load at the cold rate, unless the pool is far ahead (plain below FAR
-    # x its speed) and the decision could not flip
-    plain_new = (not plain_cold and snap.plain_nearby(slice_) < learn.min_rounds and best is not None
-                 and learn.min_gain <= best.speedup <= 1.0 / FAR)
-    unsure = unconfirmed(options, best, learn.min_gain)
-    if best is not None and best.speedup < learn.min_gain:
-        # plain is served and a pool was measured only at loads more than a factor of two away: its gain
-        # changes with load (n-gram lost at c1 and was 1.5-1.9x faster under Poisson load), so it is re-measured
-        # here at the cold rate, at its largest k, as plain is at a new load (plain_new)
-        largest: dict[str, Candidate] = {}
-        for c in options:
-            if c.eligible and not c.cold and c.draft_tokens > getattr(largest.get(c.pool), "draft_tokens", -1):
-                largest[c.pool] = c
-        unsure += [c for c in largest.values() if c not in unsure and not far_behind(c, best)
-                   and snap.rounds_nearby(c.pool) < learn.min_rounds]
-    probe = slope_probe(options, best, learn.min_gain)
-    cold = plain_cold or plain_new or any(c.cold for c in options) or bool(unsure) or probe is not None
-    rate = learn.explore_cold if cold else learn.explore
-    draw = rng.random() if rng is not None else 1.0
-    if draw < rate:
-        # the lowest FAR_RATE of the exploring draws may also re-measure options far behind
-        target = explore_target(options, best, cold, far_ok=cold or draw < rate * FAR_RATE, unsure=unsure,
-                                probe=probe,
-                                busy=lambda c: _option_key(slice_, c.pool) in exploring)
-        plain_due = ((plain_cold or plain_new if cold else plain_samples < learn.min_rounds)  # cold/new, or stale
-                     and _option_key(slice_, "none") not in exploring)
-        if plain_due and (target is None or plain_samples < target.samples or not (target.cold or target.stale)):
-            state: Exploration = "cold" if plain_cold else "unconfirmed" if cold and plain_new else "stale"
-            return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: exploring {state} plain "
-                          f"decoding ({plain_samples:.0f} tokens of evidence)", pools, exploration=state)
-        if target is not None:
-            kind: Exploration = ("cold" if target.cold else "slope" if target is probe
-                                 else "unconfirmed" if cold else "stale" if target.stale else "routine")
-            words = {"slope": "the cost slope of ", "routine": ""}.get(kind, kind + " ")
-            return _speculate(policy, slice_, target.pool, target.draft_tokens, rule,
-                              f"rule '{rule}' auto: exploring {words}pool '{target.pool}' k={target.draft_tokens} "
-                              f"({target.samples:.0f} rounds of evidence)", exploration=kind)
-    if best is None:
-        return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: no candidate has enough "
-                      f"evidence yet (cautious start); serving without speculation", pools)
-    if best.speedup < learn.min_gain:
-        return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: best prediction pool "
-                      f"'{best.pool}' k={best.draft_tokens} speedup {best.speedup:.2f}x < min_gain "
-                      f"{learn.min_gain:g}; bypass", pools)
-    return _speculate(policy, slice_, best.pool, best.draft_tokens, rule,
-                      f"rule '{rule}' auto: pool '{best.pool}' k={best.draft_tokens} predicted speedup "
-                      f"{best.speedup:.2f}x (E[accept length] {best.expected_accept_length:.2f})",
-                      speedup=best.speedup, accept_length=best.expected_accept_length)
+        trace.candidates = [msgspec.structs.replace(x, expected_accept_length=_accept_length(
+            policy, comp, snap, features.route, slice_, x.pool)) if x.pool else x for x in c.candidates]
+        trace.t_plain = c.plain_tpot_s
+    how = {"cold": "exploring (never measured here) ", "thompson": "exploring (a posterior draw) ", None: ""}[
+        c.exploration]
+    if not c.pool:
+        return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: {how}plain decoding", pools,
+                      exploration=c.exploration)
+    accept = _accept_length(policy, comp, snap, features.route, slice_, c.pool)
+    return _speculate(policy, slice_, c.pool, c.k, rule,
+                      f"rule '{rule}' auto: {how}pool '{c.pool}' k={c.k}, posterior-mean speedup "
+                      f"{c.speedup:.2f}x over plain", exploration=c.exploration,
+                      speedup=c.speedup if c.exploration is None else None, accept_length=accept)
+
+
+def _accept_length(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: str, pool: str
+                   ) -> float | None:
+    """The pool's measured accept length on this route and slice (for the explanation; auto does not use it)."""
+    summary, _ = snap.acceptance(route, slice_, pool, comp.pair_versions[pool], policy.learning.min_rounds)
+    return summary.mean_accept_length if summary is not None else None

@@ -106,10 +106,17 @@ def prompt_repeat(text: str) -> float:
 
 
 def reads_prompt_repeat(policy: Any) -> bool:
-    """Whether any slice or rule condition looks at ``prompt_repeat`` (up to ~1 ms a long prompt, so the
-    gateway computes it only then, or for a request it records in a trace)."""
-    return any(item.when is not None and item.when.prompt_repeat is not None
-               for item in list(policy.slices) + list(policy.rules))
+    """Whether any slice or rule condition looks at ``prompt_repeat``, or an ``auto`` rule learns per band of
+    it (``learning.repeat_bands`` not empty). Up to ~1 ms a long prompt, so the gateway computes it only then,
+    or for a request it records in a trace."""
+    conditions = any(item.when is not None and item.when.prompt_repeat is not None
+                     for item in list(policy.slices) + list(policy.rules))
+    return conditions or bool(policy.learning.repeat_bands) and any(_is_auto(r.then) for r in policy.rules)
+
+
+def _is_auto(action: Any) -> bool:
+    """Whether a rule's action is decided by ``auto`` (policies/decide.py ``_act``)."""
+    return action == "auto" or (action != "bypass" and not isinstance(getattr(action, "draft_tokens", None), int))
 
 
 def referenced_headers(policy: Any) -> set[str]:

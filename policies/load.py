@@ -21,7 +21,7 @@ import msgspec
 
 from policies.checks import check_policy
 from policies.errors import PolicyError
-from policies.schema import Policy
+from policies.schema import REMOVED_LEARNING_KEYS, Policy
 from policies.yamltree import Path, YamlProblem, YamlTree, parse_yaml
 
 _NAMED_LISTS = {"routes": "Route", "slices": "Slice", "rules": "Rule"}
@@ -164,6 +164,9 @@ def _translate(raw: str, tree: YamlTree, filename: str) -> str:
         path, pos = path + (key,), tree.key_pos(path + (key,))
         close = difflib.get_close_matches(key, allowed, n=1)
         hint = f"did you mean '{close[0]}'?" if close else "allowed keys: " + ", ".join(allowed)
+        if path[:1] == ("learning",) and key in REMOVED_LEARNING_KEYS:
+            hint = ("removed: auto is Thompson sampling over options per slice, load and prompt_repeat band, "
+                    "which needs no exploration rates or evidence minimums (docs/policy.md, 'auto'); delete it")
         text = f"unknown key '{key}'; {hint}"
     elif m := re.match(r"Object missing required field `(.+)`", message):
         text = f"missing required key '{m.group(1)}'"

@@ -265,24 +265,24 @@ class Rule(_Strict, kw_only=True):
     then: Action
 
 
-class Prior(_Strict, kw_only=True):
-    """Cautious prior for a new pair version: ``rounds`` pseudo-rounds each accepting with ``accept``."""
-
-    accept: Fraction = 0.3
-    rounds: Annotated[float, Meta(ge=0)] = 20.0
+# keys of ``learning`` that an earlier learner read and auto's Thompson sampling made unnecessary: a policy
+# file that still has one is refused with this fix (policies/load.py)
+REMOVED_LEARNING_KEYS = ("explore", "explore_cold", "confirm_requests", "min_requests", "prior", "draft_token_cost")
 
 
 class Learning(_Strict, kw_only=True):
+    """How ``auto`` learns (policies/auto.py): statistics lose half their weight every ``half_life_s``;
+    a speculative option must beat plain decoding's posterior draw by ``min_gain``; contexts are the
+    ``concurrency_buckets`` and the ``repeat_bands``; ``min_rounds``: decayed rounds a route's own acceptance
+    needs before rule conditions read it instead of all routes' pooled acceptance."""
+
     half_life_s: PosFloat = 600.0
     min_rounds: Annotated[int, Meta(ge=0)] = 64
-    min_requests: Annotated[int, Meta(ge=0)] = 2
-    confirm_requests: Annotated[int, Meta(ge=0)] = 8
-    explore: Fraction = 0.02
-    explore_cold: Fraction = 0.5
     min_gain: Annotated[float, Meta(ge=1.0)] = 1.05
-    prior: Prior = Prior()
-    draft_token_cost: Annotated[float, Meta(ge=0)] = 0.1
     concurrency_buckets: Annotated[list[PosInt], Meta(min_length=1)] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    # prompt_repeat band edges: auto's context (policies/auto.py); on the shared workloads p10 / median / p90
+    # of code, code_edit and long_context prompts are ~0.0 / 0.07 / 0.19
+    repeat_bands: list[Annotated[float, Meta(ge=0.0, le=1.0)]] = field(default_factory=lambda: [0.05, 0.15])
 
 
 class Tracing(_Strict, kw_only=True):

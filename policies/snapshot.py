@@ -10,13 +10,21 @@ explain --stats``, the admin endpoint); :class:`Snapshot` adds read helpers with
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 
 from policies.accept import AcceptanceSummary
-from policies.cost import FitSummary, MeanSummary
+
+
+class ArmSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """Decayed count, sum and sum of squares of log TPOT of one option in one context (policies/auto.py)."""
+
+    t_ref: float
+    w: float = 0.0
+    sy: float = 0.0
+    syy: float = 0.0
+    ever: float = 0.0  # requests without decay
 
 
 class PoolState(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,8 +64,7 @@ def load_concurrency(in_flight: int, pools: dict[str, PoolState]) -> int:
 
 class SnapshotData(msgspec.Struct, frozen=True, kw_only=True):
     """Serializable snapshot. Keys: acceptance ``route|slice|pool|pair_version`` (route ``*`` = all
-    routes); tpot ``pool|slice|bucket`` (pool ``none`` = plain decoding anywhere); rounds/draft/verify
-    ``pool|bucket``."""
+    routes); arms ``slice|bucket index|repeat band|option`` (option ``none`` or ``pool@k``)."""
 
     now: float = 0.0
     concurrency: int = 0
@@ -65,10 +72,7 @@ class SnapshotData(msgspec.Struct, frozen=True, kw_only=True):
     buckets: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     pools: dict[str, PoolState] = {}
     acceptance: dict[str, AcceptanceSummary] = {}
-    tpot: dict[str, MeanSummary] = {}
-    rounds: dict[str, FitSummary] = {}
-    draft: dict[str, FitSummary] = {}
-    verify: dict[str, FitSummary] = {}
+    arms: dict[str, ArmSummary] = {}  # ``slice|bucket|band|option`` (policies/auto.py)
 
 
 class Snapshot:
@@ -125,108 +129,71 @@ class Snapshot:
             self._memo[key] = hit
         return hit
 
-    def _buckets_nearest(self) -> Iterator[int]:
-        """Bucket indices by distance from the current concurrency's bucket (lower one first on ties)."""
-        b = self.bucket()
-        yield b
-        for d in range(1, len(self.data.buckets) + 1):
-            yield b - d
-            yield b + d
+    # --- auto's options (policies/auto.py): decayed (weight, sum of log TPOT) per level of the context ---
 
-    def _nearest(self, table: dict[str, Any], prefix: str,
-                 accept: Callable[[Any], bool] | None = None) -> tuple[Any, float] | None:
-        """Entry for the current concurrency bucket, else the nearest bucket that has one (that ``accept``
-        takes, if given)."""
-        for cand in self._buckets_nearest():
-            entry = table.get(f"{prefix}|{cand}")
-            if entry is not None and (accept is None or accept(entry)):
-                return entry, self.factor(entry.t_ref)
-        return None
+    def _arm_index(self, slice_: str) -> dict[str, dict[object, list[float]]]:
+        """For ``slice_``: option -> {None: sums over the slice, bucket: ..., (bucket, band): ...}, each sums
+        ``[w, sy, latest t_ref, requests ever]`` with w and sy decayed to now."""
+        key = ("arm_index", slice_)
+        index = self._memo.get(key)
+        if index is None:
+            index = self._memo[key] = {}
+            prefix = slice_ + "|"
+            for name, s in self.data.arms.items():
+                if not name.startswith(prefix):
+                    continue
+                _, bucket, band, label = name.split("|", 3)
+                f = self.factor(s.t_ref)
+                levels = index.setdefault(label, {})
+                for level in (None, int(bucket), (int(bucket), int(band))):
+                    acc = levels.setdefault(level, [0.0, 0.0, s.t_ref, 0.0])
+                    acc[0] += s.w * f
+                    acc[1] += s.sy * f
+                    acc[2] = max(acc[2], s.t_ref)
+                    acc[3] += s.ever
+        return index
 
-    def _nearest_common(self, a: tuple[dict[str, Any], str], b: tuple[dict[str, Any], str],
-                        min_evidence: float) -> tuple[Any, Any] | None:
-        """Entries of two tables from the SAME bucket: the one nearest the current concurrency where both
-        were ever measured with ``min_evidence`` (tokens or rounds, undecayed), else the nearest where both
-        exist at all; None if no bucket has both."""
-        fallback = None
-        for cand in self._buckets_nearest():
-            x, y = a[0].get(f"{a[1]}|{cand}"), b[0].get(f"{b[1]}|{cand}")
-            if x is not None and y is not None:
-                if x.evidence >= min_evidence and y.evidence >= min_evidence:
-                    return x, y
-                fallback = fallback or (x, y)
-        return fallback
+    def arm_levels(self, slice_: str, bucket: int, band: int, label: str) -> tuple[tuple[float, float, float], ...]:
+        """(decayed requests, their sum of log TPOT, the same weight as of the level's latest outcome) of
+        ``label`` over the slice, the slice's ``bucket`` and the cell. The third undoes the decay since the
+        latest outcome: a mean is taken as of the evidence, not pulled toward a prior as time passes."""
+        levels = self._arm_index(slice_).get(label, {})
+        out = []
+        for level in (None, bucket, (bucket, band)):
+            w, sy, t_ref, _ = levels.get(level, (0.0, 0.0, self.data.now, 0.0))
+            out.append((w, sy, self.factor(t_ref)))
+        return tuple(out)
 
-    def plain_and(self, slice_: str, kind: str, pool: str, min_evidence: float = 0.0
-                  ) -> tuple[MeanSummary | None, Any]:
-        """Plain TPOT of ``slice_`` and the pool's ``kind`` entry ("rounds" fit or "tpot" mean), taken
-        from one concurrency bucket (a rounds fit of the slice itself when some bucket has ``min_evidence`` of
-        it and of plain, else the pool's fit over every slice: plain TPOT is per slice, and a round-time fit
-        pooled with shorter contexts made long contexts look cheap to speculate on) when some bucket has both (preferring the nearest where both have
-        ``min_evidence``: one request's timing at a new load is not a fit), so that a speedup never divides
-        times measured at different loads; otherwise each from its own nearest bucket."""
-        key = ("plain_and", slice_, kind, pool, min_evidence)
-        hit = self._memo.get(key)
-        if hit is None and kind == "rounds":  # the slice's own round time, where measured enough
-            own = self._nearest_common((self.data.tpot, f"none|{slice_}"), (self.data.rounds, f"{pool}|{slice_}"),
-                                       min_evidence)
-            if own is not None and own[0].evidence >= min_evidence and own[1].evidence >= min_evidence:
-                hit = self._memo[key] = own
-        if hit is None:
-            other = (self.data.tpot, f"{pool}|{slice_}") if kind == "tpot" else (getattr(self.data, kind), pool)
-            hit = self._nearest_common((self.data.tpot, f"none|{slice_}"), other, min_evidence)
-            if hit is None:
-                plain = self.tpot("none", slice_)
-                mine = self.tpot(pool, slice_) if kind == "tpot" else self.fit(kind, pool)
-                hit = (plain[0] if plain else None, mine[0] if mine else None)
-            self._memo[key] = hit
-        return hit
-
-    def measured_slope(self, pool: str, min_rounds: float) -> FitSummary | None:
-        """The pool's round-time fit from the bucket nearest the current concurrency whose slope was
-        measured (:meth:`FitSummary.slope_measured`), or None."""
-        key = ("measured_slope", pool, min_rounds)
+    def arm_anchor(self, slice_: str) -> float:
+        """The first guess of an option never measured in ``slice_``: plain decoding's mean log TPOT there, else
+        every option's there, else every option's anywhere, else auto's default."""
+        key = ("arm_anchor", slice_)
         if key not in self._memo:
-            hit = self._nearest(self.data.rounds, pool, lambda fit: fit.slope_measured(min_rounds))
-            self._memo[key] = hit[0] if hit else None
+            from policies.auto import DEFAULT_LOG_TPOT, PLAIN
+
+            index = self._arm_index(slice_)
+            plain = index.get(PLAIN, {}).get(None, (0.0, 0.0))[:2]
+            every = [sum(v[None][i] for v in index.values()) for i in (0, 1)]
+            anywhere = [sum(s.w * self.factor(s.t_ref) for s in self.data.arms.values()),
+                        sum(s.sy * self.factor(s.t_ref) for s in self.data.arms.values())]
+            self._memo[key] = next((sy / w for w, sy in (plain, every, anywhere) if w > 1e-9), DEFAULT_LOG_TPOT)
         return self._memo[key]
 
-    def plain_evidence(self, slice_: str) -> float:
-        """Tokens of plain TPOT ever measured in ``slice_`` in its best-measured bucket (undecayed): plain
-        decoding is cold only when no bucket has ``min_rounds`` of them (a new bucket borrows the nearest
-        measured speedup, :meth:`plain_and`, and re-measures plain while the call is close, :meth:`plain_nearby`)."""
-        return self._plain_tokens(slice_, range(len(self.data.buckets)))
-
-    def plain_nearby(self, slice_: str) -> float:
-        """Tokens of plain TPOT ever measured in ``slice_`` in the current concurrency bucket or the two
-        next to it (within a factor of two of this concurrency): a request is recorded at its mean
-        concurrency over its life, which under open-loop arrivals often falls in a neighbouring bucket of
-        the one its decision saw."""
-        b = self.bucket()
-        return self._plain_tokens(slice_, (b - 1, b, b + 1))
-
-    def rounds_nearby(self, pool: str) -> float:
-        """Rounds of ``pool`` ever measured in the current concurrency bucket or the two next to it."""
-        b = self.bucket()
-        return max((e.evidence for cand in (b - 1, b, b + 1)
-                    if (e := self.data.rounds.get(f"{pool}|{cand}")) is not None), default=0.0)
-
-    def _plain_tokens(self, slice_: str, buckets: Any) -> float:
-        """Most plain tokens ever measured in ``slice_`` in one of ``buckets`` (indices), memoized."""
-        key = ("plain_tokens", slice_, tuple(buckets))
+    def arm_spread(self, prior_var: float, prior_weight: float) -> float:
+        """The spread s2 of log TPOT between requests of one option in one context, pooled over all of them,
+        with a prior ``prior_var`` worth ``prior_weight`` requests."""
+        key = ("arm_spread", prior_var, prior_weight)
         if key not in self._memo:
-            self._memo[key] = max((e.ever_weight for cand in key[2]
-                                   if (e := self.data.tpot.get(f"none|{slice_}|{cand}")) is not None), default=0.0)
+            ss, dof = prior_var * prior_weight, prior_weight
+            for s in self.data.arms.values():
+                if s.w > 1.0:
+                    f = self.factor(s.t_ref)
+                    ss += max(0.0, s.syy - s.sy * s.sy / s.w) * f
+                    dof += (s.w - 1.0) * f
+            self._memo[key] = ss / dof
         return self._memo[key]
 
-    def tpot(self, pool: str, slice_: str) -> tuple[MeanSummary, float] | None:
-        key = ("tpot", pool, slice_)
-        if key not in self._memo:
-            self._memo[key] = self._nearest(self.data.tpot, f"{pool}|{slice_}")
-        return self._memo[key]
-
-    def fit(self, kind: str, pool: str) -> tuple[FitSummary, float] | None:
-        key = (kind, pool)
-        if key not in self._memo:
-            self._memo[key] = self._nearest(getattr(self.data, kind), pool)
-        return self._memo[key]
+    def arm_ever(self, slice_: str, label: str, cell: tuple[int, int] | None = None) -> float:
+        """Requests of ``label`` ever measured (undecayed) in ``slice_``, or in its (bucket, band) ``cell``."""
+        levels = self._arm_index(slice_).get(label, {})
+        return levels[cell][3] if cell in levels else 0.0

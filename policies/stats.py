@@ -12,30 +12,28 @@ Keys and what x is:
   rounds += verify_ct, tokens += completion_tokens, and per draft position j: reached_j, accepted_j
   (given directly, or from the accepted-drafts histogram, see :mod:`policies.accept`); curve_rounds +=
   rounds that carried such data. A new pair version is a new key, so its statistics start from the prior.
-- tpot ``pool|slice|bucket`` (``none|slice|bucket`` for any request served without speculation): weight
-  += completion_tokens - 1, total += tpot_s * (completion_tokens - 1) (a token-weighted mean TPOT).
-- rounds/draft/verify ``pool|bucket``: a weighted line fit of seconds per round against k, weight =
-  verify_ct (:mod:`policies.cost`), plus rounds per k without decay (whether the slope is trusted); rounds
-  also per slice, ``pool|slice|bucket``: a round over a long context costs more, as plain TPOT of that slice
-  does, and a speedup divides the two (:meth:`Snapshot.plain_and`).
+- arms ``slice|bucket|band|option`` (auto's Thompson sampling, :mod:`policies.auto`): per request with a TPOT
+  (two tokens or more), w += 1, sy += log(tpot_s), syy += log(tpot_s)^2; bucket = the learner's concurrency
+  bucket of the request's mean concurrency, band = its ``prompt_repeat`` band, option ``none`` (served without
+  speculation) or ``pool@k#pair_version`` (k requested).
 
-Each key also keeps its sums without decay (``ever_*``): how much evidence was ever seen, which decides
-whether a candidate has been measured at all (cold) as opposed to measured long ago (stale).
+Each key also keeps its sums without decay (``ever_*``): how much evidence was ever seen.
 
-Failed outcomes (ok False) only count in ``failures``. Works from per-request totals alone (SGLang):
-then the acceptance curve stays at the prior and auto uses the measured TPOT instead.
+Failed outcomes (ok False) only count in ``failures``. Works from per-request totals alone (SGLang): auto
+needs only each request's TPOT; the acceptance sums then hold totals (rule conditions, dashboards).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 
 import msgspec
 
 from policies.accept import AcceptanceSummary, counts_from_histogram
-from policies.cost import FitSummary, MeanSummary
+from policies.auto import PLAIN, option_label, repeat_band
 from policies.schema import Learning
-from policies.snapshot import PoolState, Snapshot, SnapshotData
+from policies.snapshot import ArmSummary, PoolState, Snapshot, SnapshotData
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,17 +61,17 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     draft_s: float | None = None
     verify_s: float | None = None
     timestamp: float = 0.0
+    prompt_repeat: float | None = None  # the request's feature (auto's context: its repeat band)
 
 
 class _Sums:
     """Mutable decayed sums: ``head`` fixed-size, ``a``/``b`` growable per-position lists."""
 
-    __slots__ = ("t_ref", "head", "a", "b", "ever", "ever_by_k")
+    __slots__ = ("t_ref", "head", "a", "b", "ever")
 
     def __init__(self, t: float, size: int) -> None:
         self.t_ref, self.head, self.a, self.b = t, [0.0] * size, [], []
         self.ever = [0.0] * size  # ``head`` without decay: how much evidence was ever seen
-        self.ever_by_k: dict[int, float] = {}  # fits: rounds without decay per draft length
 
     def weight(self, t: float, half_life: float) -> float:
         """Decay the sums to ``t`` if later and return the weight a new observation at ``t`` gets."""
@@ -95,14 +93,14 @@ class _Sums:
 
 
 class LearningState:
-    """Rolling acceptance and cost statistics (formulas in the module docstring)."""
+    """Rolling acceptance and TPOT statistics (formulas in the module docstring)."""
 
     def __init__(self, learning: Learning | None = None) -> None:
         self.learning = learning or Learning()
         self.failures = 0
         self._sums: dict[tuple[str, str], _Sums] = {}
         self._frozen: dict[str, dict[str, msgspec.Struct]] = {
-            "acceptance": {}, "tpot": {}, "rounds": {}, "draft": {}, "verify": {}}
+            "acceptance": {}, "arms": {}}
 
     def configure(self, learning: Learning) -> None:
         """Adopt a reloaded policy's learning settings; statistics are kept."""
@@ -126,14 +124,7 @@ class LearningState:
         t, bucket = o.timestamp, self._bucket(o.concurrency)
         speculative = o.proposer != "none" and o.draft_tokens > 0
         if o.tpot_s is not None and o.completion_tokens >= 2:
-            n = o.completion_tokens - 1
-            key = f"{o.pool if speculative else 'none'}|{o.slice}|{bucket}"
-            sums, w = self._sums_for("tpot", key, t, 2)
-            sums.head[0] += w * n
-            sums.head[1] += w * o.tpot_s * n
-            sums.ever[0] += n
-            self._frozen["tpot"][key] = MeanSummary(t_ref=sums.t_ref, weight=sums.head[0], total=sums.head[1],
-                                                    ever_weight=sums.ever[0])
+            self._arm(o, t, bucket, option_label(o.pool, o.draft_tokens, o.pair_version) if speculative else PLAIN)
         if not speculative or o.verify_ct <= 0:
             return
         reached, accepted = self._positions(o)
@@ -154,13 +145,18 @@ class LearningState:
                 t_ref=sums.t_ref, requests=head[0], rounds=head[1], tokens=head[2], curve_rounds=head[3],
                 reached=tuple(sums.a), accepted=tuple(sums.b), ever_requests=ever[0], ever_rounds=ever[1],
                 ever_curve_rounds=ever[3])
-        if o.tpot_s is not None and o.completion_tokens >= 2:
-            per_round = o.tpot_s * (o.completion_tokens - 1) / o.verify_ct
-            self._fit("rounds", f"{o.pool}|{bucket}", t, o.draft_tokens, per_round, o.verify_ct)
-            self._fit("rounds", f"{o.pool}|{o.slice}|{bucket}", t, o.draft_tokens, per_round, o.verify_ct)
-        for table, total in (("draft", o.draft_s), ("verify", o.verify_s)):
-            if total is not None:
-                self._fit(table, f"{o.pool}|{bucket}", t, o.draft_tokens, total / o.verify_ct, o.verify_ct)
+
+    def _arm(self, o: Outcome, t: float, bucket: int, label: str) -> None:
+        """One request's log TPOT under ``slice|bucket|band|option`` (auto's Thompson sampling)."""
+        key = f"{o.slice}|{bucket}|{repeat_band(self.learning, o.prompt_repeat)}|{label}"
+        sums, w = self._sums_for("arms", key, t, 3)
+        y = math.log(max(o.tpot_s, 1e-6))
+        h = sums.head
+        h[0] += w
+        h[1] += w * y
+        h[2] += w * y * y
+        sums.ever[0] += 1
+        self._frozen["arms"][key] = ArmSummary(t_ref=sums.t_ref, w=h[0], sy=h[1], syy=h[2], ever=sums.ever[0])
 
     @staticmethod
     def _positions(o: Outcome) -> tuple[list[int], list[int]]:
@@ -170,25 +166,13 @@ class LearningState:
             return counts_from_histogram(o.correct_drafts_histogram, o.draft_tokens)
         return [], []
 
-    def _fit(self, table: str, key: str, t: float, k: int, y: float, rounds: int) -> None:
-        sums, w = self._sums_for(table, key, t, 5)
-        sums.ever[0] += rounds
-        sums.ever_by_k[k] = sums.ever_by_k.get(k, 0.0) + rounds
-        w *= rounds
-        h = sums.head
-        h[0] += w
-        h[1] += w * k
-        h[2] += w * k * k
-        h[3] += w * y
-        h[4] += w * k * y
-        self._frozen[table][key] = FitSummary(t_ref=sums.t_ref, w=h[0], sk=h[1], skk=h[2], sy=h[3], sky=h[4],
-                                              ever_w=sums.ever[0], ever_by_k=dict(sums.ever_by_k))
-
     def forget_pair_versions(self, keep: set[str]) -> None:
-        """Drop acceptance statistics of pair versions not in ``keep`` (after a reload retired them)."""
-        for key in [k for k in self._frozen["acceptance"] if k.rsplit("|", 1)[1] not in keep]:
-            del self._frozen["acceptance"][key]
-            del self._sums[("acceptance", key)]
+        """Drop the statistics of pair versions not in ``keep`` (after a reload retired them)."""
+        for table, version in (("acceptance", lambda key: key.rsplit("|", 1)[1]),
+                               ("arms", lambda key: key.rpartition("#")[2] if "#" in key else None)):
+            for key in [k for k in self._frozen[table] if version(k) not in keep | {None}]:
+                del self._frozen[table][key]
+                del self._sums[(table, key)]
 
     def snapshot(self, now: float, pools: dict[str, PoolState], concurrency: int) -> Snapshot:
         """An immutable view at ``now`` (O(number of keys): the summaries are already frozen)."""
@@ -196,5 +180,4 @@ class LearningState:
         return Snapshot(SnapshotData(
             now=now, concurrency=concurrency, half_life_s=self.learning.half_life_s,
             buckets=list(self.learning.concurrency_buckets), pools=dict(pools),
-            acceptance=dict(f["acceptance"]), tpot=dict(f["tpot"]), rounds=dict(f["rounds"]),
-            draft=dict(f["draft"]), verify=dict(f["verify"])))
+            acceptance=dict(f["acceptance"]), arms=dict(f["arms"])))

@@ -77,8 +77,8 @@ class Metrics:
             L + ("rule", "status"), registry=r)
         self.explorations = Counter(
             "specgate_explorations", "Finished requests whose auto decision explored: measured an option (its pool "
-            "and k, or plain decoding) instead of serving the best known one; kind: why (cold|unconfirmed|stale|"
-            "slope|routine).", L + ("kind",), registry=r)
+            "and k, or plain decoding) instead of serving the best posterior mean; kind: cold (never measured in "
+            "the request's context) or thompson (a posterior draw).", L + ("kind",), registry=r)
         self.rounds = Counter("specgate_spec_rounds", "Speculative verification rounds.", L, registry=r)
         self.draft_tokens = Counter("specgate_spec_draft_tokens", "Draft tokens proposed.", L, registry=r)
         self.accepted_tokens = Counter("specgate_spec_accepted_tokens", "Draft tokens accepted by the target.",

@@ -22,7 +22,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     reason: str = ""  # the decision's human-readable reason (logs only)
     draft_tokens: int = 0  # k chosen (0 = bypass)
     # why the auto decision measured an option instead of serving the best known one (None: it did not):
-    # cold | unconfirmed | stale | slope | routine (policies.decide.Decision.exploration)
+    # cold | thompson (policies.decide.Decision.exploration)
     exploration: str | None = None
     endpoint: str = "chat"  # chat | completions
     stream: bool = False

@@ -45,7 +45,7 @@ rules:
   - {{name: unverified-pair, when: {{pair_verified: false}}, then: bypass}}
 {rules}  - {{name: code-ngram, when: {{slice: code}}, then: {{pool: ngram, draft_tokens: 4}}}}
   - {{name: prose-plain, then: bypass}}
-learning: {{explore: 0.0}}
+learning: {{half_life_s: 600}}
 """
 
 

@@ -35,7 +35,7 @@ class Result:
     rule: str | None = None
     reason: str | None = None  # the gateway's decision reason (why this pool and k, or why plain)
     explored: bool | None = None  # the decision explored (the gateway's ``specgate.explored``)
-    exploration: str | None = None  # why (``specgate.exploration``: cold|unconfirmed|stale|slope|routine)
+    exploration: str | None = None  # why (``specgate.exploration``: cold|thompson)
     pool: str | None = None
     proposer: str | None = None
     draft_tokens: int | None = None

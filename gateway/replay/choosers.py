@@ -220,7 +220,7 @@ class PolicyChooser:
     def choose(self, i: int, t: float, sim) -> tuple[Choice, str, Profile, int]:
         request = self.prices.book.requests[i]
         d = decide(self.policy, request.features, self.snapshot(t, sim), rng=self.rng,
-                   exploring=self.exploring.keys())
+                   exploring=self.exploring)
         key = exploration_key(d)
         if key is not None:
             self.exploring[key] = self.exploring.get(key, 0) + 1
@@ -256,5 +256,6 @@ class PolicyChooser:
             accepted_per_position=list(prof.accepted_per_position) if speculative else None,
             reached_per_position=list(prof.reached_per_position) if speculative else None,
             ttft_s=served.ttft, tpot_s=served.tpot, e2e_s=served.e2e, concurrency=round(served.concurrency),
-            draft_s=prof.draft_s, verify_s=prof.verify_s, timestamp=t))
+            draft_s=prof.draft_s, verify_s=prof.verify_s, timestamp=t,
+            prompt_repeat=request.features.prompt_repeat))
         self._dirty = True

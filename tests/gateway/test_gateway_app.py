@@ -119,7 +119,7 @@ def test_an_exploration_is_counted_in_flight_until_its_request_finishes_even_on_
 
     def exploring_decide(*args, exploring, **kwargs):
         seen.append(set(exploring))
-        return msgspec.structs.replace(real_decide(*args, exploring=exploring, **kwargs), exploration="routine")
+        return msgspec.structs.replace(real_decide(*args, exploring=exploring, **kwargs), exploration="thompson")
 
     def change(key, delta):
         changes.append((key, delta, dict(state.exploring)))
@@ -134,7 +134,7 @@ def test_an_exploration_is_counted_in_flight_until_its_request_finishes_even_on_
     assert changes == [("prose|none", 1, {}), ("prose|none", -1, {"prose|none": 1})] * 2
     assert state.exploring == {} and state.in_flight == 0
     counted = [line for line in client.get("/metrics").text.splitlines() if line.startswith("specgate_explorations_total")]
-    assert counted == ['specgate_explorations_total{kind="routine",pool="plain",proposer="none",route="a",'
+    assert counted == ['specgate_explorations_total{kind="thompson",pool="plain",proposer="none",route="a",'
                        'slice="prose"} 2.0']
 
 

@@ -336,16 +336,16 @@ def test_the_default_policy_decides_explores_and_learns():
         assert c.pool in policy.pools and c.rule == "learned"
         assert c.option.pair == (version if c.option.proposer == "draft_model" else "")
         assert (c.exploring is not None) == (c.exploration is not None)
-    explored = [s for s in served if s.choice.exploration is not None]
-    assert explored
-    # cold: until a speculative outcome is learned, every decision that does not explore serves plain
-    first_learned = min(s.arrival + s.e2e for s in explored)
-    assert all(s.choice.label == "plain" for s in served
-               if s.arrival < first_learned and s.choice.exploration is None)
+    # a fresh learner serves each option once per slice, plain first, before its posterior draws decide
+    for slice_ in ("code", "prose"):
+        mine = [s.choice for s in served if s.choice.slice == slice_]
+        assert (mine[0].label, mine[0].exploration) == ("plain", "cold")
+        first_pool = next(c for c in mine if c.pool == "ngram-adaptive")
+        assert first_pool.exploration == "cold" and first_pool.label == "ngram-k16-beta"
     assert chooser.exploring == {}  # every exploration in flight reported back
-    tpot = chooser.learning.snapshot(sim.now, {}, 1).data.tpot
-    assert {key.rsplit("|", 1)[0] for key in tpot} == {
-        f"{s.choice.pool if s.choice.option.proposer != 'none' else 'none'}|{s.choice.slice}" for s in served}
+    arms = chooser.learning.snapshot(sim.now, {}, 1).data.arms
+    assert {(key.split("|")[0], key.split("|")[3].split("@")[0]) for key in arms} == {
+        (s.choice.slice, s.choice.pool if s.choice.option.proposer != "none" else "none") for s in served}
 
 
 def test_a_policy_with_an_adaptive_pool_is_replayed_with_its_per_round_controller():
@@ -365,8 +365,8 @@ def test_a_policy_with_an_adaptive_pool_is_replayed_with_its_per_round_controlle
     adaptive = [s for s in served if s.choice.pool == "ngram-adaptive"]
     assert adaptive and {s.choice.option.label for s in adaptive} == {"ngram-k8-beta"}
     assert all(s.accepted > 0 for s in adaptive)  # copied text: its rounds accept drafts
-    tpot = chooser.learning.snapshot(sim.now, {}, 1).data.tpot
-    assert any(key.startswith("ngram-adaptive|") for key in tpot)  # the learner saw its outcomes
+    arms = chooser.learning.snapshot(sim.now, {}, 1).data.arms
+    assert any("|ngram-adaptive@8#" in key for key in arms)  # the learner saw its outcomes
     suffix = load_policy(text.replace("ngram-adaptive: {proposer: ngram", "ngram-adaptive: {proposer: suffix")
                          .replace("pair: smollm2-ngram, workers", "pair: sfx, workers")
                          .replace("pairs:\n", 'pairs:\n  sfx: {target: {model: SmolLM2-135M-Instruct, revision: "'

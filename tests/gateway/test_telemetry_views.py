@@ -38,7 +38,7 @@ def test_policy_view_holds_names_slos_pools_and_the_label_vocabularies():
                      workers=("http://127.0.0.1:30001", "http://127.0.0.1:30002")),
         PoolSpecView(name="draft", proposer="draft_model", k_range=(3, 3), workers=("http://127.0.0.1:30003",)))
     assert view.proposers == frozenset(get_args(Proposer))
-    assert view.explorations == frozenset(EXPLORATIONS) == {"cold", "unconfirmed", "stale", "slope", "routine"}
+    assert view.explorations == frozenset(EXPLORATIONS) == {"cold", "thompson"}
     assert view.load_buckets == tuple(policy.learning.concurrency_buckets) == (1, 2, 4, 8, 16, 32, 64)
 
 

@@ -37,5 +37,5 @@ rules:
 {extra_rules}  - {{name: code-ngram, when: {{slice: code}}, then: {{pool: ngram, draft_tokens: 4}}}}
   - {{name: tiny-budget, when: {{max_tokens: {{lt: 8}}}}, then: bypass}}
   - {{name: learned, then: auto}}
-learning: {{explore: 0.0}}
+learning: {{half_life_s: 600}}
 """

@@ -30,12 +30,10 @@ def _policy(worker: str, revision: str, max_concurrency: int = 1) -> str:
     routes = f"""routes:
   - {{name: capped, api_keys_env: LIFE_KEYS, max_concurrency: {max_concurrency},
      rate_limit: {{tokens_per_min: 1000000}}}}"""
-    # `learned` decides the code prompts these tests send; auto explores a cold option every time
-    # (explore_cold 1.0), so the first answer of a fresh learner takes an exploration slot
-    text = policy_yaml(plain=[worker], ngram=[worker], revision=revision, routes=routes,
+    # `learned` decides the code prompts these tests send; a fresh learner serves each option once per slice
+    # before its posterior draws decide (plain first), so its first answer takes an exploration slot
+    return policy_yaml(plain=[worker], ngram=[worker], revision=revision, routes=routes,
                        rules="  - {name: learned, when: {slice: code}, then: auto}\n")
-    assert text.count("learning: {explore: 0.0}") == 1
-    return text.replace("learning: {explore: 0.0}", "learning: {explore: 0.0, explore_cold: 1.0}")
 
 
 def _chat(content: str = CODE, **extra: object) -> dict:

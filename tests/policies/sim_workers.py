@@ -30,11 +30,15 @@ def speedup(slice_: str, proposer: str, k: int) -> float:
     return e_p * PLAIN_MS / (base + per * k)
 
 
-def best_fixed(slice_: str, ranges: dict[str, tuple[str, int]], min_gain: float) -> tuple[str, int, float] | None:
-    """(pool, k, speedup) of the best fixed configuration, or None when nothing beats plain by min_gain."""
+def best_fixed(slice_: str, ranges: dict[str, tuple[str, int]], min_gain: float,
+               grid: bool = False) -> tuple[str, int, float] | None:
+    """(pool, k, speedup) of the best fixed configuration, or None when nothing beats plain by min_gain.
+    ``grid``: only the draft lengths auto offers (1, 2, 4, ... and k_max: policies.auto.k_grid)."""
     best = None
     for pool, (proposer, k_max) in ranges.items():
         for k in range(1, k_max + 1):
+            if grid and k != k_max and k & (k - 1):
+                continue
             s = speedup(slice_, proposer, k)
             if best is None or s > best[2]:
                 best = (pool, k, s)

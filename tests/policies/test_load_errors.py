@@ -163,8 +163,8 @@ def test_yaml_syntax_error_has_position() -> None:
 
 
 def test_out_of_range_learning_value() -> None:
-    assert errors_of(BASE + "learning: {explore: 1.5}\n") == [
-        "p.yaml:14:21: learning.explore: expected float <= 1.0, got 1.5"]
+    assert errors_of(BASE + "learning: {repeat_bands: [1.5]}\n") == [
+        "p.yaml:14:27: learning.repeat_bands[0]: expected float <= 1.0, got 1.5"]
 
 
 def test_unreachable_slice_and_unknown_route_are_all_reported() -> None:

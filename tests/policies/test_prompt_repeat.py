@@ -132,3 +132,9 @@ def test_it_is_computed_only_when_asked_and_a_policy_says_whether_it_reads_it() 
     assert "prompt_repeat" not in neither and only_rule.count("prompt_repeat") == 1
     assert [reads_prompt_repeat(load_policy(text, "p.yaml")) for text in (POLICY, only_slices, only_rule, neither)
             ] == [True, True, True, False]
+    # an auto rule learns per prompt_repeat band (policies/auto.py), unless the bands are switched off
+    learning = neither.replace("then: bypass}", "then: auto}")
+    assert reads_prompt_repeat(load_policy(learning, "p.yaml"))
+    assert not reads_prompt_repeat(load_policy(learning + "learning: {repeat_bands: []}\n", "p.yaml"))
+    pinned = neither.replace("then: bypass}", "then: {pools: [ngram]}}")
+    assert reads_prompt_repeat(load_policy(pinned, "p.yaml"))

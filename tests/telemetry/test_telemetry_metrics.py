@@ -36,7 +36,7 @@ def known_sequence() -> list[RequestRecord]:
                       ttft_s=0.6, tpot_s=0.06, e2e_s=1.2, verify_ct=4, correct_drafts_histogram=[1, 1, 0, 2, 0],
                       slo_met=False, **IDE_CODE),
         RequestRecord(request_id="c", rule="learned", prompt_tokens=10, completion_tokens=50, ttft_s=0.1,
-                      tpot_s=0.04, e2e_s=2.06, slo_met=True, exploration="unconfirmed", **CHAT_PROSE),
+                      tpot_s=0.04, e2e_s=2.06, slo_met=True, exploration="thompson", **CHAT_PROSE),
         RequestRecord(request_id="d", rule="learned", status="upstream_error", http_status=502, prompt_tokens=10,
                       e2e_s=0.05, error_type="upstream_error", error_message="connection reset", **CHAT_PROSE),
         # rejected before a decision: no pool, no rule
@@ -72,8 +72,8 @@ def test_known_sequence_gives_exact_counters(policy):
     assert found[("specgate_output_tokens_total", lab(**CHAT_PROSE))] == 50
     assert only(found, "specgate_slo_met_total") == {ide: 1, lab(**CHAT_PROSE): 1}
     assert only(found, "specgate_slo_missed_total") == {ide: 1}
-    # c explored (plain decoding, unconfirmed near this load)
-    assert only(found, "specgate_explorations_total") == {lab(**CHAT_PROSE, kind="unconfirmed"): 1}
+    # c explored (plain decoding, a posterior draw)
+    assert only(found, "specgate_explorations_total") == {lab(**CHAT_PROSE, kind="thompson"): 1}
     # the exposition text itself carries the exact line
     text = telemetry.metrics_response()[0].decode()
     assert ('specgate_spec_rounds_total{pool="ngram",proposer="ngram",route="ide",slice="code"} 9.0'

@@ -79,7 +79,7 @@ def traffic(policy: Policy, rng: random.Random, start: float, end: float, per_s:
         elif slice_ == "tool_call" or rng.random() < 0.3:
             records.append(speculative_record(rng, request_id=rid, route=route, slice_=slice_, pool="draft",
                                               proposer="draft_model", rule="learned", k=3, at=t, slo_tpot_s=slo_tpot,
-                                              exploration="routine" if rng.random() < 0.2 else None,
+                                              exploration="thompson" if rng.random() < 0.2 else None,
                                               concurrency=load))
         else:
             status = "upstream_error" if rng.random() < 0.03 else "ok"
