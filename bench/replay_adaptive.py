@@ -2,6 +2,7 @@
 engines' own adaptive algorithms, on the mixed stream and per slice, at each load.
 
     python -m bench.replay_adaptive --trace TRACE --costs COSTS [--loads c1 c4 c16 p0.25 p0.5] [--seeds 20]
+        [--policy FILE ...]
 
 Contenders: the fixed arms (plain, n-gram k in --ks; draft-k2 if the trace has a self-draft pair), specgate's
 per-round controller (``ngram-k{K}-beta``), SGLang's ``--speculative-adaptive`` at its usual launch
@@ -14,6 +15,11 @@ fixed arm of that load (and over plain), 95% interval over seeds; (2) per slice 
 TPOT over the cell's best fixed arm (target <= 1.03), its SLO goodput over that arm's (>= 0.97) and its p50
 TPOT over plain's (<= 1.0); (3) the cost of learning: the stream replayed twice on one engine, the first
 pass (cold: the engine's pooled acceptance empty) over the second (warm), paired geomean TPOT.
+
+``--policy FILE`` adds a gateway policy (``auto``'s Thompson sampling, policies/auto.py, deciding per request
+through the real ``decide``) as a contender, ``policy:NAME``: per seed the stream is served twice on one
+engine and one learner, a warm-up pass in another order and then the measured pass (the issue's "after
+warm-up"); its cost of learning is the warm-up pass over the measured one, paired.
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ import sys
 from pathlib import Path
 
 from gateway.replay.book import RoundBook
-from gateway.replay.choosers import FixedChooser, Prices
+from gateway.replay.choosers import FixedChooser, PolicyChooser, Prices
 from gateway.replay.report import ALL, interval, ratio, split, summarise
-from gateway.replay.run import blocks, parse_arm, sweep
+from gateway.replay.run import blocks, load_policy, parse_arm, sweep
 from gateway.replay.sim import Load, Simulation
 from policies.costmodel import load_cost_model
 from policies.trace import read_trace
@@ -65,6 +71,40 @@ def cold_over_warm(prices: Prices, arm: str, load: str, seeds: int, max_running:
     return math.exp(mean), math.exp(lo), math.exp(hi)
 
 
+def warm_policy(prices: Prices, policy, load: str, seed: int, max_running: int) -> tuple[list, list]:
+    """(warm-up pass, measured pass) of a policy: one learner and one engine serve the stream in another
+    seed's order, then in this seed's order (the fixed arms' order, so requests pair)."""
+    book = prices.book
+    warmup, measured = blocks(book, "interleaved", seed + 10_000)[0], blocks(book, "interleaved", seed)[0]
+    chooser = PolicyChooser(policy, prices, seed, without_flags="exclude")
+    served = Simulation(chooser, Load.parse(load), [warmup, measured], seed, max_running=max_running,
+                        max_total_tokens=1 << 16).run()
+    return served[:len(warmup)], served[len(warmup):]
+
+
+def cell_table(summary: dict, mine: str, fixed: list[str], loads: list[str], slices: list[str]) -> tuple[int, int]:
+    """Print the per slice x load table of ``mine`` against each cell's best fixed arm; (cells met, cells)."""
+    print(f"\n## Per slice x load: {mine}'s p50 TPOT and SLO goodput against the cell's best fixed arm\n")
+    print("| load | slice | best fixed | p50 TPOT / best (<= 1.03) | goodput / best's (>= 0.97) | p50 TPOT / plain |")
+    print("|---|---|---|---|---|---|")
+    met = total = 0
+    for load in loads:
+        for slice_ in slices:
+            def p50(name: str) -> float:
+                return summary["cells"][f"{name}|{load}"][slice_]["tpot_ms"]["p50"]
+
+            def goodput(name: str) -> float:
+                return summary["cells"][f"{name}|{load}"][slice_]["goodput_rps"]
+
+            best = min(fixed, key=p50)
+            tp, gp = p50(mine) / p50(best), (goodput(mine) / goodput(best) if goodput(best) else float("nan"))
+            vs_plain = p50(mine) / p50("plain")
+            ok = tp <= 1.03 and (not goodput(best) or gp >= 0.97) and vs_plain <= 1.0
+            met, total = met + ok, total + 1
+            print(f"| {load} | {slice_} | {best} | {tp:.3f} | {gp:.3f} | {vs_plain:.3f} |")
+    return met, total
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.replay_adaptive", description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", type=Path, required=True, help="specgate trace build's output")
@@ -76,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k-max", type=int, default=16, help="the per-round contenders' largest k")
     parser.add_argument("--max-running-requests", type=int, default=16)
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--policy", type=Path, nargs="*", default=[],
+                        help="gateway policy files to replay as contenders (after a warm-up pass)")
     args = parser.parse_args(argv)
 
     trace = read_trace(args.trace)
@@ -93,6 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     adaptive = [f"ngram-k{args.k_max}-beta", "ngram-k7-sglang", f"ngram-k{args.k_max}-vllm={table}"]
     results.update(sweep(prices, [parse_arm(n, book) for n in adaptive], args.loads, args.seeds, "interleaved",
                          **common))
+    learning_cost: dict[tuple[str, str], list[float]] = {}
+    for path in args.policy:
+        name, policy = f"policy:{path.stem}", load_policy(path)
+        adaptive.append(name)
+        for load in args.loads:
+            for seed in range(args.seeds):
+                first, second = warm_policy(prices, policy, load, seed, args.max_running_requests)
+                results[(name, load, seed)] = second
+                tpot = {s.index: s.tpot for s in second if s.tpot}
+                learning_cost.setdefault((name, load), []).append(statistics.fmean(
+                    math.log(s.tpot / tpot[s.index]) for s in first if s.tpot and s.index in tpot))
     groups = split(results, slice_of)
     names = fixed + adaptive
     summary = summarise(results, names, args.loads, args.seeds, slice_of, slices, SLO)
@@ -112,30 +165,19 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}]")
         mp = ratio(groups, mine, "plain", load, ALL, args.seeds)
         print(f"| {load} | {best} ({over_plain:.3f}) | " + " | ".join(cells) + f" | {mp['ratio']:.3f} |")
-    print(f"\n## Per slice x load: {mine}'s p50 TPOT and SLO goodput against the cell's best fixed arm\n")
-    print("| load | slice | best fixed | p50 TPOT / best (<= 1.03) | goodput / best's (>= 0.97) | p50 TPOT / plain |")
-    print("|---|---|---|---|---|---|")
-    met = total = 0
-    for load in args.loads:
-        for slice_ in slices:
-            def p50(name: str) -> float:
-                return summary["cells"][f"{name}|{load}"][slice_]["tpot_ms"]["p50"]
-
-            def goodput(name: str) -> float:
-                return summary["cells"][f"{name}|{load}"][slice_]["goodput_rps"]
-
-            best = min(fixed, key=p50)
-            tp, gp = p50(mine) / p50(best), (goodput(mine) / goodput(best) if goodput(best) else float("nan"))
-            vs_plain = p50(mine) / p50("plain")
-            ok = tp <= 1.03 and (not goodput(best) or gp >= 0.97) and vs_plain <= 1.0
-            met, total = met + ok, total + 1
-            print(f"| {load} | {slice_} | {best} | {tp:.3f} | {gp:.3f} | {vs_plain:.3f} |")
-    print(f"\ncells meeting all three: {met}/{total}")
+    for subject in [mine] + [n for n in adaptive if n.startswith("policy:")]:
+        met, total = cell_table(summary, subject, fixed, args.loads, slices)
+        print(f"\ncells meeting all three: {met}/{total}")
     print(f"\n## Cost of learning: {mine}, first pass (cold engine) over second (warm), paired geomean TPOT\n")
     for load in ("c1", "c4"):
         r, lo, hi = cold_over_warm(prices, mine, load, min(args.seeds, 10), args.max_running_requests)
         print(f"- {load}: {r:.3f} [{lo:.3f}, {hi:.3f}] ({len(trace.requests)} requests per pass, "
               f"{len(trace.requests) // max(1, len(slices))} per slice)")
+    for (name, load), logs in learning_cost.items():
+        mean, lo, hi = interval(logs)
+        print(f"- {name} {load}: warm-up pass over measured pass {math.exp(mean):.3f} [{math.exp(lo):.3f}, "
+              f"{math.exp(hi):.3f}] (one learner from cold, {len(trace.requests) // max(1, len(slices))} "
+              "requests per slice per pass)")
     return 0
 
 

@@ -7,8 +7,10 @@ load bucket (the pool's running + waiting from ``/v1/loads`` or the gateway's in
 higher: :func:`policies.snapshot.load_concurrency`) and its ``prompt_repeat`` band (``learning.repeat_bands``).
 
 **Model.** y = log(seconds per output token) of one request served by option o in context x is
-Normal(mu[o, x], s2); s2, the spread between requests, is pooled over every option and context (a prior of
-0.3 worth ``NU0`` requests). mu[o, x] has a hierarchical Normal prior: the option's estimate from the
+Normal(mu[o, x], s2[o]); s2[o], the spread between requests, is the option's own, pooled over its contexts (a
+prior of 0.3 worth ``NU0`` requests): plain decoding's TPOT barely depends on the prompt, a speculative
+option's swings with its acceptance (bimodal within a slice), and a spread pooled over both made plain look as
+uncertain as speculation and re-measured it for nothing. mu[o, x] has a hierarchical Normal prior: the option's estimate from the
 slice's *other* load buckets, widened by ``TAU_LOAD``^2, then updated with this bucket's other repeat bands,
 widened by ``TAU_BAND``^2, then updated with this cell's own requests. Each level's data excludes the level
 below it, so no request is counted twice. An option never measured in the slice starts at the slice's plain
@@ -115,7 +117,7 @@ def _update(mean: float, var: float, w: float, sy: float, s2: float, f: float = 
 def posterior(snap, slice_: str, bucket: int, band: int, label: str, in_flight: float = 0.0) -> Posterior:
     """The posterior of mu[label, (slice_, bucket, band)] (module docstring), ``in_flight`` believer
     observations included."""
-    s2 = snap.arm_spread(S0 * S0, NU0)
+    s2 = snap.arm_spread(label, S0 * S0, NU0)
     (w2, y2, f2), (w1, y1, f1), (w0, y0, f0) = snap.arm_levels(slice_, bucket, band, label)
     mean, var = snap.arm_anchor(slice_), V0
     # the slice's other load buckets, then this bucket's other repeat bands (decayed as of the level's latest)

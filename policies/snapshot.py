@@ -179,19 +179,22 @@ class Snapshot:
             self._memo[key] = next((sy / w for w, sy in (plain, every, anywhere) if w > 1e-9), DEFAULT_LOG_TPOT)
         return self._memo[key]
 
-    def arm_spread(self, prior_var: float, prior_weight: float) -> float:
-        """The spread s2 of log TPOT between requests of one option in one context, pooled over all of them,
-        with a prior ``prior_var`` worth ``prior_weight`` requests."""
+    def arm_spread(self, label: str, prior_var: float, prior_weight: float) -> float:
+        """The spread s2 of log TPOT between requests of option ``label`` within one context, pooled over its
+        contexts in every slice, with a prior ``prior_var`` worth ``prior_weight`` requests."""
         key = ("arm_spread", prior_var, prior_weight)
-        if key not in self._memo:
-            ss, dof = prior_var * prior_weight, prior_weight
-            for s in self.data.arms.values():
+        by_label = self._memo.get(key)
+        if by_label is None:
+            sums: dict[str, list[float]] = {}
+            for name, s in self.data.arms.items():
                 if s.w > 1.0:
                     f = self.factor(s.t_ref)
-                    ss += max(0.0, s.syy - s.sy * s.sy / s.w) * f
-                    dof += (s.w - 1.0) * f
-            self._memo[key] = ss / dof
-        return self._memo[key]
+                    acc = sums.setdefault(name.split("|", 3)[3], [0.0, 0.0])
+                    acc[0] += max(0.0, s.syy - s.sy * s.sy / s.w) * f
+                    acc[1] += (s.w - 1.0) * f
+            by_label = self._memo[key] = {
+                lab: (prior_var * prior_weight + ss) / (prior_weight + dof) for lab, (ss, dof) in sums.items()}
+        return by_label.get(label, prior_var)
 
     def arm_ever(self, slice_: str, label: str, cell: tuple[int, int] | None = None) -> float:
         """Requests of ``label`` ever measured (undecayed) in ``slice_``, or in its (bucket, band) ``cell``."""

@@ -171,8 +171,10 @@ def _explain(args: argparse.Namespace) -> int:
         status = "matched" if r.matched else f"no ({r.failed})"
         print(f"rule {r.rule}: {status}")
     for c in trace.candidates:
-        pred = f"speedup {c.speedup:.2f}x" if c.speedup is not None else c.note
-        print(f"  candidate {c.pool} k={c.draft_tokens}: {pred}")
+        name = f"{c.pool} k={c.draft_tokens}" if c.pool else "plain"
+        accept = f", accept length {c.expected_accept_length:.2f}" if c.expected_accept_length is not None else ""
+        print(f"  option {name}: TPOT {c.predicted_tpot_ms:.1f} ms (sd {c.sd:.2f} in log), speedup "
+              f"{c.speedup:.2f}x, {c.samples:.1f} requests here, p_best {c.p_best:.2f}{accept}")
     what = "bypass (no speculation)" if d.bypass else f"{d.proposer} k={d.draft_tokens}"
     print(f"decision: pool {d.pool}, {what}, rule {d.rule}" + (" [safety fallback]" if d.fallback else ""))
     print(f"reason: {d.reason}")

@@ -159,7 +159,7 @@ def test_decay_does_not_lower_an_unserved_options_estimate_but_widens_it() -> No
     a = posterior(after, "prose", 0, 0, f"ngram@2#{pv}")
     assert a.mean == pytest.approx(b.mean, abs=0.01) and a.mean == pytest.approx(math.log(0.055), abs=0.03)
     assert a.var > 10 * b.var
-    assert share_speculating(p, before) == 0.0 and share_speculating(p, after) > 0.05
+    assert share_speculating(p, before) < 0.02 and share_speculating(p, after) > 0.1
 
 
 def test_a_new_load_bucket_is_re_measured_and_then_decided_on_its_own_evidence() -> None:
@@ -215,16 +215,18 @@ def test_prompt_repeat_bands_are_contexts_that_share_a_prior() -> None:
 
 
 def test_explorations_in_flight_count_as_observations_at_the_current_mean() -> None:
-    """A burst of arrivals on the same evidence does not all try the same untried option."""
+    """A burst of arrivals on the same evidence does not all try the same barely measured option: n-gram measured
+    once, 10% slower than plain, is drawn often alone and much less with six explorations of it in flight."""
     p = policy()
+    pv = p.pool_pair_version("ngram")
     rng = random.Random(7)
-    state = learned(p, [plain(noisy(rng, 0.05)) for _ in range(20)])
+    state = learned(p, [plain(noisy(rng, 0.05)) for _ in range(20)] + [spec(0.055, pv)])
     snap = state.snapshot(0.0, HEALTHY, 1)
     alone = share_speculating(p, snap)
     crowded = share_speculating(p, snap, exploring={"prose|ngram": 6})
-    assert alone > 0.45 and crowded < 0.3, (alone, crowded)
+    assert alone > 0.2 and crowded < alone / 2, (alone, crowded)
     assert share_speculating(p, snap, exploring={"code|ngram": 6}) == alone  # another slice's
-    assert share_speculating(p, snap, exploring=["prose|ngram"]) < alone  # a plain collection: one each
+    assert alone > share_speculating(p, snap, exploring=["prose|ngram"]) > crowded  # a plain collection: one each
 
 
 def test_a_new_pair_version_is_a_new_option_and_its_old_evidence_is_forgotten() -> None:
@@ -242,13 +244,20 @@ def test_a_new_pair_version_is_a_new_option_and_its_old_evidence_is_forgotten() 
     assert data.acceptance == {} and sorted(data.arms) == ["prose|0|0|none"]
 
 
-def test_the_spread_is_learned_from_the_requests() -> None:
+def test_the_spread_is_learned_per_option_from_its_requests() -> None:
+    """Plain TPOT barely depends on the prompt; a speculative option's swings with acceptance. Each option's
+    spread is its own, so plain's estimate is not made as uncertain as speculation's."""
     p = policy()
+    pv = p.pool_pair_version("ngram")
     rng = random.Random(9)
-    tight = learned(p, [plain(noisy(rng, 0.05)) for _ in range(200)]).snapshot(0.0, HEALTHY, 1)
-    wide = learned(p, [plain(0.05 * math.exp(rng.gauss(0.0, 0.6))) for _ in range(200)]).snapshot(0.0, HEALTHY, 1)
-    assert tight.arm_spread(0.09, 4.0) == pytest.approx(0.01, rel=0.3)
-    assert wide.arm_spread(0.09, 4.0) == pytest.approx(0.36, rel=0.3)
+    state = learned(p, [o for _ in range(200) for o in (
+        plain(noisy(rng, 0.05)), spec(0.04 * math.exp(rng.gauss(0.0, 0.6)), pv))])
+    snap = state.snapshot(0.0, HEALTHY, 1)
+    assert snap.arm_spread("none", 0.09, 4.0) == pytest.approx(0.01, rel=0.35)
+    assert snap.arm_spread(f"ngram@2#{pv}", 0.09, 4.0) == pytest.approx(0.36, rel=0.3)
+    assert snap.arm_spread("never-served", 0.09, 4.0) == 0.09  # the prior
+    by = {c.pool: c for c in explain(p, PROSE, snap).candidates}
+    assert by[""].sd < by["ngram"].sd / 4
 
 
 def test_failed_outcomes_are_counted_not_learned() -> None:

@@ -61,3 +61,29 @@ def test_explain_request_and_stats(tmp_path: Path) -> None:
     req.write_text(json.dumps({"max_tokens": 64, "bogus": 1}))
     out = run("explain", DEFAULT, "--request", str(req))
     assert out.returncode == 1 and "bogus" in out.stderr
+
+
+def test_explain_lists_every_auto_option_with_its_posterior(tmp_path: Path) -> None:
+    from policies.load import load_policy_file
+
+    pv = load_policy_file(DEFAULT).pool_pair_version("ngram-adaptive")
+    # 20 code requests each (bucket 0, band 0): plain at 50 ms a token, the per-round pool at 25 ms
+    arm = {"t_ref": 0.0, "w": 20.0, "ever": 20.0}
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({
+        "half_life_s": 600.0, "pools": {p: {"healthy": True, "pair_verified": True} for p in
+                                        ("plain", "ngram", "ngram-adaptive", "draft")},
+        "arms": {"code|0|0|none": arm | {"sy": 20 * -2.995732, "syy": 20 * 2.995732 ** 2},
+                 f"code|0|0|ngram-adaptive@16#{pv}": arm | {"sy": 20 * -3.688879, "syy": 20 * 3.688879 ** 2}}}))
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps({"max_tokens": 64, "code_score": 0.9}))
+    out = run("explain", DEFAULT, "--request", str(req), "--stats", str(stats))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "  option plain: TPOT 50.0 ms (sd 0.03 in log), speedup 1.00x, 20.0 requests here, p_best 0.00" in lines
+    assert ("  option ngram-adaptive k=16: TPOT 25.0 ms (sd 0.03 in log), speedup 2.00x, 20.0 requests here, "
+            "p_best 1.00") in lines
+    assert "decision: pool ngram-adaptive, ngram k=16, rule learned" in lines
+    # each option's spread: a prior of 0.3^2 worth 4 requests and 19 requests' worth of zero spread ->
+    # s2 = 0.36 / 23; over its 20 requests: sd sqrt(s2 / 20) = 0.03
+    assert lines[-1] == "reason: rule 'learned' auto: pool 'ngram-adaptive' k=16, posterior-mean speedup 2.00x over plain"
