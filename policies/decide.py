@@ -239,14 +239,15 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatu
         trace.candidates = [msgspec.structs.replace(x, expected_accept_length=_accept_length(
             policy, comp, snap, features.route, slice_, x.pool)) if x.pool else x for x in c.candidates]
         trace.t_plain = c.plain_tpot_s
-    how = {"cold": "exploring (never measured here) ", "thompson": "exploring (a posterior draw) ", None: ""}[
-        c.exploration]
+    # "auto: exploring WHAT (why)": bench/serve/analyse.py names an exploration by WHAT
+    verb = "" if c.exploration is None else "exploring "
+    why = {"cold": " (never measured here)", "thompson": " (a posterior draw)", None: ""}[c.exploration]
     if not c.pool:
-        return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: {how}plain decoding", pools,
+        return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: {verb}plain decoding{why}", pools,
                       exploration=c.exploration)
     accept = _accept_length(policy, comp, snap, features.route, slice_, c.pool)
     return _speculate(policy, slice_, c.pool, c.k, rule,
-                      f"rule '{rule}' auto: {how}pool '{c.pool}' k={c.k}, posterior-mean speedup "
+                      f"rule '{rule}' auto: {verb}pool '{c.pool}' k={c.k}{why}, posterior-mean speedup "
                       f"{c.speedup:.2f}x over plain", exploration=c.exploration,
                       speedup=c.speedup if c.exploration is None else None, accept_length=accept)
 

@@ -143,6 +143,13 @@ def test_explorations_are_counted_per_adaptive_arm_and_load_from_the_decision_re
     text = "\n".join(section(_result(reqs, ["c4", "p1"])))
     assert ("| adaptive-warm | p1 | 2 / 3 | the cost slope of pool 'ngram' k=4 1, unconfirmed plain decoding 1 |"
             in text)
+    # today's reasons (policies/decide.py, Thompson sampling): "auto: exploring WHAT (why), ..."
+    today = [_req("adaptive-warm", "c1", "a", "ngram:2", 60.0, explored=True, reason=why + "pool 'ngram' k=2 "
+                  "(never measured here), posterior-mean speedup 1.00x over plain"),
+             _req("adaptive-warm", "c1", "b", "plain:0", 90.0, explored=True, reason=why + "plain decoding "
+                  "(a posterior draw)")]
+    got = explorations(_result(today, ["c1"]))
+    assert dict(got["adaptive-warm", "c1"][1]) == {"pool 'ngram' k=2": 1, "plain decoding": 1}
 
 
 def _replicated() -> dict:

@@ -95,11 +95,12 @@ def test_a_fresh_learner_serves_every_option_once_then_draws() -> None:
     assert d.reason == "rule 'learned' auto: plain decoding" and d.speculation_override == {"proposer": "none"}
     first = decide(p, PROSE, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(0))
     assert (first.bypass, first.exploration, first.reason) == (
-        True, "cold", "rule 'learned' auto: exploring (never measured here) plain decoding")
+        True, "cold", "rule 'learned' auto: exploring plain decoding (never measured here)")
     state.record(plain(0.05))
     snap = state.snapshot(0.0, HEALTHY, 1)
     second = decide(p, PROSE, snap, rng=random.Random(0))
     assert (second.pool, second.draft_tokens, second.exploration) == ("ngram", 2, "cold")
+    assert second.reason.startswith("rule 'learned' auto: exploring pool 'ngram' k=2 (never measured here), ")
     # while that one is in flight the draws decide: n-gram has no data, plain one request
     busy = share_speculating(p, snap, exploring={"prose|ngram": 1})
     assert 0.0 < busy < 0.5
