@@ -10,11 +10,11 @@ higher: :func:`policies.snapshot.load_concurrency`) and its ``prompt_repeat`` ba
 Normal(mu[o, x], s2[o]); s2[o], the spread between requests, is the option's own, pooled over its contexts (a
 prior of 0.3 worth ``NU0`` requests): plain decoding's TPOT barely depends on the prompt, a speculative
 option's swings with its acceptance (bimodal within a slice), and a spread pooled over both made plain look as
-uncertain as speculation and re-measured it for nothing. mu[o, x] has a hierarchical Normal prior: the option's estimate from the
-slice's *other* load buckets, widened by ``TAU_LOAD``^2, then updated with this bucket's other repeat bands,
-widened by ``TAU_BAND``^2, then updated with this cell's own requests. Each level's data excludes the level
-below it, so no request is counted twice. An option never measured in the slice starts at the slice's plain
-TPOT (else the slice's mean over all options) with variance ``V0``. Every sum is decayed (half-life
+uncertain as speculation and re-measured it for nothing. mu[o, x] has a hierarchical Normal prior: the
+option's estimate from the slice's *other* load buckets, widened by ``TAU_LOAD``^2, then updated with this
+bucket's other repeat bands, widened by ``TAU_BAND``^2, then updated with this cell's own requests. Each
+level's data excludes the level below it, so no request is counted twice. An option never measured in the
+slice starts at the slice's plain TPOT (else the slice's mean over all options) with variance ``V0``. Every sum is decayed (half-life
 ``learning.half_life_s``), so old evidence weighs less than new; a posterior *mean* uses the sums as of the
 latest outcome behind them and does not move while nothing is observed, while its *variance* uses them
 decayed to now and grows back toward the prior's.
@@ -23,9 +23,9 @@ decayed to now and grows back toward the prior's.
 must beat plain's draw by log(``learning.min_gain``). Without a random source (explanations) the posterior
 means decide. An option never served in the slice is served first (one request each, in the rule's order,
 plain first; not while one is in flight on its pool), as bandits pull every arm once: a hierarchical prior
-with no data under it is only the anchor's guess. Every request in flight exploring an option counts as one more observation at its current
-mean (the "believer" rule of batched Thompson sampling), so a burst of arrivals does not all try the same
-untried option on the same evidence.
+with no data under it is only the anchor's guess. Every request in flight exploring an option counts as one
+more observation at its current mean (the "believer" rule of batched Thompson sampling), so a burst of
+arrivals does not all try the same barely measured option on the same evidence.
 
 Why this suffices (sketch): Thompson sampling serves each option with the posterior probability that it is
 the best; with Gaussian rewards its expected regret over T requests is O(sqrt(K T log K)) for K options
@@ -38,7 +38,7 @@ per-context means make costs per slice and per load by construction. The objecti
 TPOT; what its drafts cost the sequences beside it is charged inside the embedded engine, whose per-round
 controller maximises the whole step's committed tokens per second (backends/engine/adaptive.py).
 
-Assumptions: requests in one context are exchangeable; the log TPOT spread is similar across options.
+Assumptions: requests in one context are exchangeable; an option's log TPOT spreads alike in all its contexts.
 """
 
 from __future__ import annotations
