@@ -14,8 +14,8 @@ uncertain as speculation and re-measured it for nothing. mu[o, x] has a hierarch
 option's estimate from the slice's *other* load buckets, widened by ``TAU_LOAD``^2, then updated with this
 bucket's other repeat bands, widened by ``TAU_BAND``^2, then updated with this cell's own requests. Each
 level's data excludes the level below it, so no request is counted twice. An option never measured in the
-slice starts at the slice's plain TPOT (else the slice's mean over all options) with variance ``V0``. Every sum is decayed (half-life
-``learning.half_life_s``), so old evidence weighs less than new; a posterior *mean* uses the sums as of the
+slice starts at the slice's plain TPOT (else the slice's mean over all options) with variance ``V0``. Every
+sum is decayed (half-life ``learning.half_life_s``), so old evidence weighs less than new; a posterior *mean* uses the sums as of the
 latest outcome behind them and does not move while nothing is observed, while its *variance* uses them
 decayed to now and grows back toward the prior's.
 
