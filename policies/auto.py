@@ -15,9 +15,9 @@ option's estimate from the slice's *other* load buckets, widened by ``TAU_LOAD``
 bucket's other repeat bands, widened by ``TAU_BAND``^2, then updated with this cell's own requests. Each
 level's data excludes the level below it, so no request is counted twice. An option never measured in the
 slice starts at the slice's plain TPOT (else the slice's mean over all options) with variance ``V0``. Every
-sum is decayed (half-life ``learning.half_life_s``), so old evidence weighs less than new; a posterior *mean* uses the sums as of the
-latest outcome behind them and does not move while nothing is observed, while its *variance* uses them
-decayed to now and grows back toward the prior's.
+sum is decayed (half-life ``learning.half_life_s``), so old evidence weighs less than new; a posterior *mean*
+uses the sums as of the latest outcome behind them and does not move while nothing is observed, while its
+*variance* uses them decayed to now and grows back toward the prior's.
 
 **Decision.** Draw mu[o, x] from every option's posterior and serve the smallest draw; a speculative option
 must beat plain's draw by log(``learning.min_gain``). Without a random source (explanations) the posterior
