@@ -25,7 +25,7 @@ import torch
 from backends.engine.engine import Engine
 from backends.engine.runner import Feed
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
-from tests.engine.engine_helpers import FULL_SIZE, CacheRecorder, run_all, workload_prompts
+from tests.engine.engine_helpers import FULL_SIZE, FrozenCosts, CacheRecorder, run_all, workload_prompts
 
 pytestmark = pytest.mark.real_model
 
@@ -124,9 +124,12 @@ SIZES = {"fast": Size(per_slice=2, tokens=16, short_tokens=128, long_tokens=300)
 
 @pytest.fixture(scope="module")
 def engine(real_model, real_tokenizer):
-    """The real engine's model and settings (its draft_layers: the self-draft of the engine as shipped), 8 running."""
-    return Engine(dataclasses.replace(real_model.config, max_running_requests=8), model=real_model.runner.model,
-                  tokenizer=real_tokenizer)
+    """The real engine's model and settings (its draft_layers: the self-draft of the engine as shipped), 8 running,
+    with a fixed cost model (FrozenCosts), so the adaptive configuration's rounds do not depend on machine load."""
+    engine = Engine(dataclasses.replace(real_model.config, max_running_requests=8), model=real_model.runner.model,
+                    tokenizer=real_tokenizer)
+    engine.costs = FrozenCosts()
+    return engine
 
 
 def logit_gap(engine: Engine, context: list[int]) -> float:

@@ -27,7 +27,7 @@ import pytest
 
 from backends.engine.engine import Engine
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
-from tests.engine.engine_helpers import FULL_SIZE, run_all, workload_prompts
+from tests.engine.engine_helpers import FULL_SIZE, FrozenCosts, run_all, workload_prompts
 
 pytestmark = pytest.mark.real_model
 
@@ -80,9 +80,12 @@ def request_sampling(index: int, first_of_slice: bool, size: Size, plain):
 
 @pytest.fixture(scope="module")
 def engine(real_model, real_tokenizer):
-    """The real engine's model with a 2-layer self-draft (shares every weight tensor)."""
-    return Engine(dataclasses.replace(real_model.config, draft_layers=2), model=real_model.runner.model,
-                  tokenizer=real_tokenizer)
+    """The real engine's model with a 2-layer self-draft (shares every weight tensor) and a fixed cost model
+    (FrozenCosts), so the adaptive configurations' rounds do not depend on machine load."""
+    engine = Engine(dataclasses.replace(real_model.config, draft_layers=2), model=real_model.runner.model,
+                    tokenizer=real_tokenizer)
+    engine.costs = FrozenCosts()
+    return engine
 
 
 def size_prompts(tokenizer, size: Size) -> list[tuple[str, str, tuple[int, ...]]]:
