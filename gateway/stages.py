@@ -239,16 +239,19 @@ def outcome(f: Finished) -> Outcome | None:
         return None
     r = f.relayed
     s = r.stats
+    tpot = _learned_tpot(f, _tpot(f)[1])
+    speculative = proposer != "none" and k > 0
     return Outcome(
         route=f.route, slice=d.slice, pool=pool, pair_version=f.pair_version, proposer=proposer,
         draft_tokens=k, completion_tokens=r.completion_tokens, verify_ct=s.verify_ct if s else 0,
         correct_drafts_histogram=list(s.histogram or ()) if s else [],
         accepted_per_position=_positions(s.accepted_per_position) if s else None,
         reached_per_position=_positions(s.reached_per_position) if s else None,
-        ttft_s=r.ttft_s if f.stream else None, tpot_s=_learned_tpot(f, _tpot(f)[1]), e2e_s=f.e2e_s,
+        ttft_s=r.ttft_s if f.stream else None, tpot_s=tpot, e2e_s=f.e2e_s,
         concurrency=round(f.mean_concurrency), ok=f.ending.status == "ok", status=f.ending.http_status,
         draft_s=s.draft_s if s else None, verify_s=s.verify_s if s else None, timestamp=time.monotonic(),
-        prompt_repeat=f.admitted.features.prompt_repeat if f.admitted is not None else None)
+        prompt_repeat=f.admitted.features.prompt_repeat if f.admitted is not None else None,
+        plain_tpot_s=tpot * s.plain_ratio if speculative and tpot and s and s.plain_ratio else None)
 
 
 def slo_met(f: Finished) -> bool | None:

@@ -19,6 +19,13 @@ sum is decayed (half-life ``learning.half_life_s``), so old evidence weighs less
 uses the sums as of the latest outcome behind them and does not move while nothing is observed, while its
 *variance* uses them decayed to now and grows back toward the prior's.
 
+**Counterfactual evidence for plain.** A speculative request's worker may report what plain decoding would
+have cost it (``specgate_plain_ratio``, the embedded engine's step-cost model: each round's step without its
+drafts' marginal cost; ``Outcome.plain_tpot_s``); that counts as one observation of plain in the request's
+context. Plain is then measured wherever speculation serves, so it need not be served to be known, and
+Thompson sampling explores it only where its draw can win. A real SGLang server sends no such estimate; plain
+is then learned from the requests it serves.
+
 **Decision.** Draw mu[o, x] from every option's posterior and serve the smallest draw; a speculative option
 must beat plain's draw by log(``learning.min_gain``). Without a random source (explanations) the posterior
 means decide. An option never served in the slice is served first (one request each, in the rule's order,
@@ -53,8 +60,12 @@ import msgspec
 from policies.schema import Policy
 
 NU0, S0 = 4.0, 0.3  # the spread's prior: 0.3 in log TPOT (1.35x), worth 4 requests
-TAU_LOAD = 0.5  # how far an option's log TPOT in one load bucket may sit from the slice's other buckets
-TAU_BAND = 0.25  # ... in one prompt_repeat band from the bucket's other bands
+# how far an option's log TPOT in one load bucket may sit from the slice's other buckets (prior sd), and in one
+# prompt_repeat band from the bucket's other bands: tight, so a cell's few requests refine what the slice's
+# others measured rather than re-measure it (replayed, 80 workload requests, two samples: 0.5 / 0.25 explored
+# plain again in every new Poisson-load cell, 4-5% slower at p0.25; docs/benchmarks.md)
+TAU_LOAD = 0.1
+TAU_BAND = 0.1
 V0 = 1.0  # variance of the first guess for an option never measured in the slice (a factor e either way)
 DEFAULT_LOG_TPOT = math.log(0.05)  # nothing measured anywhere: 50 ms a token; only ranks equal options
 PLAIN = "none"  # the option label of plain decoding

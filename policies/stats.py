@@ -62,6 +62,9 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     verify_s: float | None = None
     timestamp: float = 0.0
     prompt_repeat: float | None = None  # the request's feature (auto's context: its repeat band)
+    # a speculative request's counterfactual: the TPOT plain decoding would have had, as the worker estimates it
+    # (its measured TPOT times the ``specgate_plain_ratio`` it reports); auto counts it as evidence for plain
+    plain_tpot_s: float | None = None
 
 
 class _Sums:
@@ -124,7 +127,10 @@ class LearningState:
         t, bucket = o.timestamp, self._bucket(o.concurrency)
         speculative = o.proposer != "none" and o.draft_tokens > 0
         if o.tpot_s is not None and o.completion_tokens >= 2:
-            self._arm(o, t, bucket, option_label(o.pool, o.draft_tokens, o.pair_version) if speculative else PLAIN)
+            self._arm(o, t, bucket, option_label(o.pool, o.draft_tokens, o.pair_version) if speculative else PLAIN,
+                      o.tpot_s)
+            if speculative and o.plain_tpot_s is not None:
+                self._arm(o, t, bucket, PLAIN, o.plain_tpot_s)
         if not speculative or o.verify_ct <= 0:
             return
         reached, accepted = self._positions(o)
@@ -146,11 +152,11 @@ class LearningState:
                 reached=tuple(sums.a), accepted=tuple(sums.b), ever_requests=ever[0], ever_rounds=ever[1],
                 ever_curve_rounds=ever[3])
 
-    def _arm(self, o: Outcome, t: float, bucket: int, label: str) -> None:
+    def _arm(self, o: Outcome, t: float, bucket: int, label: str, tpot_s: float) -> None:
         """One request's log TPOT under ``slice|bucket|band|option`` (auto's Thompson sampling)."""
         key = f"{o.slice}|{bucket}|{repeat_band(self.learning, o.prompt_repeat)}|{label}"
         sums, w = self._sums_for("arms", key, t, 3)
-        y = math.log(max(o.tpot_s, 1e-6))
+        y = math.log(max(tpot_s, 1e-6))
         h = sums.head
         h[0] += w
         h[1] += w * y

@@ -89,6 +89,7 @@ class Engine:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_ids = frozenset(eos_ids)
         self.costs = StepCosts()
+        self._step_shape = (1, 1)  # (tokens, sequences) of the step being postprocessed
         self.scheduler = Scheduler(config.max_running_requests, config.max_total_tokens,
                                    config.max_waiting_requests)
         self._draft_runner: ModelRunner | None = None
@@ -181,6 +182,7 @@ class Engine:
                     self._fail(work.seq, exc)
             else:
                 self.costs.observe_forward(result.tokens, result.seconds, seqs=len(works))
+                self._step_shape = (result.tokens, len(works))
                 for work, logits in zip(works, result.logits):
                     try:
                         if work.seq.status is Status.PREFILL:
@@ -323,9 +325,14 @@ class Engine:
                 slot.adaptive.observe(len(drafts), verdict.accepted, match_context(proposal.match))
         overhead = max(0.0, time.perf_counter() - work.started - proposal.seconds - forward_s)
         self.costs.observe_overhead(overhead)
+        # the counterfactual plain step: this step without the drafts' marginal cost (the step cost model's
+        # forward of its tokens less this round's drafts) and without drafting
+        tokens, seqs = self._step_shape
+        marginal = self.costs.forward(tokens, seqs) - self.costs.forward(tokens - len(drafts), seqs) if drafts else 0.0
         seq.stats.record(RoundStats(
             k=len(drafts), accepted=verdict.accepted, budget=work.budget, committed=len(committed),
-            bonus=verdict.bonus, draft_s=proposal.seconds, verify_s=forward_s, overhead_s=overhead))
+            bonus=verdict.bonus, draft_s=proposal.seconds, verify_s=forward_s, overhead_s=overhead,
+            plain_s=max(0.0, forward_s - marginal) + overhead))
         seq.stats.completion_tokens = len(seq.output_ids)
         if seq.stats.first_token_s is None:
             seq.stats.first_token_s = time.perf_counter() - seq.submitted_at

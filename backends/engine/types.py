@@ -172,6 +172,10 @@ class RoundStats:
     draft_s: float
     verify_s: float
     overhead_s: float
+    # what the round would have cost as a plain step (the engine's estimate, Engine._verify): its step's forward
+    # less the drafts' marginal cost in the step cost model, plus the overhead; draft_s + verify_s + overhead_s
+    # when it drafted nothing. Defaults to that.
+    plain_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -201,6 +205,7 @@ class RequestStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     overhead_s: float = 0.0
+    plain_s: float = 0.0  # sum of RoundStats.plain_s
     queue_s: float = 0.0  # waiting before the first forward
     first_token_s: float | None = None  # from submit to the first committed token
     e2e_s: float | None = None
@@ -209,6 +214,16 @@ class RequestStats:
     def accept_length(self) -> float:
         """completion_tokens / verify_ct, as SGLang computes spec_accept_length (includes the bonus)."""
         return self.completion_tokens / self.verify_ct if self.verify_ct else 0.0
+
+    @property
+    def plain_ratio(self) -> float | None:
+        """The engine's estimate of plain decoding's time for this request's tokens over the time its rounds
+        took: plain needs one step per token, each costing the mean of the rounds' ``plain_s``; the rounds
+        cost draft + verify + overhead. 1.0 for a request that never drafted; None before any round."""
+        spent = self.draft_s + self.verify_s + self.overhead_s
+        if not self.verify_ct or spent <= 0:
+            return None
+        return self.completion_tokens * self.plain_s / (self.verify_ct * spent)
 
     def record(self, r: RoundStats) -> None:
         self.verify_ct += 1
@@ -234,6 +249,7 @@ class RequestStats:
         self.draft_s += r.draft_s
         self.verify_s += r.verify_s
         self.overhead_s += r.overhead_s
+        self.plain_s += r.draft_s + r.verify_s + r.overhead_s if r.plain_s is None else r.plain_s
 
 
 @dataclass(frozen=True, slots=True)

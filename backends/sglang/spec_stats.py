@@ -45,6 +45,7 @@ class SpecStats(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     reached_per_position: tuple[int, ...] | None = None
     draft_s: float | None = None
     verify_s: float | None = None
+    plain_ratio: float | None = None  # specgate's embedded worker: plain decoding's estimated time over this one's
 
 
 def _first(*values: Any) -> Any:
@@ -91,6 +92,7 @@ def spec_stats_from(source: MetaInfo | SpecTokensDetails) -> SpecStats | None:
         reached_per_position=_as_tuple(source.spec_reached_per_position),
         draft_s=source.spec_draft_s,
         verify_s=source.spec_verify_s,
+        plain_ratio=source.specgate_plain_ratio,
     )
 
 

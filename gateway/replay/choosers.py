@@ -257,5 +257,7 @@ class PolicyChooser:
             reached_per_position=list(prof.reached_per_position) if speculative else None,
             ttft_s=served.ttft, tpot_s=served.tpot, e2e_s=served.e2e, concurrency=round(served.concurrency),
             draft_s=prof.draft_s, verify_s=prof.verify_s, timestamp=t,
-            prompt_repeat=request.features.prompt_repeat))
+            prompt_repeat=request.features.prompt_repeat,
+            plain_tpot_s=served.tpot * served.plain_ratio
+            if speculative and served.tpot and served.plain_ratio else None))
         self._dirty = True

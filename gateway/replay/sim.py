@@ -75,6 +75,8 @@ class Flight:
     verify_s: float = 0.0  # the forwards of its rounds, whole steps, as the worker reports them
     area: float = 0.0  # the gateway's busy area at arrival (mean concurrency)
     walker: object = None
+    round_s: float = 0.0  # its rounds' seconds: each step's forward and the round's own seconds outside it
+    plain_round_s: float = 0.0  # the same, had each round fed one token and drafted nothing (the worker's estimate)
 
 
 @dataclass(slots=True)
@@ -101,6 +103,7 @@ class Served:
     accepted: int
     choice: object
     concurrency: float
+    plain_ratio: float | None = None  # plain decoding's estimated time over this request's (the worker's)
 
     @property
     def tpot(self) -> float | None:
@@ -211,7 +214,7 @@ class Simulation:
             batch = len(running)
             rounds: list[tuple[int, int]] = []
             chunks: list[tuple[int, int]] = []
-            serial, fed, decoded = 0.0, 0, []
+            serial, fed, decoded, own = 0.0, 0, [], []
             for flight in running:  # Engine._schedule: a round per decoding sequence
                 if not flight.decoding:
                     continue
@@ -219,11 +222,12 @@ class Simulation:
                 if walker is None:
                     p, pos = flight.profile, flight.pos
                     shape = (p.fed[pos], p.context[pos])
-                    serial += p.serial[pos]
+                    extra = p.serial[pos]
                 else:
                     width, context, extra = walker.next_round(batch)
                     shape = (width, context)
-                    serial += extra
+                serial += extra
+                own.append(extra)
                 rounds.append(shape)
                 fed += shape[0]
                 decoded.append(flight)
@@ -239,6 +243,14 @@ class Simulation:
             forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
             t += serial + forward
             finished = False
+            per_round, width = costs.overhead_s + costs.serving_s, len(rounds)
+            for flight, (tokens, context), extra in zip(decoded, rounds, own):
+                # RoundStats as the worker records them: the round is the step's forward and its own seconds
+                # outside it; its plain counterfactual (Engine._verify) the forward less its drafts' share of
+                # the step's price, plus the round's overhead
+                flight.round_s += forward + extra
+                flight.plain_round_s += max(0.0, forward - (costs.forward_s(tokens, context, width)
+                                                            - costs.forward_s(1, context, width)) / width) + per_round
             for flight in decoded:
                 flight.pos += 1
                 flight.verify_s += forward
@@ -274,7 +286,9 @@ class Simulation:
         p = flight.profile = replace(flight.profile, verify_s=flight.verify_s)
         served = Served(index=flight.index, arrival=flight.arrival, ttft=flight.ttft if flight.ttft is not None
                         else e2e, e2e=e2e, tokens=p.tokens, verify_ct=p.verify_ct, accepted=p.accepted,
-                        choice=flight.choice, concurrency=area / e2e if e2e > 0 else 1.0)
+                        choice=flight.choice, concurrency=area / e2e if e2e > 0 else 1.0,
+                        plain_ratio=p.tokens * flight.plain_round_s / (flight.pos * flight.round_s)
+                        if flight.pos and flight.round_s > 0 else None)
         self.served.append(served)
         self.chooser.finished(served, flight.profile, t, self)
         if self.load.concurrency is not None and self._queue:

@@ -67,13 +67,15 @@ def tiny_llama(*, vocab: int, seed: int, layers: int = 2, hidden: int = 64, logi
 
 
 def make_tiny_engine(tokenizer, *, seed: int = 0, logit_scale: float = 20.0, vocab: int | None = None,
-                     **config) -> Engine:
-    """An engine around ``tiny_llama`` (draft_model = its first layer) with FrozenCosts, so what a per-round
-    controller chooses does not depend on machine load; ``config`` overrides EngineConfig."""
+                     frozen_costs: bool = True, **config) -> Engine:
+    """An engine around ``tiny_llama`` (draft_model = its first layer), with FrozenCosts unless ``frozen_costs``
+    is False (a worker's engine, which measures its steps), so what a per-round controller chooses does not
+    depend on machine load; ``config`` overrides EngineConfig."""
     model = tiny_llama(vocab=vocab or len(tokenizer), seed=seed, logit_scale=logit_scale)
     config.setdefault("draft_layers", 1)
     engine = Engine(EngineConfig(model_path="<tiny>", calibrate=False, **config), model=model, tokenizer=tokenizer)
-    engine.costs = FrozenCosts()
+    if frozen_costs:
+        engine.costs = FrozenCosts()
     return engine
 
 

@@ -297,7 +297,7 @@ def test_acceptance_is_learned_per_context_and_k_follows_the_context():
 def test_a_new_sequence_starts_from_the_engines_pooled_acceptance():
     pooled = PooledAcceptance()
     old = BetaDraftLength(k_max=4, cost=ngram_cost, pooled=pooled)
-    for _ in range(100):
+    for _ in range(300):  # more than POOL_STRENGTH rounds in each context (discounted by POOL_DISCOUNT)
         old.observe(4, 4, context=8)
         old.observe(4, 0, context=1)
     new = BetaDraftLength(k_max=4, cost=ngram_cost, pooled=pooled)

@@ -268,6 +268,12 @@ def test_a_whole_answer_has_the_workers_tpot_and_a_real_sglang_one_has_none():
         rec = record(f)
         assert (rec.tpot_s, rec.tpot_source, rec.ttft_s) == (tpot, source, 2.0)  # a whole answer's TTFT: e2e
         assert outcome(f).tpot_s == learned
+    # the worker's counterfactual (specgate_plain_ratio): plain decoding's TPOT for the learner, from this TPOT
+    tally = Tally(0.0)
+    estimated = embedded[:-1] + ',"specgate_plain_ratio":1.6}'
+    tally.take(msgspec.json.decode(_answer(estimated), type=ChatCompletionResponse))
+    assert outcome(_finished(tally.relayed(), stream=False)).plain_tpot_s == pytest.approx(0.025 * 1.6)
+    assert outcome(f).plain_tpot_s is None  # a real SGLang server sends none
     # the load the request saw, for the dashboard's speedup per load bucket: what the learner is given too
     f = _finished(Tally(0.0).relayed(), stream=False, mean_concurrency=5.6)
     assert record(f).concurrency == outcome(f).concurrency == 6

@@ -374,3 +374,24 @@ def test_a_policy_with_an_adaptive_pool_is_replayed_with_its_per_round_controlle
     with pytest.raises(ValueError, match="pool ngram-adaptive: a per-round draft length replays with ngram and "
                                          "draft_model, not suffix"):
         PolicyChooser(suffix, prices_of(*reqs, header=header), seed=0, without_flags="exclude")
+
+
+def test_each_request_reports_the_workers_plain_counterfactual():
+    """``Served.plain_ratio``, as the worker computes it (Engine._verify): per round, the step's forward less
+    the round's drafts' share (alone: the forward of one token), plus the overhead; over the rounds' own
+    seconds, scaled by tokens per round. A plain request's is 1."""
+    cycle = list(range(1, 11))
+    prices = prices_of(request(0, 0, rid="copy", prompt=cycle * 5, output=cycle * 2))  # n-gram drafts the cycle
+    for option in (Option("ngram", 4), PLAIN):
+        chooser = FixedChooser(option, prices, 0)
+        seen = {}
+        chooser.finished = lambda served, prof, t, sim: seen.update(served=served, prof=prof)
+        Simulation(chooser, Load.parse("c1"), [[0]], 0, max_running=16, max_total_tokens=1 << 16).run()
+        served, prof = seen["served"], seen["prof"]
+        if option is PLAIN:
+            assert served.plain_ratio == pytest.approx(1.0, rel=1e-12)
+            continue
+        assert prof.accepted > 0 and served.verify_ct < served.tokens == 20
+        spent = sum(forward(f, c) + s for f, c, s in zip(prof.fed, prof.context, prof.serial))
+        plain = sum(forward(1, c) + OVERHEAD for c in prof.context)
+        assert served.plain_ratio == pytest.approx(20 * plain / (len(prof.fed) * spent), rel=1e-9)

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from policies.accept import counts_from_histogram, expected_tokens
-from policies.auto import k_grid, posterior
+from policies.auto import PLAIN, TAU_BAND, k_grid, option_label, posterior
 from policies.decide import decide, explain
 from policies.errors import PolicyError
 from policies.features import RequestFeatures
@@ -44,11 +44,11 @@ def plain(tpot: float, t: float = 0.0, concurrency: int = 1, slice_: str = "pros
 
 
 def spec(tpot: float, pv: str, t: float = 0.0, concurrency: int = 1, slice_: str = "prose",
-         repeat: float | None = None) -> Outcome:
+         repeat: float | None = None, plain_tpot: float | None = None) -> Outcome:
     return Outcome(route="default", slice=slice_, pool="ngram", pair_version=pv, proposer="ngram", draft_tokens=2,
                    completion_tokens=101, verify_ct=50, reached_per_position=[50, 40],
                    accepted_per_position=[40, 20], tpot_s=tpot, timestamp=t, concurrency=concurrency,
-                   prompt_repeat=repeat)
+                   prompt_repeat=repeat, plain_tpot_s=plain_tpot)
 
 
 def learned(p, outcomes) -> LearningState:
@@ -212,7 +212,7 @@ def test_prompt_repeat_bands_are_contexts_that_share_a_prior() -> None:
     assert not high.bypass and high.predicted_speedup == pytest.approx(2.0, rel=0.08)
     middle = explain(p, RequestFeatures(max_tokens=9, prompt_repeat=0.1), snap)  # band 1: never measured
     by = {c.pool: c for c in middle.candidates}
-    assert by["ngram"].samples == 0 and 25 < by["ngram"].predicted_tpot_ms < 70 and by["ngram"].sd > 0.25
+    assert by["ngram"].samples == 0 and 25 < by["ngram"].predicted_tpot_ms < 70 and by["ngram"].sd >= TAU_BAND
 
 
 def test_explorations_in_flight_count_as_observations_at_the_current_mean() -> None:
@@ -290,3 +290,38 @@ def test_a_removed_learning_key_is_refused_with_the_fix() -> None:
     assert str(err.value) == ("t.yaml:10:30: learning.explore_cold: unknown key 'explore_cold'; removed: auto is "
                               "Thompson sampling over options per slice, load and prompt_repeat band, which needs no "
                               "exploration rates or evidence minimums (docs/policy.md, 'auto'); delete it")
+
+
+def test_a_workers_counterfactual_plain_tpot_is_evidence_for_plain_in_the_requests_context() -> None:
+    """A speculative outcome carrying the worker's estimate of plain decoding's TPOT adds one observation of
+    plain in its own cell (slice, load bucket, band), beside the option's own; a plain outcome's is ignored."""
+    p = policy()
+    pv = p.pool_pair_version("ngram")
+    state = learned(p, [spec(0.03, pv, concurrency=3, plain_tpot=0.05),
+                        plain(0.04), Outcome(route="default", slice="prose", pool="plain", completion_tokens=101,
+                                             tpot_s=0.06, plain_tpot_s=0.5)])
+    arms = state.snapshot(0.0, HEALTHY, 1).data.arms
+    bucket = 2  # concurrency 3: the edge 4 of 1, 2, 4, ...
+    assert arms[f"prose|{bucket}|0|{PLAIN}"].sy == pytest.approx(math.log(0.05))
+    assert arms[f"prose|{bucket}|0|{option_label('ngram', 2, pv)}"].sy == pytest.approx(math.log(0.03))
+    assert arms[f"prose|0|0|{PLAIN}"].w == pytest.approx(2.0)  # the plain requests' own TPOTs only
+    assert arms[f"prose|0|0|{PLAIN}"].sy == pytest.approx(math.log(0.04) + math.log(0.06))
+
+
+def test_with_counterfactual_evidence_plain_is_known_without_being_served() -> None:
+    """Served plain once (every option once per slice), then speculation only: its outcomes' plain estimates
+    measure plain, so auto knows the speedup (0.05 / 0.04) and keeps speculating without re-serving plain. The
+    same outcomes without the estimates leave plain at its one request: plain's posterior stays wide."""
+    p = policy(gain=1.0)
+    pv = p.pool_pair_version("ngram")
+    rng = random.Random(9)
+    first = [plain(noisy(rng, 0.05))]
+    with_cf = learned(p, first + [spec(noisy(rng, 0.04), pv, plain_tpot=noisy(rng, 0.05)) for _ in range(30)])
+    rng = random.Random(9)
+    first = [plain(noisy(rng, 0.05))]
+    without = learned(p, first + [spec(noisy(rng, 0.04), pv) for _ in range(30)])
+    known, unknown = (explain(p, PROSE, s.snapshot(0.0, HEALTHY, 1)).candidates for s in (with_cf, without))
+    assert known[0].pool == "" and known[0].samples == pytest.approx(31.0) and unknown[0].samples == pytest.approx(1.0)
+    assert known[1].speedup == pytest.approx(0.05 / 0.04, rel=0.05)
+    assert known[0].sd < unknown[0].sd / 3
+    assert share_speculating(p, with_cf.snapshot(0.0, HEALTHY, 1)) > 0.97

@@ -25,7 +25,7 @@ def running_worker(tokenizer, **settings) -> Iterator[TestClient]:
     settings.setdefault("calibrate", False)
 
     def factory(config: EngineConfig):
-        return make_tiny_engine(tokenizer, max_running_requests=config.max_running_requests,
+        return make_tiny_engine(tokenizer, frozen_costs=False, max_running_requests=config.max_running_requests,
                                 max_total_tokens=config.max_total_tokens,
                                 max_waiting_requests=config.max_waiting_requests,
                                 max_batch_tokens=config.max_batch_tokens, prefill_chunk=config.prefill_chunk,

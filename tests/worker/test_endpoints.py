@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import msgspec
+import pytest
 
 from backends.sglang.pair import PairIdentity
 from backends.sglang.wire import ServerInfo
@@ -13,7 +14,8 @@ REPEAT = "alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta a
 META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version"}
 SPEC_KEYS = {"spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
              "spec_num_proposed_drafts", "spec_correct_drafts_histogram", "spec_accepted_per_position",
-             "spec_proposed_per_position", "spec_chosen_per_k", "spec_draft_s", "spec_verify_s"}
+             "spec_proposed_per_position", "spec_chosen_per_k", "spec_draft_s", "spec_verify_s",
+             "specgate_plain_ratio"}
 TIMING_KEYS = {"specgate_first_token_s", "specgate_decode_s"}  # also in sglext.spec_tokens_details
 
 
@@ -58,6 +60,7 @@ def test_generate_body_and_meta_info(worker, real_tokenizer):
     # plain decoding (the worker was started without speculation): one token per verification round
     assert meta["spec_verify_ct"] == 7 and meta["spec_accept_length"] == 1.0
     assert meta["spec_num_proposed_drafts"] == 0 and meta["spec_correct_drafts_histogram"] == [7]
+    assert meta["specgate_plain_ratio"] == pytest.approx(1.0)  # plain decoding's estimate of itself
     assert meta["weight_version"] == "default" and meta["e2e_latency"] > 0
 
 
@@ -78,6 +81,7 @@ def test_per_request_speculation_keeps_greedy_output_and_reports_drafts(worker):
         assert meta["spec_num_proposed_drafts"] == sum(meta["spec_proposed_per_position"])
         assert len(meta["spec_proposed_per_position"]) <= speculation["draft_tokens"]
         assert meta["spec_accept_length"] == meta["completion_tokens"] / meta["spec_verify_ct"]
+        assert meta["specgate_plain_ratio"] > 0  # the engine's estimate of plain decoding's time over this one's
         chosen = meta["spec_chosen_per_k"]  # rounds per draft length asked for: what the controller picked
         assert sum(chosen) == meta["spec_verify_ct"] and len(chosen) <= speculation["draft_tokens"] + 1
         if speculation.get("strategy") == "vllm":  # one request running: the table's k = 2, fewer where the

@@ -1,0 +1,47 @@
+"""The engine's counterfactual: what each round would have cost as a plain step (``RoundStats.plain_s``), and the
+request's ``plain_ratio`` that the worker reports as ``specgate_plain_ratio`` and the gateway's auto learns plain
+decoding's TPOT from (policies/auto.py). Tiny random model with a fixed step-cost model (FrozenCosts), so the
+drafts' marginal cost is known exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
+from tests.engine.engine_helpers import FrozenCosts, RoundLog, final, make_tiny_engine
+
+PROMPT = (5, 6, 7, 5, 6, 7, 5, 6)  # the seeded tiny model (seed 3) falls into a loop: n-gram drafts get accepted
+TOKEN_S = 1e-5  # FrozenCosts' seconds per token: k drafts add k * TOKEN_S to a one-sequence forward
+
+
+@pytest.fixture()
+def engine(real_tokenizer):
+    engine = make_tiny_engine(real_tokenizer, seed=3)
+    engine.costs = FrozenCosts(base_s=0.02, token_s=TOKEN_S)
+    return engine
+
+
+def request(rid: str, speculation: SpeculationParams = SpeculationParams()) -> GenerateRequest:
+    return GenerateRequest(rid=rid, input_ids=PROMPT, sampling=SamplingParams(temperature=0.0, max_new_tokens=40),
+                           speculation=speculation)
+
+
+def test_a_round_s_plain_counterfactual_is_its_forward_less_its_drafts_marginal_cost(engine, monkeypatch):
+    log = RoundLog(monkeypatch)
+    out = final(engine, request("s", SpeculationParams(proposer="ngram", draft_tokens=4)))
+    rounds = log.of(out)
+    assert out.stats.num_correct_drafts > 0
+    for r in rounds:
+        assert r.plain_s == pytest.approx(max(0.0, r.verify_s - TOKEN_S * r.k) + r.overhead_s, rel=1e-9, abs=1e-12)
+    stats = out.stats
+    spent = sum(r.draft_s + r.verify_s + r.overhead_s for r in rounds)
+    assert stats.verify_ct == len(rounds) < stats.completion_tokens == 40
+    assert stats.plain_ratio == pytest.approx(40 * sum(r.plain_s for r in rounds) / (len(rounds) * spent), rel=1e-9)
+    # 40 tokens in fewer rounds, each costing about what a plain step does (drafts add microseconds here)
+    assert stats.plain_ratio > 1.0
+
+
+def test_a_request_that_never_drafts_reports_a_ratio_of_one(engine):
+    out = final(engine, request("p"))
+    assert out.stats.verify_ct == out.stats.completion_tokens == 40
+    assert out.stats.plain_ratio == pytest.approx(1.0, rel=1e-9)
