@@ -8,7 +8,9 @@ Contenders: the fixed arms (plain, n-gram k in --ks; draft-k2 if the trace has a
 per-round controller (``ngram-k{K}-beta``), SGLang's ``--speculative-adaptive`` at its usual launch
 (``ngram-k7-sglang``: steps {1, 3, 7}) and vLLM's per-batch-size table (``ngram-k{K}-vllm=TABLE``), tuned
 here as its docs ask, offline, per hardware: at each closed-loop load the fixed n-gram k with the best mixed
-geomean TPOT, keyed by that load's concurrency (so the table is the best fixed arm of every c-load).
+geomean TPOT, keyed by that load's concurrency (so the table is the best fixed arm of every c-load). A last
+column, ``oracle:per-request``, is every request served by the fixed arm that was fastest for it, chosen after
+the fact (exact at c1; under load a reference).
 
 Prints, per load: (1) mixed stream, paired geomean TPOT of each per-round contender over the best single
 fixed arm of that load (and over plain), 95% interval over seeds; (2) per slice x load cell, specgate's p50
@@ -53,6 +55,21 @@ def vllm_table(results: dict, fixed: list[str], loads: list[str], seeds: int, sl
         scores = {n: ratio(groups, n, "plain", load, ALL, seeds)["ratio"] for n in fixed if n.startswith("ngram")}
         entries.append((c, int(min(scores, key=scores.get).split("-k")[1])))
     return ",".join(f"{c}:{k}" for c, k in sorted(entries)) or "1:4"
+
+
+ORACLE = "oracle:per-request"
+
+
+def per_request_oracle(results: dict, fixed: list[str], load: str, seed: int) -> list:
+    """Each request as the fixed arm that served it fastest, chosen after the fact: what a per-request choice
+    among the fixed arms could reach at best. Exact at c1 (a request alone); under load each arm's run had every
+    request on that arm, so the mix is a reference, not a world that ran."""
+    best: dict[int, object] = {}
+    for name in fixed:
+        for s in results[(name, load, seed)]:
+            if s.tpot and (s.index not in best or s.tpot < best[s.index].tpot):
+                best[s.index] = s
+    return list(best.values())
 
 
 def cold_over_warm(prices: Prices, arm: str, load: str, seeds: int, max_running: int) -> tuple[float, float, float]:
@@ -146,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
                 tpot = {s.index: s.tpot for s in second if s.tpot}
                 learning_cost.setdefault((name, load), []).append(statistics.fmean(
                     math.log(s.tpot / tpot[s.index]) for s in first if s.tpot and s.index in tpot))
+    adaptive.append(ORACLE)
+    for load in args.loads:
+        for seed in range(args.seeds):
+            results[(ORACLE, load, seed)] = per_request_oracle(results, fixed, load, seed)
     groups = split(results, slice_of)
     names = fixed + adaptive
     summary = summarise(results, names, args.loads, args.seeds, slice_of, slices, SLO)
