@@ -136,6 +136,8 @@ class RunState:
 class FixedChooser:
     """Every request served by one option on one worker (an arm of the serving benchmark)."""
 
+    plain_estimates = False  # learns nothing: the simulator need not price a plain counterfactual
+
     def __init__(self, option: Option, prices: Prices, seed: int, order: object = None) -> None:
         prices.book.check(option)
         self.option, self.prices, self.run = option, prices, RunState(seed, order=order)
@@ -155,6 +157,8 @@ class FixedChooser:
 
 class PolicyChooser:
     """A policy file, deciding with the gateway's real ``decide()`` and learning as the gateway learns."""
+
+    plain_estimates = True  # its outcomes carry the worker's plain counterfactual (Served.plain_ratio)
 
     def __init__(self, policy, prices: Prices, seed: int, snapshot_max_age_s: float = 0.1,
                  without_flags: str = "refuse") -> None:

@@ -124,6 +124,7 @@ class Simulation:
         self.workers = {name: Worker(name, Scheduler(max_running, max_total_tokens, 1 << 30), prices.costs_of(name))
                         for name in chooser.workers()}
         self.arrival_of = arrival_of
+        self.plain_estimates = getattr(chooser, "plain_estimates", True)  # price Served.plain_ratio
         self.now = 0.0
         self.in_flight = 0
         self._area, self._area_t = 0.0, 0.0
@@ -243,14 +244,20 @@ class Simulation:
             forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
             t += serial + forward
             finished = False
-            per_round, width = costs.overhead_s + costs.serving_s, len(rounds)
-            for flight, (tokens, context), extra in zip(decoded, rounds, own):
-                # RoundStats as the worker records them: the round is the step's forward and its own seconds
-                # outside it; its plain counterfactual (Engine._verify) the forward less its drafts' share of
-                # the step's price, plus the round's overhead
-                flight.round_s += forward + extra
-                flight.plain_round_s += max(0.0, forward - (costs.forward_s(tokens, context, width)
-                                                            - costs.forward_s(1, context, width)) / width) + per_round
+            if self.plain_estimates:
+                per_round, width = costs.overhead_s + costs.serving_s, len(rounds)
+                for flight, (tokens, context), extra in zip(decoded, rounds, own):
+                    # RoundStats as the worker records them: the round is the step's forward and its own seconds
+                    # outside it; its plain counterfactual (Engine._verify) the forward less its drafts' share
+                    # of the step's price, plus the round's overhead
+                    flight.round_s += forward + extra
+                    if tokens > 1:
+                        forward_s = costs.forward_s
+                        flight.plain_round_s += max(0.0, forward - (forward_s(tokens, context, width)
+                                                                    - forward_s(1, context, width)) / width)
+                    else:
+                        flight.plain_round_s += forward
+                    flight.plain_round_s += per_round
             for flight in decoded:
                 flight.pos += 1
                 flight.verify_s += forward

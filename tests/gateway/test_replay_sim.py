@@ -379,11 +379,14 @@ def test_a_policy_with_an_adaptive_pool_is_replayed_with_its_per_round_controlle
 def test_each_request_reports_the_workers_plain_counterfactual():
     """``Served.plain_ratio``, as the worker computes it (Engine._verify): per round, the step's forward less
     the round's drafts' share (alone: the forward of one token), plus the overhead; over the rounds' own
-    seconds, scaled by tokens per round. A plain request's is 1."""
+    seconds, scaled by tokens per round. A plain request's is 1. Priced only for a chooser that learns from it
+    (a policy); a fixed arm's requests carry none."""
     cycle = list(range(1, 11))
     prices = prices_of(request(0, 0, rid="copy", prompt=cycle * 5, output=cycle * 2))  # n-gram drafts the cycle
     for option in (Option("ngram", 4), PLAIN):
+        assert simulate(prices, "c1", [[0]], option=option)[0].plain_ratio is None
         chooser = FixedChooser(option, prices, 0)
+        chooser.plain_estimates = True
         seen = {}
         chooser.finished = lambda served, prof, t, sim: seen.update(served=served, prof=prof)
         Simulation(chooser, Load.parse("c1"), [[0]], 0, max_running=16, max_total_tokens=1 << 16).run()
