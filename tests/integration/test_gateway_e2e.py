@@ -216,9 +216,14 @@ def test_admin_api(gw, client, revision):
 
     def learned() -> bool:  # the snapshot is rebuilt at most every 100 ms
         stats = httpx.get(f"{gw}/admin/stats", headers=ADMIN).json()
-        return any(key.startswith("*|code|ngram|") for key in stats["acceptance"])
+        # and plain decoding's TPOT in the code slice, from the worker's estimate (specgate_plain_ratio): no code
+        # request is ever served plain here (code-ngram comes before every bypass but an unverified pair's)
+        return (any(key.startswith("*|code|ngram|") for key in stats["acceptance"])
+                and any(key.startswith("code|") and key.endswith("|none") and arm["w"] > 0
+                        for key, arm in stats["arms"].items()))
 
     deadline = time.monotonic() + 30
     while not learned():
-        assert time.monotonic() < deadline, "the code request's acceptance never reached /admin/stats"
+        assert time.monotonic() < deadline, ("the code request's acceptance and its plain counterfactual never "
+                                             "reached /admin/stats")
         time.sleep(0.05)
