@@ -23,8 +23,12 @@ uses the sums as of the latest outcome behind them and does not move while nothi
 have cost it (``specgate_plain_ratio``, the embedded engine's step-cost model: each round's step without its
 drafts' marginal cost; ``Outcome.plain_tpot_s``); that counts as one observation of plain in the request's
 context. Plain is then measured wherever speculation serves, so it need not be served to be known, and
-Thompson sampling explores it only where its draw can win. A real SGLang server sends no such estimate; plain
-is then learned from the requests it serves.
+Thompson sampling explores it only where its draw can win. The pair also measures the option's *gap*
+g[o, x] = log(TPOT / plain's estimate) request by request, with the same hierarchical prior (anchored at 0):
+an option with such evidence in the slice is drawn as plain's draw plus its gap's, so the prompt-to-prompt
+spread of TPOT, which moves both alike, and plain's own uncertainty drop out of the comparison. A real SGLang
+server sends no such estimate; plain is then learned from the requests it serves and options compare by
+their own posteriors.
 
 **Decision.** Draw mu[o, x] from every option's posterior and serve the smallest draw; a speculative option
 must beat plain's draw by log(``learning.min_gain``). Without a random source (explanations) the posterior
@@ -125,12 +129,14 @@ def _update(mean: float, var: float, w: float, sy: float, s2: float, f: float = 
     return (mean / var + sy / (f * s2)) / p_then, 1.0 / p_now
 
 
-def posterior(snap, slice_: str, bucket: int, band: int, label: str, in_flight: float = 0.0) -> Posterior:
+def posterior(snap, slice_: str, bucket: int, band: int, label: str, in_flight: float = 0.0,
+              table: str = "arms") -> Posterior:
     """The posterior of mu[label, (slice_, bucket, band)] (module docstring), ``in_flight`` believer
-    observations included."""
-    s2 = snap.arm_spread(label, S0 * S0, NU0)
-    (w2, y2, f2), (w1, y1, f1), (w0, y0, f0) = snap.arm_levels(slice_, bucket, band, label)
-    mean, var = snap.arm_anchor(slice_), V0
+    observations included; with ``table`` "gaps", of the option's log speedup g[label, x] instead (anchored at
+    0, no speedup)."""
+    s2 = snap.arm_spread(label, S0 * S0, NU0, table)
+    (w2, y2, f2), (w1, y1, f1), (w0, y0, f0) = snap.arm_levels(slice_, bucket, band, label, table)
+    mean, var = (snap.arm_anchor(slice_), V0) if table == "arms" else (0.0, V0)
     # the slice's other load buckets, then this bucket's other repeat bands (decayed as of the level's latest)
     mean, var = _update(mean, var, w2 - w1, y2 - y1, s2, f2)
     var += TAU_LOAD * TAU_LOAD
@@ -159,14 +165,26 @@ def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools
     bucket, band = snap.bucket(), repeat_band(policy.learning, prompt_repeat)
     options = [("", 0)] + [(p, k) for p in pools for k in k_grid(policy, p)]
     labels = [option_label(p, k, versions.get(p, "")) for p, k in options]
-    posts = [posterior(snap, slice_, bucket, band, label,
-                       in_flight.get(f"{slice_}|{p or PLAIN}", 0)) for (p, k), label in zip(options, labels)]
+    flights = [in_flight.get(f"{slice_}|{p or PLAIN}", 0) for p, _ in options]
+    posts = [posterior(snap, slice_, bucket, band, label, n) for label, n in zip(labels, flights)]
+    # an option with paired evidence (the worker's plain estimate beside its own TPOT) is weighed by its gap
+    gaps = [None] + [posterior(snap, slice_, bucket, band, label, n, table="gaps")
+                     if snap.arm_ever(slice_, label, table="gaps") >= 1.0 else None
+                     for label, n in zip(labels[1:], flights[1:])]
     margin = math.log(policy.learning.min_gain)
 
-    def score(i: int, value: float) -> float:
-        return value - margin if i == 0 else value  # plain wins unless beaten by min_gain
+    def scores(draw) -> list[float]:
+        """Each option's log TPOT drawn by ``draw(posterior)``: plain's, less the margin it wins by; a paired
+        option's as plain's plus its gap; another's its own."""
+        plain_value = draw(posts[0])
+        return [plain_value - margin] + [plain_value + draw(g) if g is not None else draw(post)
+                                         for post, g in zip(posts[1:], gaps[1:])]
 
-    by_mean = min(range(len(options)), key=lambda i: score(i, posts[i].mean))
+    def best(values: list[float]) -> int:
+        return min(range(len(values)), key=values.__getitem__)
+
+    means = scores(lambda post: post.mean)
+    by_mean = best(means)
     untried = [] if rng is None else [i for i, (p, _) in enumerate(options) if snap.arm_ever(slice_, labels[i]) < 1.0
                                       and not in_flight.get(f"{slice_}|{p or PLAIN}", 0)]
     if rng is None:
@@ -174,7 +192,7 @@ def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools
     elif untried:  # every option is served once per slice before the draws decide
         pick = untried[0]
     else:
-        pick = min(range(len(options)), key=lambda i: score(i, rng.gauss(posts[i].mean, math.sqrt(posts[i].var))))
+        pick = best(scores(lambda post: rng.gauss(post.mean, math.sqrt(post.var))))
     exploration = None
     if pick != by_mean or pick in untried:
         exploration = "cold" if snap.arm_ever(slice_, labels[pick], (bucket, band)) < 1.0 else "thompson"
@@ -184,15 +202,16 @@ def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools
         draws = random.Random(0)
         wins = [0] * len(options)
         for _ in range(256):
-            wins[min(range(len(options)),
-                     key=lambda i: score(i, draws.gauss(posts[i].mean, math.sqrt(posts[i].var))))] += 1
-        for i, ((p, k), post) in enumerate(zip(options, posts)):
+            wins[best(scores(lambda post: draws.gauss(post.mean, math.sqrt(post.var))))] += 1
+        for i, ((p, k), post, gap) in enumerate(zip(options, posts, gaps)):
+            mean = means[i] + (margin if i == 0 else 0.0)
             candidates.append(Candidate(
-                pool=p, draft_tokens=k, predicted_tpot_ms=math.exp(post.mean) * 1e3, sd=math.sqrt(post.var),
-                speedup=math.exp(plain_mean - post.mean), samples=post.own, p_best=wins[i] / 256,
+                pool=p, draft_tokens=k, predicted_tpot_ms=math.exp(mean) * 1e3,
+                sd=math.sqrt((gap or post).var), speedup=math.exp(plain_mean - mean), samples=post.own,
+                p_best=wins[i] / 256,
                 note="plain decoding" if not p else f"{p} k={k}" + (" (the worker picks k per round up to it)"
                                                                      if policy.pools[p].adaptive else "")))
     p, k = options[pick]
     return Choice(pool=p, k=k, exploration=exploration,
-                  speedup=None if pick == 0 else math.exp(plain_mean - posts[pick].mean),
+                  speedup=None if pick == 0 else math.exp(plain_mean - means[pick]),
                   candidates=candidates, plain_tpot_s=math.exp(plain_mean))

@@ -64,7 +64,8 @@ def load_concurrency(in_flight: int, pools: dict[str, PoolState]) -> int:
 
 class SnapshotData(msgspec.Struct, frozen=True, kw_only=True):
     """Serializable snapshot. Keys: acceptance ``route|slice|pool|pair_version`` (route ``*`` = all
-    routes); arms ``slice|bucket index|repeat band|option`` (option ``none`` or ``pool@k``)."""
+    routes); arms and gaps ``slice|bucket index|repeat band|option`` (option ``none`` or ``pool@k``; gaps:
+    log TPOT over the worker's plain estimate, speculative options only)."""
 
     now: float = 0.0
     concurrency: int = 0
@@ -73,6 +74,7 @@ class SnapshotData(msgspec.Struct, frozen=True, kw_only=True):
     pools: dict[str, PoolState] = {}
     acceptance: dict[str, AcceptanceSummary] = {}
     arms: dict[str, ArmSummary] = {}  # ``slice|bucket|band|option`` (policies/auto.py)
+    gaps: dict[str, ArmSummary] = {}  # the same keys: paired log speedups over plain (policies/auto.py)
 
 
 class Snapshot:
@@ -131,15 +133,18 @@ class Snapshot:
 
     # --- auto's options (policies/auto.py): decayed (weight, sum of log TPOT) per level of the context ---
 
-    def _arm_index(self, slice_: str) -> dict[str, dict[object, list[float]]]:
+    def _table(self, table: str) -> dict[str, ArmSummary]:
+        return self.data.gaps if table == "gaps" else self.data.arms
+
+    def _arm_index(self, slice_: str, table: str = "arms") -> dict[str, dict[object, list[float]]]:
         """For ``slice_``: option -> {None: sums over the slice, bucket: ..., (bucket, band): ...}, each sums
-        ``[w, sy, latest t_ref, requests ever]`` with w and sy decayed to now."""
-        key = ("arm_index", slice_)
+        ``[w, sy, latest t_ref, requests ever]`` with w and sy decayed to now (``table``: arms or gaps)."""
+        key = ("arm_index", slice_, table)
         index = self._memo.get(key)
         if index is None:
             index = self._memo[key] = {}
             prefix = slice_ + "|"
-            for name, s in self.data.arms.items():
+            for name, s in self._table(table).items():
                 if not name.startswith(prefix):
                     continue
                 _, bucket, band, label = name.split("|", 3)
@@ -153,11 +158,12 @@ class Snapshot:
                     acc[3] += s.ever
         return index
 
-    def arm_levels(self, slice_: str, bucket: int, band: int, label: str) -> tuple[tuple[float, float, float], ...]:
+    def arm_levels(self, slice_: str, bucket: int, band: int, label: str,
+                   table: str = "arms") -> tuple[tuple[float, float, float], ...]:
         """(decayed requests, their sum of log TPOT, the same weight as of the level's latest outcome) of
         ``label`` over the slice, the slice's ``bucket`` and the cell. The third undoes the decay since the
         latest outcome: a mean is taken as of the evidence, not pulled toward a prior as time passes."""
-        levels = self._arm_index(slice_).get(label, {})
+        levels = self._arm_index(slice_, table).get(label, {})
         out = []
         for level in (None, bucket, (bucket, band)):
             w, sy, t_ref, _ = levels.get(level, (0.0, 0.0, self.data.now, 0.0))
@@ -179,14 +185,14 @@ class Snapshot:
             self._memo[key] = next((sy / w for w, sy in (plain, every, anywhere) if w > 1e-9), DEFAULT_LOG_TPOT)
         return self._memo[key]
 
-    def arm_spread(self, label: str, prior_var: float, prior_weight: float) -> float:
+    def arm_spread(self, label: str, prior_var: float, prior_weight: float, table: str = "arms") -> float:
         """The spread s2 of log TPOT between requests of option ``label`` within one context, pooled over its
         contexts in every slice, with a prior ``prior_var`` worth ``prior_weight`` requests."""
-        key = ("arm_spread", prior_var, prior_weight)
+        key = ("arm_spread", prior_var, prior_weight, table)
         by_label = self._memo.get(key)
         if by_label is None:
             sums: dict[str, list[float]] = {}
-            for name, s in self.data.arms.items():
+            for name, s in self._table(table).items():
                 if s.w > 1.0:
                     f = self.factor(s.t_ref)
                     acc = sums.setdefault(name.split("|", 3)[3], [0.0, 0.0])
@@ -196,7 +202,7 @@ class Snapshot:
                 lab: (prior_var * prior_weight + ss) / (prior_weight + dof) for lab, (ss, dof) in sums.items()}
         return by_label.get(label, prior_var)
 
-    def arm_ever(self, slice_: str, label: str, cell: tuple[int, int] | None = None) -> float:
+    def arm_ever(self, slice_: str, label: str, cell: tuple[int, int] | None = None, table: str = "arms") -> float:
         """Requests of ``label`` ever measured (undecayed) in ``slice_``, or in its (bucket, band) ``cell``."""
-        levels = self._arm_index(slice_).get(label, {})
+        levels = self._arm_index(slice_, table).get(label, {})
         return levels[cell][3] if cell in levels else 0.0

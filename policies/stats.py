@@ -16,6 +16,9 @@ Keys and what x is:
   (two tokens or more), w += 1, sy += log(tpot_s), syy += log(tpot_s)^2; bucket = the learner's concurrency
   bucket of the request's mean concurrency, band = its ``prompt_repeat`` band, option ``none`` (served without
   speculation) or ``pool@k#pair_version`` (k requested).
+- gaps ``slice|bucket|band|option`` (the same keys, speculative options only): per request whose worker estimated
+  plain decoding's TPOT for it (``Outcome.plain_tpot_s``), w += 1, sy += log(tpot_s / plain_tpot_s), syy += its
+  square: the option's paired log speedup over plain, request by request.
 
 Each key also keeps its sums without decay (``ever_*``): how much evidence was ever seen.
 
@@ -103,7 +106,7 @@ class LearningState:
         self.failures = 0
         self._sums: dict[tuple[str, str], _Sums] = {}
         self._frozen: dict[str, dict[str, msgspec.Struct]] = {
-            "acceptance": {}, "arms": {}}
+            "acceptance": {}, "arms": {}, "gaps": {}}
 
     def configure(self, learning: Learning) -> None:
         """Adopt a reloaded policy's learning settings; statistics are kept."""
@@ -131,6 +134,8 @@ class LearningState:
                       o.tpot_s)
             if speculative and o.plain_tpot_s is not None:
                 self._arm(o, t, bucket, PLAIN, o.plain_tpot_s)
+                self._arm(o, t, bucket, option_label(o.pool, o.draft_tokens, o.pair_version),
+                          o.tpot_s / o.plain_tpot_s, table="gaps")
         if not speculative or o.verify_ct <= 0:
             return
         reached, accepted = self._positions(o)
@@ -152,17 +157,18 @@ class LearningState:
                 reached=tuple(sums.a), accepted=tuple(sums.b), ever_requests=ever[0], ever_rounds=ever[1],
                 ever_curve_rounds=ever[3])
 
-    def _arm(self, o: Outcome, t: float, bucket: int, label: str, tpot_s: float) -> None:
-        """One request's log TPOT under ``slice|bucket|band|option`` (auto's Thompson sampling)."""
+    def _arm(self, o: Outcome, t: float, bucket: int, label: str, tpot_s: float, table: str = "arms") -> None:
+        """One request's log TPOT (``table`` arms) or log TPOT ratio to plain's (gaps) under
+        ``slice|bucket|band|option`` (auto's Thompson sampling)."""
         key = f"{o.slice}|{bucket}|{repeat_band(self.learning, o.prompt_repeat)}|{label}"
-        sums, w = self._sums_for("arms", key, t, 3)
+        sums, w = self._sums_for(table, key, t, 3)
         y = math.log(max(tpot_s, 1e-6))
         h = sums.head
         h[0] += w
         h[1] += w * y
         h[2] += w * y * y
         sums.ever[0] += 1
-        self._frozen["arms"][key] = ArmSummary(t_ref=sums.t_ref, w=h[0], sy=h[1], syy=h[2], ever=sums.ever[0])
+        self._frozen[table][key] = ArmSummary(t_ref=sums.t_ref, w=h[0], sy=h[1], syy=h[2], ever=sums.ever[0])
 
     @staticmethod
     def _positions(o: Outcome) -> tuple[list[int], list[int]]:
@@ -174,8 +180,8 @@ class LearningState:
 
     def forget_pair_versions(self, keep: set[str]) -> None:
         """Drop the statistics of pair versions not in ``keep`` (after a reload retired them)."""
-        for table, version in (("acceptance", lambda key: key.rsplit("|", 1)[1]),
-                               ("arms", lambda key: key.rpartition("#")[2] if "#" in key else None)):
+        option = lambda key: key.rpartition("#")[2] if "#" in key else None  # noqa: E731
+        for table, version in (("acceptance", lambda key: key.rsplit("|", 1)[1]), ("arms", option), ("gaps", option)):
             for key in [k for k in self._frozen[table] if version(k) not in keep | {None}]:
                 del self._frozen[table][key]
                 del self._sums[(table, key)]
@@ -186,4 +192,4 @@ class LearningState:
         return Snapshot(SnapshotData(
             now=now, concurrency=concurrency, half_life_s=self.learning.half_life_s,
             buckets=list(self.learning.concurrency_buckets), pools=dict(pools),
-            acceptance=dict(f["acceptance"]), arms=dict(f["arms"])))
+            acceptance=dict(f["acceptance"]), arms=dict(f["arms"]), gaps=dict(f["gaps"])))
