@@ -20,10 +20,10 @@ uses the sums as of the latest outcome behind them and does not move while nothi
 *variance* uses them decayed to now and grows back toward the prior's.
 
 **Counterfactual evidence for plain.** A speculative request's worker may report what plain decoding would
-have cost it (``specgate_plain_ratio``, the embedded engine's step-cost model: each round's step without its
-drafts' marginal cost; ``Outcome.plain_tpot_s``); that counts as one observation of plain in the request's
-context. Plain is then measured wherever speculation serves, so it need not be served to be known, and
-Thompson sampling explores it only where its draw can win. The pair also measures the option's *gap*
+have cost it (``specgate_plain_ratio``, the embedded engine's step-cost model: each round's measured step
+scaled to the step without its drafts; ``Outcome.plain_tpot_s``); that counts as one observation of plain in
+the request's context. Plain is then measured wherever speculation serves, so it need not be served to be
+known, and Thompson sampling explores it only where its draw can win. The pair also measures the option's *gap*
 g[o, x] = log(TPOT / plain's estimate) request by request, with the same hierarchical prior (anchored at 0):
 an option with such evidence in the slice is drawn as plain's draw plus its gap's, so the prompt-to-prompt
 spread of TPOT, which moves both alike, and plain's own uncertainty drop out of the comparison. A real SGLang

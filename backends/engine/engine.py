@@ -325,14 +325,19 @@ class Engine:
                 slot.adaptive.observe(len(drafts), verdict.accepted, match_context(proposal.match))
         overhead = max(0.0, time.perf_counter() - work.started - proposal.seconds - forward_s)
         self.costs.observe_overhead(overhead)
-        # the counterfactual plain step: this step without the drafts' marginal cost (the step cost model's
-        # forward of its tokens less this round's drafts) and without drafting
+        # the counterfactual plain step: this step's measured forward scaled by the step-cost model's ratio of the
+        # step without this round's drafts to the step with them (a ratio, so a model measured on other steps
+        # never subtracts more than this step took), and no drafting
         tokens, seqs = self._step_shape
-        marginal = self.costs.forward(tokens, seqs) - self.costs.forward(tokens - len(drafts), seqs) if drafts else 0.0
+        plain_forward = forward_s
+        if drafts:
+            with_drafts = self.costs.forward(tokens, seqs)
+            if with_drafts > 0:
+                plain_forward *= min(1.0, self.costs.forward(tokens - len(drafts), seqs) / with_drafts)
         seq.stats.record(RoundStats(
             k=len(drafts), accepted=verdict.accepted, budget=work.budget, committed=len(committed),
             bonus=verdict.bonus, draft_s=proposal.seconds, verify_s=forward_s, overhead_s=overhead,
-            plain_s=max(0.0, forward_s - marginal) + overhead))
+            plain_s=plain_forward + overhead))
         seq.stats.completion_tokens = len(seq.output_ids)
         if seq.stats.first_token_s is None:
             seq.stats.first_token_s = time.perf_counter() - seq.submitted_at

@@ -173,8 +173,8 @@ class RoundStats:
     verify_s: float
     overhead_s: float
     # what the round would have cost as a plain step (the engine's estimate, Engine._verify): its step's forward
-    # less the drafts' marginal cost in the step cost model, plus the overhead; draft_s + verify_s + overhead_s
-    # when it drafted nothing. Defaults to that.
+    # times the step cost model's ratio of the step without its drafts to the step, plus the overhead;
+    # draft_s + verify_s + overhead_s when it drafted nothing. Defaults to that.
     plain_s: float | None = None
 
 

@@ -248,8 +248,8 @@ class Simulation:
                 per_round, width = costs.overhead_s + costs.serving_s, len(rounds)
                 for flight, (tokens, context), extra in zip(decoded, rounds, own):
                     # RoundStats as the worker records them: the round is the step's forward and its own seconds
-                    # outside it; its plain counterfactual (Engine._verify) the forward less its drafts' share
-                    # of the step's price, plus the round's overhead
+                    # outside it; its plain counterfactual (Engine._verify) the forward scaled to the step's price
+                    # without this round's drafts (here: less their share of it), plus the round's overhead
                     flight.round_s += forward + extra
                     if tokens > 1:
                         forward_s = costs.forward_s

@@ -1,7 +1,7 @@
 """The engine's counterfactual: what each round would have cost as a plain step (``RoundStats.plain_s``), and the
 request's ``plain_ratio`` that the worker reports as ``specgate_plain_ratio`` and the gateway's auto learns plain
 decoding's TPOT from (policies/auto.py). Tiny random model with a fixed step-cost model (FrozenCosts), so the
-drafts' marginal cost is known exactly."""
+step-cost model's ratio for a round's drafts is known exactly."""
 
 from __future__ import annotations
 
@@ -26,13 +26,18 @@ def request(rid: str, speculation: SpeculationParams = SpeculationParams()) -> G
                            speculation=speculation)
 
 
-def test_a_round_s_plain_counterfactual_is_its_forward_less_its_drafts_marginal_cost(engine, monkeypatch):
+def frozen_forward(tokens: int) -> float:
+    return 0.02 + TOKEN_S * tokens  # FrozenCosts(base_s=0.02, token_s=TOKEN_S), one sequence per step here
+
+
+def test_a_rounds_plain_counterfactual_is_its_forward_scaled_to_the_step_without_its_drafts(engine, monkeypatch):
     log = RoundLog(monkeypatch)
     out = final(engine, request("s", SpeculationParams(proposer="ngram", draft_tokens=4)))
     rounds = log.of(out)
     assert out.stats.num_correct_drafts > 0
-    for r in rounds:
-        assert r.plain_s == pytest.approx(max(0.0, r.verify_s - TOKEN_S * r.k) + r.overhead_s, rel=1e-9, abs=1e-12)
+    for r in rounds:  # the round fed 1 + k tokens; plain would have fed 1
+        want = r.verify_s * frozen_forward(1) / frozen_forward(1 + r.k) + r.overhead_s
+        assert r.plain_s == pytest.approx(want, rel=1e-9, abs=1e-12)
     stats = out.stats
     spent = sum(r.draft_s + r.verify_s + r.overhead_s for r in rounds)
     assert stats.verify_ct == len(rounds) < stats.completion_tokens == 40
