@@ -15,7 +15,8 @@ the fact (exact at c1; under load a reference).
 Prints, per load: (1) mixed stream, paired geomean TPOT of each per-round contender over the best single
 fixed arm of that load (and over plain), 95% interval over seeds; (2) per slice x load cell, specgate's p50
 TPOT over the cell's best fixed arm (target <= 1.03), its SLO goodput over that arm's (>= 0.97) and its p50
-TPOT over plain's (<= 1.0); (3) the cost of learning: the stream replayed twice on one engine, the first
+TPOT over plain's (<= 1.0); at c1, how far the worker's plain estimate (``Served.plain_ratio``, what auto
+learns plain from) is from the plain arm's measured TPOT, request by request; (3) the cost of learning: the stream replayed twice on one engine, the first
 pass (cold: the engine's pooled acceptance empty) over the second (warm), paired geomean TPOT.
 
 ``--policy FILE`` adds a gateway policy (``auto``'s Thompson sampling, policies/auto.py, deciding per request
@@ -70,6 +71,20 @@ def per_request_oracle(results: dict, fixed: list[str], load: str, seed: int) ->
             if s.tpot and (s.index not in best or s.tpot < best[s.index].tpot):
                 best[s.index] = s
     return list(best.values())
+
+
+def plain_estimate_error(prices: Prices, arm: str, plain: list, max_running: int) -> tuple[float, float, int]:
+    """At c1 (seed 0's order): log(the worker's plain estimate for each request served by ``arm`` / the plain
+    arm's measured TPOT of it), mean and sd over requests, and their number."""
+    book = prices.book
+    chooser = FixedChooser(parse_arm(arm, book).option, prices, 0)
+    chooser.plain_estimates = True
+    served = Simulation(chooser, Load.parse("c1"), [blocks(book, "interleaved", 0)[0]], 0, max_running=max_running,
+                        max_total_tokens=1 << 16).run()
+    measured = {s.index: s.tpot for s in plain if s.tpot}
+    logs = [math.log(s.tpot * s.plain_ratio / measured[s.index]) for s in served
+            if s.tpot and s.plain_ratio and s.index in measured]
+    return statistics.fmean(logs), statistics.pstdev(logs), len(logs)
 
 
 def cold_over_warm(prices: Prices, arm: str, load: str, seeds: int, max_running: int) -> tuple[float, float, float]:
@@ -189,6 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     for subject in [mine] + [n for n in adaptive if n.startswith("policy:")]:
         met, total = cell_table(summary, subject, fixed, args.loads, slices)
         print(f"\ncells meeting all three: {met}/{total}")
+    if "c1" in args.loads:
+        print("\n## The worker's plain estimate (what auto learns plain from) against the plain arm, c1, per request\n")
+        for arm in ("ngram-k4", mine, "draft-k2"):
+            if arm in names:
+                mean, sd, n = plain_estimate_error(prices, arm, results[("plain", "c1", 0)], args.max_running_requests)
+                print(f"- {arm}: log(estimate / plain) mean {mean:+.4f}, sd {sd:.4f} ({n} requests)")
     print(f"\n## Cost of learning: {mine}, first pass (cold engine) over second (warm), paired geomean TPOT\n")
     for load in ("c1", "c4"):
         r, lo, hi = cold_over_warm(prices, mine, load, min(args.seeds, 10), args.max_running_requests)

@@ -126,6 +126,13 @@ class StepCosts:
         share = (tokens - below) / (above - below)
         return known[below] + share * (known[above] - known[below])
 
+    def plain_share(self, tokens: int, seqs: int, k: int) -> float:
+        """The share of a step of ``tokens`` tokens and ``seqs`` sequences left without one round's ``k`` drafts
+        (<= 1): what a measured step is scaled by for that round's plain counterfactual (a ratio, so a model
+        measured on other steps never takes away more than the step took)."""
+        whole = self.forward(tokens, seqs)
+        return min(1.0, self.forward(tokens - k, seqs) / whole) if k and whole > 0 else 1.0
+
     def round_s(self, proposer: str, k: int) -> float:
         """Seconds of a round of k drafts (k = 0: a plain step) in the step being planned."""
         draft = k * self.draft_token_s.get(proposer, 0.0) if k else 0.0

@@ -36,7 +36,7 @@ from backends.engine.proposers.base import EMPTY, Proposal, SequenceProposer
 from backends.engine.proposers.draft_model import DraftJob, DraftModelProposer, propose_batch
 from backends.engine.proposers.ngram import NgramProposer
 from backends.engine.proposers.suffix import SuffixStore
-from backends.engine.runner import Feed, ModelRunner, load_model
+from backends.engine.runner import BatchResult, Feed, ModelRunner, load_model
 from backends.engine.sampling import PenaltyState, needs_history, probs_from_logits, process_logits, token_logprobs
 from backends.engine.scheduler import Scheduler
 from backends.engine.sequence import Sequence, Status, new_sequence
@@ -89,7 +89,6 @@ class Engine:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.eos_ids = frozenset(eos_ids)
         self.costs = StepCosts()
-        self._step_shape = (1, 1)  # (tokens, sequences) of the step being postprocessed
         self.scheduler = Scheduler(config.max_running_requests, config.max_total_tokens,
                                    config.max_waiting_requests)
         self._draft_runner: ModelRunner | None = None
@@ -182,13 +181,12 @@ class Engine:
                     self._fail(work.seq, exc)
             else:
                 self.costs.observe_forward(result.tokens, result.seconds, seqs=len(works))
-                self._step_shape = (result.tokens, len(works))
                 for work, logits in zip(works, result.logits):
                     try:
                         if work.seq.status is Status.PREFILL:
                             self._prefilled(work, logits)
                         else:
-                            self._verify(work, logits, result.seconds)
+                            self._verify(work, logits, result)
                     except Exception as exc:  # a bug in one request must not take the worker down
                         log.exception("request %s failed", work.seq.rid)
                         self._fail(work.seq, exc)
@@ -298,8 +296,9 @@ class Engine:
                      started=started)
         return work, job
 
-    def _verify(self, work: _Work, logits: torch.Tensor, forward_s: float) -> None:
+    def _verify(self, work: _Work, logits: torch.Tensor, step: BatchResult) -> None:
         """Postprocess a round: verify, commit through the stops, roll the cache back, record, emit."""
+        forward_s = step.seconds
         seq, slot, proposal = work.seq, work.slot, work.proposal
         params = seq.request.sampling
         drafts = proposal.tokens
@@ -325,19 +324,10 @@ class Engine:
                 slot.adaptive.observe(len(drafts), verdict.accepted, match_context(proposal.match))
         overhead = max(0.0, time.perf_counter() - work.started - proposal.seconds - forward_s)
         self.costs.observe_overhead(overhead)
-        # the counterfactual plain step: this step's measured forward scaled by the step-cost model's ratio of the
-        # step without this round's drafts to the step with them (a ratio, so a model measured on other steps
-        # never subtracts more than this step took), and no drafting
-        tokens, seqs = self._step_shape
-        plain_forward = forward_s
-        if drafts:
-            with_drafts = self.costs.forward(tokens, seqs)
-            if with_drafts > 0:
-                plain_forward *= min(1.0, self.costs.forward(tokens - len(drafts), seqs) / with_drafts)
+        plain_s = forward_s * self.costs.plain_share(step.tokens, len(step.logits), len(drafts)) + overhead
         seq.stats.record(RoundStats(
             k=len(drafts), accepted=verdict.accepted, budget=work.budget, committed=len(committed),
-            bonus=verdict.bonus, draft_s=proposal.seconds, verify_s=forward_s, overhead_s=overhead,
-            plain_s=plain_forward + overhead))
+            bonus=verdict.bonus, draft_s=proposal.seconds, verify_s=forward_s, overhead_s=overhead, plain_s=plain_s))
         seq.stats.completion_tokens = len(seq.output_ids)
         if seq.stats.first_token_s is None:
             seq.stats.first_token_s = time.perf_counter() - seq.submitted_at

@@ -173,8 +173,8 @@ class RoundStats:
     verify_s: float
     overhead_s: float
     # what the round would have cost as a plain step (the engine's estimate, Engine._verify): its step's forward
-    # times the step cost model's ratio of the step without its drafts to the step, plus the overhead;
-    # draft_s + verify_s + overhead_s when it drafted nothing. Defaults to that.
+    # times StepCosts.plain_share, plus the overhead; None (a round recorded without an estimate) counts the
+    # round's own seconds
     plain_s: float | None = None
 
 

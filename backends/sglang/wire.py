@@ -202,9 +202,7 @@ class SpecFields(msgspec.Struct, frozen=True, kw_only=True):
     # differently across releases), so the names are specgate's and only this worker sends them.
     specgate_first_token_s: float | None = None  # engine intake -> first committed token (queue + prefill + round 1)
     specgate_decode_s: float | None = None  # first committed token -> finished (TPOT = this / (completion_tokens - 1))
-    # the engine's estimate of plain decoding's time for this answer over the time its rounds took (its step
-    # cost model: each round's step scaled to the step without its drafts; RequestStats.plain_ratio): what the
-    # gateway's auto learns plain decoding's TPOT from while serving speculation
+    # plain decoding's estimated time for this answer over its rounds' (RequestStats.plain_ratio; auto learns from it)
     specgate_plain_ratio: float | None = None
 
 

@@ -75,8 +75,8 @@ class Flight:
     verify_s: float = 0.0  # the forwards of its rounds, whole steps, as the worker reports them
     area: float = 0.0  # the gateway's busy area at arrival (mean concurrency)
     walker: object = None
-    round_s: float = 0.0  # its rounds' seconds: each step's forward and the round's own seconds outside it
-    plain_round_s: float = 0.0  # the same, had each round fed one token and drafted nothing (the worker's estimate)
+    drafts_s: float = 0.0  # its drafts' share of its steps' forwards (what its plain counterfactual takes away)
+    plain_ratio: float | None = None  # the worker's RequestStats.plain_ratio, once finished (plain_estimates)
 
 
 @dataclass(slots=True)
@@ -108,6 +108,16 @@ class Served:
     @property
     def tpot(self) -> float | None:
         return (self.e2e - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
+
+
+def plain_ratio(flight: Flight, per_round: float) -> float | None:
+    """RequestStats.plain_ratio of a finished request: its rounds cost their steps' forwards and their own seconds
+    outside them; as plain steps, the forwards less the drafts' share, plus ``per_round`` (overhead, serving)."""
+    p = flight.profile
+    spent = flight.verify_s + sum(p.serial)
+    if not flight.pos or spent <= 0:
+        return None
+    return p.tokens * (flight.verify_s - flight.drafts_s + flight.pos * per_round) / (flight.pos * spent)
 
 
 class Simulation:
@@ -215,7 +225,7 @@ class Simulation:
             batch = len(running)
             rounds: list[tuple[int, int]] = []
             chunks: list[tuple[int, int]] = []
-            serial, fed, decoded, own = 0.0, 0, [], []
+            serial, fed, decoded = 0.0, 0, []
             for flight in running:  # Engine._schedule: a round per decoding sequence
                 if not flight.decoding:
                     continue
@@ -223,12 +233,11 @@ class Simulation:
                 if walker is None:
                     p, pos = flight.profile, flight.pos
                     shape = (p.fed[pos], p.context[pos])
-                    extra = p.serial[pos]
+                    serial += p.serial[pos]
                 else:
                     width, context, extra = walker.next_round(batch)
                     shape = (width, context)
-                serial += extra
-                own.append(extra)
+                    serial += extra
                 rounds.append(shape)
                 fed += shape[0]
                 decoded.append(flight)
@@ -244,20 +253,12 @@ class Simulation:
             forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
             t += serial + forward
             finished = False
-            if self.plain_estimates:
-                per_round, width = costs.overhead_s + costs.serving_s, len(rounds)
-                for flight, (tokens, context), extra in zip(decoded, rounds, own):
-                    # RoundStats as the worker records them: the round is the step's forward and its own seconds
-                    # outside it; its plain counterfactual (Engine._verify) the forward scaled to the step's price
-                    # without this round's drafts (here: less their share of it), plus the round's overhead
-                    flight.round_s += forward + extra
+            if self.plain_estimates:  # the worker's plain counterfactual (Engine._verify): each round's
+                width = len(rounds)  # forward without its drafts' share of the step's price (profile.step_s)
+                for flight, (tokens, context) in zip(decoded, rounds):
                     if tokens > 1:
-                        forward_s = costs.forward_s
-                        flight.plain_round_s += max(0.0, forward - (forward_s(tokens, context, width)
-                                                                    - forward_s(1, context, width)) / width)
-                    else:
-                        flight.plain_round_s += forward
-                    flight.plain_round_s += per_round
+                        flight.drafts_s += min(forward, (costs.forward_s(tokens, context, width)
+                                                         - costs.forward_s(1, context, width)) / width)
             for flight in decoded:
                 flight.pos += 1
                 flight.verify_s += forward
@@ -271,6 +272,8 @@ class Simulation:
                     if done:
                         flight.profile = walker.profile()
                 if done:
+                    if self.plain_estimates:
+                        flight.plain_ratio = plain_ratio(flight, costs.overhead_s + costs.serving_s)
                     scheduler.remove(flight)
                     self._push(t, FINISH, flight)
                     finished = True
@@ -294,8 +297,7 @@ class Simulation:
         served = Served(index=flight.index, arrival=flight.arrival, ttft=flight.ttft if flight.ttft is not None
                         else e2e, e2e=e2e, tokens=p.tokens, verify_ct=p.verify_ct, accepted=p.accepted,
                         choice=flight.choice, concurrency=area / e2e if e2e > 0 else 1.0,
-                        plain_ratio=p.tokens * flight.plain_round_s / (flight.pos * flight.round_s)
-                        if flight.pos and flight.round_s > 0 else None)
+                        plain_ratio=flight.plain_ratio)
         self.served.append(served)
         self.chooser.finished(served, flight.profile, t, self)
         if self.load.concurrency is not None and self._queue:

@@ -36,7 +36,7 @@ def test_health_is_503_while_the_model_loads(real_tokenizer):
 def test_engine_failure_is_a_500_or_an_error_chunk(worker):
     engine = worker.app.state["runtime"].engine
 
-    def broken_verify(work, logits, forward_s):
+    def broken_verify(work, logits, step):
         raise RuntimeError("boom")
 
     engine._verify = broken_verify  # instance attribute: the engine thread's next round fails
