@@ -36,8 +36,9 @@ Agrawal & Goyal 2012); the discount bounds the evidence (~1/(1 - DISCOUNT) round
 never reaches zero, which is the re-probe: at k* = 0 nothing is observed, the posterior widens, and a draw
 occasionally says k >= 1 pays. Tuned on scripted acceptance (Bernoulli 0 / 0.3 / 0.6 / 0.9 / 1 per
 position, and 20-round copy spans in 60; tests/engine/test_adaptive.py): within 8% of the best fixed k in
-each from a uniform prior (5% lost to probes where nothing is ever accepted; 6-7% at rates 0.9 and 1, where
-a 256-token request's 28-40 rounds are all the evidence there is: the gateway's prior is what removes that),
+each from a uniform prior (mean of 200 seeds: 5% lost to probes where nothing is ever accepted, a probe in
+about one round in five; 7-8% at rates 0.9 and 1, where a 256-token request's 28-40 rounds are all the
+evidence there is: the gateway's prior is what removes that),
 where choosing on the posterior mean without sampling lost 26-35% on the always-accepted and changing
 cases. No probe schedule, no special case for cold, stale or plain.
 
@@ -59,7 +60,7 @@ size, k) pairs. Batch sizes below the first entry use draft_tokens.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 PRIOR_STRENGTH = 1.0  # pseudo-rounds of the prior
@@ -152,15 +153,23 @@ def expected_tokens(rates, k: int) -> float:
     return total
 
 
-def best_k(rates, k_max: int, cost: Callable[[int], float], others: float = 0.0) -> int:
-    """argmax_k (E[P](k) + others) / cost(k) over 0..k_max (``others``: tokens the rest of the step commits,
-    whatever this k); ties go to the smaller k (plain at exact break-even)."""
-    best, best_rate = 0, (1.0 + others) / cost(0)
+def best_k(rates, k_max: int, costs: Sequence[float], others: float = 0.0) -> int:
+    """argmax_k (E[P](k) + others) / costs[k] over 0..k_max (``others``: tokens the rest of the step commits,
+    whatever this k); ties go to the smaller k (plain at exact break-even).
+
+    ``rates`` may be lazy (an iterator of Thompson draws): it is read only while a longer k can still win.
+    After position k, any k' > k commits at most E[P](k) + others + prod_{i<=k} a_i * (k_max - k) tokens in
+    at least the cheapest costs[k'], so once that bound is no better than the best rate the rest is never
+    drawn, and the argmax is the one all k_max draws would give (the draws it reads are the same ones)."""
+    best, best_rate = 0, (1.0 + others) / costs[0]
     total, survive = 1.0 + others, 1.0
-    for k in range(1, k_max + 1):
-        survive *= rates[k - 1]
+    k = 0
+    rates = iter(rates)
+    while k < k_max and total + survive * (k_max - k) > best_rate * min(costs[k + 1:k_max + 1]):
+        k += 1
+        survive *= next(rates)
         total += survive
-        rate = total / cost(k)
+        rate = total / costs[k]
         if rate > best_rate:
             best, best_rate = k, rate
     return best
@@ -172,30 +181,64 @@ def match_context(match: int) -> int:
     return 0 if match <= 0 else 8 if match >= 8 else 4 if match >= 4 else match
 
 
+class Evidence:
+    """Discounted per-position acceptance counts of one context. Stored scaled by ``weight`` (a count's true
+    value is stored / weight): a discount divides ``weight`` instead of multiplying every position, so a
+    round costs the positions it reached, not all of them."""
+
+    __slots__ = ("hits", "misses", "weight")
+
+    def __init__(self, positions: int) -> None:
+        self.hits = [0.0] * positions
+        self.misses = [0.0] * positions
+        self.weight = 1.0
+
+    def discount(self, factor: float) -> None:
+        self.weight /= factor
+        if self.weight > 1e100:  # fold the weight in before it overflows (~4,500 rounds at 0.95)
+            self.hits = [h / self.weight for h in self.hits]
+            self.misses = [m / self.weight for m in self.misses]
+            self.weight = 1.0
+
+    def count(self, proposed: int, accepted: int) -> None:
+        """Count the positions a round reached: 1..min(proposed, accepted + 1), accepted up to ``accepted``,
+        the next one rejected."""
+        hits, misses, w = self.hits, self.misses, self.weight
+        for j in range(min(proposed, accepted + 1, len(hits))):
+            if j < accepted:
+                hits[j] += w
+            else:
+                misses[j] += w
+
+    def values(self) -> tuple[list[float], list[float]]:
+        """(accepted, rejected) per position, discounted."""
+        inv = 1.0 / self.weight
+        return [h * inv for h in self.hits], [m * inv for m in self.misses]
+
+
 class PooledAcceptance:
     """Engine-wide acceptance of one proposer per context, across sequences (discounted by ``POOL_DISCOUNT``
     per round of that context): what a new sequence's posterior starts from, at most ``POOL_STRENGTH``
     pseudo-rounds strong, so a request's own rounds overrule it within a few rounds."""
 
-    __slots__ = ("hits", "misses")
+    __slots__ = ("evidence",)
 
     def __init__(self) -> None:
-        self.hits: dict[int, list[float]] = {}
-        self.misses: dict[int, list[float]] = {}
+        self.evidence: dict[int, Evidence] = {}
 
     def observe(self, context: int, proposed: int, accepted: int) -> None:
-        hits = self.hits.setdefault(context, [0.0] * MAX_POSITIONS)
-        misses = self.misses.setdefault(context, [0.0] * MAX_POSITIONS)
-        for j in range(MAX_POSITIONS):
-            hits[j] *= POOL_DISCOUNT
-            misses[j] *= POOL_DISCOUNT
-        _count(hits, misses, proposed, accepted)
+        evidence = self.evidence.get(context)
+        if evidence is None:
+            evidence = self.evidence[context] = Evidence(MAX_POSITIONS)
+        evidence.discount(POOL_DISCOUNT)
+        evidence.count(proposed, accepted)
 
     def counts(self, context: int, k: int) -> tuple[list[float], list[float]]:
         """Pseudo-counts per position (first ``k``), each position's total scaled to <= POOL_STRENGTH."""
-        hits, misses = self.hits.get(context), self.misses.get(context)
-        if hits is None or misses is None:
+        evidence = self.evidence.get(context)
+        if evidence is None:
             return [0.0] * k, [0.0] * k
+        hits, misses = evidence.values()
         scale = [min(1.0, POOL_STRENGTH / (h + m)) if h + m else 0.0 for h, m in zip(hits[:k], misses[:k])]
         return [h * f for h, f in zip(hits, scale)], [m * f for m, f in zip(misses, scale)]
 
@@ -203,29 +246,19 @@ class PooledAcceptance:
         """Engine-wide state is stepped with the shared controllers; nothing to do per step."""
 
 
-def _count(hits: list[float], misses: list[float], proposed: int, accepted: int) -> None:
-    """Count the positions a round reached: 1..min(proposed, accepted + 1), accepted up to ``accepted``,
-    the next one rejected."""
-    for j in range(min(proposed, accepted + 1, len(hits))):
-        if j < accepted:
-            hits[j] += 1.0
-        else:
-            misses[j] += 1.0
-
-
 @dataclass(slots=True)
 class BetaDraftLength:
-    """specgate's per-sequence controller (module docstring). ``cost(k)``: seconds of a round of k drafts;
+    """specgate's per-sequence controller (module docstring). ``round_costs(k_max)``: seconds of a round of
+    k = 0..k_max drafts (a sequence at least k_max + 1 long);
     ``prior``: per-position acceptance rates from the gateway (shorter than k_max: the last one repeats);
     ``pooled``: the engine's per-context acceptance of this proposer across sequences (optional)."""
 
     k_max: int
-    cost: Callable[[int], float]
+    round_costs: Callable[[int], Sequence[float]]
     prior: tuple[float, ...] = ()
     seed: int = 0
     pooled: PooledAcceptance | None = None
-    hits: dict[int, list[float]] = field(default_factory=dict)  # per context: discounted accepted per position
-    misses: dict[int, list[float]] = field(default_factory=dict)  # per context: discounted rejected per position
+    evidence: dict[int, Evidence] = field(default_factory=dict)  # per context: this sequence's rounds
     base_a: list[float] = field(init=False)
     base_b: list[float] = field(init=False)
     rng: random.Random = field(init=False)
@@ -241,8 +274,8 @@ class BetaDraftLength:
         """Beta parameters per position: the gateway's prior, the engine's pooled evidence, this sequence's."""
         k = self.k_max
         pooled_a, pooled_b = self.pooled.counts(context, k) if self.pooled else ([0.0] * k, [0.0] * k)
-        hits = self.hits.get(context, [0.0] * k)
-        misses = self.misses.get(context, [0.0] * k)
+        own = self.evidence.get(context)
+        hits, misses = own.values() if own is not None else ([0.0] * k, [0.0] * k)
         return ([a + p + h for a, p, h in zip(self.base_a, pooled_a, hits)],
                 [b + p + m for b, p, m in zip(self.base_b, pooled_b, misses)])
 
@@ -255,19 +288,39 @@ class BetaDraftLength:
         k_max = self.k_max if cap is None else min(cap, self.k_max)
         if k_max <= 0:
             return 0
-        alpha, beta = self.posterior(context)
+        return best_k(self._draws(context, k_max), k_max, self.round_costs(k_max), batch - 1)
+
+    def _draws(self, context: int, k_max: int):
+        """theta_j ~ Beta(alpha_j, beta_j) for j = 1..k_max in order, each drawn when best_k reads it (the
+        posterior of :meth:`posterior`, position by position)."""
         draw = self.rng.betavariate
-        return best_k([draw(a, b) for a, b in zip(alpha[:k_max], beta[:k_max])], k_max, self.cost, batch - 1)
+        base_a, base_b = self.base_a, self.base_b
+        own = self.evidence.get(context)
+        pool = self.pooled.evidence.get(context) if self.pooled is not None else None
+        if own is not None:
+            own_h, own_m, own_inv = own.hits, own.misses, 1.0 / own.weight
+        if pool is not None:
+            pool_h, pool_m, pool_inv = pool.hits, pool.misses, 1.0 / pool.weight
+        for j in range(k_max):
+            a, b = base_a[j], base_b[j]
+            if pool is not None:
+                h, m = pool_h[j] * pool_inv, pool_m[j] * pool_inv
+                if h + m:
+                    f = min(1.0, POOL_STRENGTH / (h + m))
+                    a, b = a + h * f, b + m * f
+            if own is not None:
+                a, b = a + own_h[j] * own_inv, b + own_m[j] * own_inv
+            yield draw(a, b)
 
     def observe(self, proposed: int, accepted: int, context: int = 0) -> None:
         """One round: discount this sequence's evidence (every context), count the round in its context."""
-        for hits in self.hits.values():
-            hits[:] = [h * DISCOUNT for h in hits]
-        for misses in self.misses.values():
-            misses[:] = [m * DISCOUNT for m in misses]
+        for evidence in self.evidence.values():
+            evidence.discount(DISCOUNT)
         if proposed > 0:
-            _count(self.hits.setdefault(context, [0.0] * self.k_max),
-                   self.misses.setdefault(context, [0.0] * self.k_max), proposed, accepted)
+            evidence = self.evidence.get(context)
+            if evidence is None:
+                evidence = self.evidence[context] = Evidence(self.k_max)
+            evidence.count(proposed, accepted)
             if self.pooled is not None:
                 self.pooled.observe(context, proposed, accepted)
 
@@ -344,14 +397,15 @@ class VllmDynamic:
         pass
 
 
-def controller_for(spec, cost: Callable[[int], float], seed: int, shared: dict):
+def controller_for(spec, round_costs: Callable[[int], Sequence[float]], seed: int, shared: dict):
     """The controller of a sequence speculating with ``spec`` (a SpeculationParams with adaptive set):
     its own for ``beta`` (starting from the engine's pooled acceptance of the proposer, which ``shared`` holds);
     for ``sglang`` the one ``shared`` holds for (proposer, draft_tokens), made on first
     use (an engine keeps one ``shared`` dict); ``vllm``'s is stateless."""
     if spec.strategy == "beta":
         pooled = shared.setdefault(("pooled", spec.proposer), PooledAcceptance())
-        return BetaDraftLength(k_max=spec.draft_tokens, cost=cost, prior=spec.prior, seed=seed, pooled=pooled)
+        return BetaDraftLength(k_max=spec.draft_tokens, round_costs=round_costs, prior=spec.prior, seed=seed,
+                               pooled=pooled)
     if spec.strategy == "vllm":
         return VllmDynamic(k_max=spec.draft_tokens, table=spec.k_by_batch)
     key = ("sglang", spec.proposer, spec.draft_tokens)

@@ -375,8 +375,8 @@ class Engine:
             # the controller's draws are its own: seeded by the request's sampling seed, else by its id, so a
             # greedy request's rounds are reproducible (its output never depends on them)
             seed = params.sampling_seed if params.sampling_seed is not None else zlib.crc32(seq.rid.encode())
-            adaptive = controller_for(spec, lambda k: self.costs.round_s(name, k), seed=seed,
-                                      shared=self._shared_controllers)
+            adaptive = controller_for(spec, lambda k_max: [self.costs.round_s(name, k) for k in range(k_max + 1)],
+                                      seed=seed, shared=self._shared_controllers)
         return _Slot(cache=self.runner.new_cache(seq.reserved_tokens), generator=generator, penalty=penalty,
                      proposer=proposer, adaptive=adaptive, on_output=on_output)
 

@@ -23,13 +23,14 @@ class CachedCosts:
     option of a request, and a lookup interpolates in Python (~3 us) where a dict hit costs ~0.1 us. At most
     (widths x contexts x batch sizes) entries."""
 
-    __slots__ = ("costs", "overhead_s", "serving_s", "_forward", "_draft", "_prefill")
+    __slots__ = ("costs", "overhead_s", "serving_s", "_forward", "_draft", "_prefill", "_rounds")
 
     def __init__(self, costs) -> None:
         self.costs, self.overhead_s, self.serving_s = costs, costs.overhead_s, costs.serving_s
         self._forward: dict[tuple[int, int, int], float] = {}
         self._draft: dict[tuple[str, int, int], float] = {}
         self._prefill: dict[tuple[int, int], float] = {}
+        self._rounds: dict[tuple[str, int, int, int], tuple[float, ...]] = {}
 
     def forward_s(self, tokens: int, context: int, batch: int = 1) -> float:
         key = (tokens, context, batch)
@@ -50,6 +51,18 @@ class CachedCosts:
         hit = self._prefill.get(key)
         if hit is None:
             hit = self._prefill[key] = self.costs.prefill_s(tokens, context)
+        return hit
+
+    def round_costs(self, proposer: str, k_max: int, context: int, batch: int) -> tuple[float, ...]:
+        """Seconds of a round of k = 0..k_max drafts as the engine's per-round controller prices it
+        (StepCosts.round_s): the forward of the step of ``batch`` rounds it joins (the others feeding one token
+        each), its drafts, the per-round overhead; at the request's prompt length ``context``."""
+        key = (proposer, k_max, context, batch)
+        hit = self._rounds.get(key)
+        if hit is None:
+            hit = self._rounds[key] = tuple(
+                self.forward_s(k + 1 if batch == 1 else 1 + k / batch, context, batch)
+                + (self.draft_s(proposer, k, context) if k else 0.0) + self.overhead_s for k in range(k_max + 1))
         return hit
 
     def setup_s(self, proposer: str, prompt_tokens: int) -> float:
@@ -95,6 +108,7 @@ class Profile:
     fed: tuple[int, ...]
     context: tuple[int, ...]
     serial: tuple[float, ...]
+    alone: tuple[float, ...]  # each round's forward in a step of its own (batch 1)
     tokens: int
     verify_ct: int
     accepted: int  # drafts accepted, all rounds
@@ -120,7 +134,7 @@ def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rou
     width = max((max(d, b) for d, b in zip(drafted_t, budgets)), default=0)
     hist = [0] * (max(accepted_t, default=0) + 1)
     acc_pp, reach_pp = [0] * width, [0] * width
-    fed, contexts, serial = [], [], []
+    fed, contexts, serial, alone = [], [], [], []
     draft_total = verify_total = 0.0
     committed = 0
     per_round = costs.overhead_s + costs.serving_s
@@ -133,6 +147,7 @@ def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rou
         fed.append(drafted + 1)
         contexts.append(context)
         serial.append(draft + per_round)
+        alone.append(verify)
         draft_total += draft
         verify_total += verify
         hist[accepted] += 1
@@ -142,7 +157,7 @@ def profile(costs, prompt_len: int, output_len: int, option: Option, rounds: Rou
             if j < accepted:
                 acc_pp[j] += 1
         committed = min(output_len, committed + accepted + 1)
-    return Profile(prompt_len=prompt_len, fed=tuple(fed), context=tuple(contexts), serial=tuple(serial),
+    return Profile(prompt_len=prompt_len, fed=tuple(fed), context=tuple(contexts), serial=tuple(serial), alone=tuple(alone),
                    tokens=output_len, verify_ct=len(accepted_t), accepted=sum(accepted_t), histogram=tuple(hist),
                    accepted_per_position=tuple(acc_pp), reached_per_position=tuple(reach_pp),
                    draft_s=draft_total, verify_s=verify_total)

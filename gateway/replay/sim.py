@@ -25,6 +25,8 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
+from operator import add
 
 from backends.engine.scheduler import Scheduler
 from gateway.replay.profile import Profile, step_s
@@ -213,81 +215,130 @@ class Simulation:
     def _turn(self, worker: Worker, t: float) -> None:
         """One ``Engine.step`` at ``t``, and the next ones at once while no event comes before them (the
         same result as queueing each turn, without a heap round trip per turn)."""
-        scheduler, events, costs = worker.scheduler, self._events, worker.costs
+        scheduler, events = worker.scheduler, self._events
         running = scheduler.running
-        chunk_cap, budget = self.prefill_chunk, self.max_batch_tokens
         while True:
             if worker.inbox:
                 scheduler.waiting.extend(worker.inbox)
                 worker.inbox.clear()
             if scheduler.waiting:
                 scheduler.admit()
-            batch = len(running)
-            rounds: list[tuple[int, int]] = []
-            chunks: list[tuple[int, int]] = []
-            serial, fed, decoded = 0.0, 0, []
-            for flight in running:  # Engine._schedule: a round per decoding sequence
-                if not flight.decoding:
-                    continue
-                walker = flight.walker
-                if walker is None:
-                    p, pos = flight.profile, flight.pos
-                    shape = (p.fed[pos], p.context[pos])
-                    serial += p.serial[pos]
-                else:
-                    width, context, extra = walker.next_round(batch)
-                    shape = (width, context)
-                    serial += extra
-                rounds.append(shape)
-                fed += shape[0]
-                decoded.append(flight)
-            left = budget - fed
-            for flight in running:  # then prefill chunks in admission order, within what the rounds left
-                if flight.decoding:
-                    continue
-                end = min(flight.target, flight.prefilled + chunk_cap, flight.prefilled + max(0, left))
-                if end > flight.prefilled:
-                    chunks.append((end - flight.prefilled, flight.prefilled))
-                    left -= end - flight.prefilled
-                    flight.prefilled = end
-            forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
-            t += serial + forward
-            finished = False
-            if self.plain_estimates:  # the worker's plain counterfactual (Engine._verify): each round's
-                width = len(rounds)  # forward without its drafts' share of the step's price (profile.step_s)
-                for flight, (tokens, context) in zip(decoded, rounds):
-                    if tokens > 1:
-                        flight.drafts_s += min(forward, (costs.forward_s(tokens, context, width)
-                                                         - costs.forward_s(1, context, width)) / width)
-            for flight in decoded:
-                flight.pos += 1
-                flight.verify_s += forward
-                if flight.pos == 1:
-                    flight.ttft = t - flight.arrival
-                walker = flight.walker
-                if walker is None:
-                    done = flight.pos == len(flight.profile.fed)
-                else:
-                    done = walker.finished
-                    if done:
-                        flight.profile = walker.profile()
-                if done:
-                    if self.plain_estimates:
-                        flight.plain_ratio = plain_ratio(flight, costs.overhead_s + costs.serving_s)
-                    scheduler.remove(flight)
-                    self._push(t, FINISH, flight)
-                    finished = True
-            for flight in running:  # prefilled (its last chunk in this step, or nothing to prefill): decodes next
-                if not flight.decoding and flight.prefilled == flight.target:
-                    flight.decoding = True
-            for controller in worker.controllers.values():
-                controller.end_step()
+            if len(running) == 1 and running[0].decoding and running[0].walker is None and not scheduler.waiting:
+                t, finished = self._alone(worker, running[0], t)
+            else:
+                t, finished = self._step(worker, t)
             if not (running or scheduler.waiting):
                 worker.turn_pending, worker.free_at = False, t
                 return
             if finished or (events and events[0][0] <= t):
                 self._push(t, TURN, worker)
                 return
+
+    def _step(self, worker: Worker, t: float) -> tuple[float, bool]:
+        """One step: a round of every decoding sequence and prefill chunks, as one priced forward. Returns
+        when it ends and whether a request finished in it."""
+        scheduler, costs = worker.scheduler, worker.costs
+        running = scheduler.running
+        chunk_cap, budget = self.prefill_chunk, self.max_batch_tokens
+        batch = len(running)
+        rounds: list[tuple[int, int]] = []
+        chunks: list[tuple[int, int]] = []
+        serial, fed, decoded = 0.0, 0, []
+        for flight in running:  # Engine._schedule: a round per decoding sequence
+            if not flight.decoding:
+                continue
+            walker = flight.walker
+            if walker is None:
+                p, pos = flight.profile, flight.pos
+                shape = (p.fed[pos], p.context[pos])
+                serial += p.serial[pos]
+            else:
+                width, context, extra = walker.next_round(batch)
+                shape = (width, context)
+                serial += extra
+            rounds.append(shape)
+            fed += shape[0]
+            decoded.append(flight)
+        left = budget - fed
+        for flight in running:  # then prefill chunks in admission order, within what the rounds left
+            if flight.decoding:
+                continue
+            end = min(flight.target, flight.prefilled + chunk_cap, flight.prefilled + max(0, left))
+            if end > flight.prefilled:
+                chunks.append((end - flight.prefilled, flight.prefilled))
+                left -= end - flight.prefilled
+                flight.prefilled = end
+        forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
+        t += serial + forward
+        finished = False
+        if self.plain_estimates:  # the worker's plain counterfactual (Engine._verify): each round's
+            width = len(rounds)  # forward without its drafts' share of the step's price (profile.step_s)
+            for flight, (tokens, context) in zip(decoded, rounds):
+                if tokens > 1:
+                    flight.drafts_s += min(forward, (costs.forward_s(tokens, context, width)
+                                                     - costs.forward_s(1, context, width)) / width)
+        for flight in decoded:
+            flight.pos += 1
+            flight.verify_s += forward
+            if flight.pos == 1:
+                flight.ttft = t - flight.arrival
+            walker = flight.walker
+            if walker is None:
+                done = flight.pos == len(flight.profile.fed)
+            else:
+                done = walker.finished
+                if done:
+                    flight.profile = walker.profile()
+            if done:
+                self._done(worker, flight, t)
+                finished = True
+        for flight in running:  # prefilled (its last chunk in this step, or nothing to prefill): decodes next
+            if not flight.decoding and flight.prefilled == flight.target:
+                flight.decoding = True
+        for controller in worker.controllers.values():
+            controller.end_step()
+        return t, finished
+
+    def _alone(self, worker: Worker, flight: Flight, t: float) -> tuple[float, bool]:
+        """The steps of a worker running only ``flight``, decoding with a fixed profile, up to the first that
+        ends at or after the next event (nothing can join before it) or the request's last round: each step
+        is one round alone, so the steps' ends are a prefix sum of the profile's seconds per round, added in
+        the order :meth:`_step` adds them (the same floats). Returns as _step does."""
+        p, pos = flight.profile, flight.pos
+        nxt = self._events[0][0] if self._events else float("inf")
+        ends = accumulate(map(add, p.serial[pos:], p.alone[pos:]), initial=t)  # _step's t += serial + forward
+        next(ends)  # t itself
+        steps = 0
+        for t in ends:  # lazily: an event may come after the first round
+            steps += 1
+            if steps == 1:
+                first = t
+            if t >= nxt:
+                break
+        verify_s = flight.verify_s
+        for forward in p.alone[pos:pos + steps]:
+            verify_s += forward
+        flight.verify_s = verify_s
+        if self.plain_estimates:  # _step's counterfactual for a step of one round
+            forward_s, drafts_s = worker.costs.forward_s, flight.drafts_s
+            for r in range(pos, pos + steps):
+                if p.fed[r] > 1:
+                    drafts_s += min(p.alone[r], forward_s(p.fed[r], p.context[r], 1) - forward_s(1, p.context[r], 1))
+            flight.drafts_s = drafts_s
+        if pos == 0:
+            flight.ttft = first - flight.arrival
+        flight.pos = pos + steps
+        if flight.pos < len(p.fed):
+            return t, False
+        self._done(worker, flight, t)
+        return t, True
+
+    def _done(self, worker: Worker, flight: Flight, t: float) -> None:
+        """A request's last round ended at ``t``: the worker lets it go and its answer is complete."""
+        if self.plain_estimates:
+            flight.plain_ratio = plain_ratio(flight, worker.costs.overhead_s + worker.costs.serving_s)
+        worker.scheduler.remove(flight)
+        self._push(t, FINISH, flight)
 
     def _finish(self, flight: Flight, t: float) -> None:
         e2e = t - flight.arrival

@@ -41,7 +41,8 @@ class Walker:
                                       strategy=option.strategy, k_by_batch=option.table)
         self.controller = None
         self.done = 0
-        self.batch = 1  # the sequences of the step being planned (the controller's cost reads it)
+        self.batch = 1  # the sequences of the step being planned
+        self._table: tuple[float, ...] | None = None  # the controller's cost by k in a step of `batch`
         self.drafted: list[int] = []
         self.accepted: list[int] = []
         self.budgets: list[int] = []
@@ -49,15 +50,11 @@ class Walker:
 
     def bind(self, shared: dict) -> None:
         """Make the controller; ``shared``: the simulated worker's engine-wide controllers."""
-        ctx, proposer, costs = self.prompt_len, self.option.proposer, self.costs
-        overhead = costs.overhead_s
+        self.controller = controller_for(self.spec, self._round_costs, self.seed, shared)
 
-        def cost(k: int) -> float:  # the engine's StepCosts.round_s: the step of `batch` rounds it joins
-            batch = self.batch
-            width = k + 1 if batch == 1 else 1 + k / batch  # the others feed one token each
-            return costs.forward_s(width, ctx, batch) + (costs.draft_s(proposer, k, ctx) if k else 0.0) + overhead
-
-        self.controller = controller_for(self.spec, cost, self.seed, shared)
+    def _round_costs(self, k_max: int) -> tuple[float, ...]:
+        """The engine's StepCosts.round_s by k: seconds of the step of ``batch`` rounds a round of k drafts joins."""
+        return self._table
 
     @property
     def finished(self) -> bool:
@@ -67,7 +64,9 @@ class Walker:
         """This request's next round in an engine step running ``batch`` sequences: (tokens fed, cached
         context, seconds outside the forward)."""
         done, controller = self.done, self.controller
-        self.batch = batch
+        if batch != self.batch or self._table is None:
+            self.batch = batch
+            self._table = self.costs.round_costs(self.option.proposer, self.option.k, self.prompt_len, batch)
         k_cap = max(0, min(self.option.k, self.max_new - done - 1))
         context = match_context(self.matches[done])
         if self.prefix:  # Engine._round: propose k_cap, then k <= the drafts found, knowing their match

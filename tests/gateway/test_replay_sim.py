@@ -398,3 +398,31 @@ def test_each_request_reports_the_workers_plain_counterfactual():
         spent = sum(forward(f, c) + s for f, c, s in zip(prof.fed, prof.context, prof.serial))
         plain = sum(forward(1, c) + OVERHEAD for c in prof.context)
         assert served.plain_ratio == pytest.approx(20 * plain / (len(prof.fed) * spent), rel=1e-9)
+
+
+@pytest.mark.parametrize("load", ["c1", "p20", "p200", "c3"])
+def test_a_worker_running_one_sequence_jumps_to_the_next_event_with_the_same_floats(load, monkeypatch):
+    """Simulation._alone (a worker holding one decoding request with a fixed profile runs its rounds as a
+    prefix sum up to the next event) gives bit-identical results to stepping each round through _step,
+    including the plain counterfactual, at c1 (nothing else ever arrives), under Poisson arrivals that land
+    mid-request and alongside batched steps."""
+    prices = prices_of(*copy_friendly(10))
+
+    def run():
+        out = {}
+        for option in (PLAIN, Option("ngram", 4)):
+            chooser = FixedChooser(option, prices, 0)
+            chooser.plain_estimates = True
+            sim = Simulation(chooser, Load.parse(load), [list(range(10))], 0, max_running=16,
+                             max_total_tokens=1 << 16)
+            out[option] = sorted(sim.run(), key=lambda s: s.index)
+        return out
+
+    calls = []
+    real_alone = Simulation._alone
+    monkeypatch.setattr(Simulation, "_alone", lambda self, *a: calls.append(1) or real_alone(self, *a))
+    fast = run()
+    assert calls  # the fast path ran
+    monkeypatch.setattr(Simulation, "_alone", lambda self, worker, flight, t: self._step(worker, t))
+    assert run() == fast
+    assert all(s.plain_ratio is not None for served in fast.values() for s in served)

@@ -16,6 +16,7 @@ from gateway.replay.book import PLAIN as PLAIN_ARM
 from gateway.replay.book import Option
 from gateway.replay.choosers import FixedChooser
 from gateway.replay.run import Contender, blocks, parse_arm, sweep
+from gateway.replay.profile import CachedCosts
 from gateway.replay.sim import Load, Simulation
 from policies.schema import DraftId, ModelId, Pair, pair_version
 from policies.trace import FORMAT, Header
@@ -150,14 +151,16 @@ def test_the_beta_controller_prices_k_in_the_step_it_joins():
     costs = batched(1.6)
     prices = prices_of(copying("a", 1))
     walker = prices.walker(0, Option("ngram", 8, strategy="beta"), FixedChooser(PLAIN_ARM, prices, 0).run)
-    walker.costs = costs
+    walker.costs = CachedCosts(costs)
     walker.bind({})
-    cost = walker.controller.cost
     context = len(prices.book.requests[0].prompt_ids)
+    walker.next_round(1)
+    by_k = walker.controller.round_costs(8)
     alone = costs.forward_s(5, context) + costs.draft_s("ngram", 4, context) + costs.overhead_s
-    assert cost(4) == pytest.approx(alone, rel=1e-12)
+    assert len(by_k) == 9 and by_k[4] == pytest.approx(alone, rel=1e-12)
     walker.next_round(4)
+    by_k = walker.controller.round_costs(8)
     shared = costs.forward_s(2, context, 4) + costs.draft_s("ngram", 4, context) + costs.overhead_s
-    assert cost(4) == pytest.approx(shared, rel=1e-12)  # 4 sequences feeding 1 + 1 + 1 + 5 tokens: 2 a row
-    assert cost(0) == pytest.approx(costs.forward_s(1, context, 4) + costs.overhead_s, rel=1e-12)
+    assert by_k[4] == pytest.approx(shared, rel=1e-12)  # 4 sequences feeding 1 + 1 + 1 + 5 tokens: 2 a row
+    assert by_k[0] == pytest.approx(costs.forward_s(1, context, 4) + costs.overhead_s, rel=1e-12)
     assert COSTS.batch == [1]  # the default test model: one sequence per forward
