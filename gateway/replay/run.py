@@ -147,6 +147,7 @@ def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str],
     results: dict[tuple[str, str, int], list[Served]] = {}
     done = 0
     if processes > 1 and len(jobs) > 1:
+        _prepare(prices, contenders)
         with multiprocessing.get_context("fork").Pool(processes) as pool:
             for job, served in pool.imap_unordered(_run, jobs, chunksize=len(loads)):
                 results[(contenders[job.contender].name, job.load, job.seed)] = served
@@ -164,6 +165,22 @@ def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str],
         for s in range(1, seeds):
             results[(name, label, s)] = results[(name, label, 0)]
     return dict(sorted(results.items()))
+
+
+def _prepare(prices: Prices, contenders: Sequence[Contender]) -> None:
+    """Before the fork: what every worker process would compute alike, once (the children inherit it): the
+    proposer replay's imports, and each fixed arm's exact profiles of the greedy requests (its rounds depend
+    on the request alone; n-gram rounds take ~1.7 ms a request)."""
+    import backends.engine.counterfactual  # noqa: F401  (imports torch: ~1.5 s in every child otherwise)
+
+    requests = prices.book.requests
+    for contender in contenders:
+        if contender.is_policy or contender.option.strategy or contender.option.proposer == "suffix":
+            continue
+        chooser = FixedChooser(contender.option, prices, 0)
+        for i, r in enumerate(requests):
+            if r.output_ids and r.sampling.greedy:
+                prices.profile(i, contender.option, chooser.run)
 
 
 def load_policy(path: str | Path):
