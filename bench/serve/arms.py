@@ -58,15 +58,18 @@ def parse_arms(names: list[str]) -> list[Arm]:
 
 
 _GATES = re.compile(r"^gates:.*?(?=^\S)", re.M | re.S)
+_GATE_RULE = re.compile(r"^\s*- \{.*\bpair_gate:.*\}[^\n]*\n", re.M)
 
 
 def without_gates(text: str) -> str:
     """A policy file's text without its top-level ``gates:`` section: a benchmark measures the policy's
-    decisions on a pair already rolled out, not the rollout (canaries, the serving ramp's plain share)."""
+    decisions on a pair already rolled out, not the rollout (canaries, the serving ramp's plain share). Rules
+    conditioned on ``pair_gate`` go with it (one line each, as the repository's policies write them): without
+    gates their condition never holds, and ``policy check`` refuses them."""
     if "\ngates:" not in text:
         return text
     ended = text if text.endswith("\n") else text + "\n"
-    return _GATES.sub("", ended + "#\n")[:-2]  # "#": a line for the lookahead when gates: is the last section
+    return _GATE_RULE.sub("", _GATES.sub("", ended + "#\n")[:-2])  # "#": a line for the lookahead at the end
 
 
 def served_policy(arm: Arm, worker_url: str, revision: str, out_dir: Path) -> Path:

@@ -62,11 +62,25 @@ def test_without_gates_removes_exactly_the_default_policys_gates_section():
     stripped = without_gates(text)
     original = yaml.safe_load(text)
     assert "gates" in original and "gates:" not in stripped
-    assert yaml.safe_load(stripped) == {k: v for k, v in original.items() if k != "gates"}
+    # the rule conditioned on a pair gate goes too (without gates it never holds and policy check refuses it)
+    gated = [r for r in original["rules"] if "pair_gate" in (r.get("when") or {})]
+    assert [r["name"] for r in gated] == ["degraded-pair"]
+    expected = {k: v for k, v in original.items() if k != "gates"}
+    expected["rules"] = [r for r in original["rules"] if r not in gated]
+    assert yaml.safe_load(stripped) == expected
     assert load_policy_file(DEFAULT_POLICY).gates is not None
     assert without_gates(stripped) == stripped
     # the section is the file's last: everything before it stays, down to its final newline
-    assert text.startswith(stripped) and stripped.endswith("acceptance collapse.\n")
+    assert stripped.endswith("acceptance collapse.\n")
+
+
+@pytest.mark.parametrize("name", list(ARMS))
+def test_every_arm_serves_a_policy_that_passes_policy_check(name, tmp_path):
+    """What the harness hands each arm's gateway loads (a gated rule left behind once stopped every adaptive
+    arm's gateway at start-up)."""
+    served = load_policy_file(served_policy(ARMS[name], "http://127.0.0.1:31234", "sha256:abc", tmp_path))
+    assert served.gates is None
+    assert {w for p in served.pools.values() for w in p.workers} == {"http://127.0.0.1:31234"}
 
 
 def test_without_gates_keeps_the_keys_after_the_section_and_leaves_a_policy_without_gates_alone():
