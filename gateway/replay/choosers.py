@@ -143,13 +143,15 @@ class FixedChooser:
         self.option, self.prices, self.run = option, prices, RunState(seed, order=order)
         self.worker = "worker"
         self.run.worker_of = self.worker
+        # one Choice per kind, shared by the requests (a worker process pickles each shared object once)
+        self._choices = {flag: Choice(option, estimated=flag) for flag in (False, True)}
 
     def workers(self) -> list[str]:
         return [self.worker]
 
     def choose(self, i: int, t: float, sim) -> tuple[Choice, str, Profile, int]:
         prof, estimated = self.prices.profile(i, self.option, self.run)
-        return Choice(self.option, estimated=estimated), self.worker, prof, self.prices.reserve(i, self.option)
+        return self._choices[estimated], self.worker, prof, self.prices.reserve(i, self.option)
 
     def finished(self, served, prof: Profile, t: float, sim) -> None:
         pass
