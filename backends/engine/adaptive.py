@@ -153,19 +153,32 @@ def expected_tokens(rates, k: int) -> float:
     return total
 
 
-def best_k(rates, k_max: int, costs: Sequence[float], others: float = 0.0) -> int:
+def suffix_min(costs: Sequence[float]) -> list[float]:
+    """floor[k] = min(costs[k:]): what best_k bounds a longer k's cost by (valid for any k_max < len(costs))."""
+    floor = list(costs)
+    for k in range(len(floor) - 2, -1, -1):
+        if floor[k + 1] < floor[k]:
+            floor[k] = floor[k + 1]
+    return floor
+
+
+def best_k(rates, k_max: int, costs: Sequence[float], others: float = 0.0,
+           floor: Sequence[float] | None = None) -> int:
     """argmax_k (E[P](k) + others) / costs[k] over 0..k_max (``others``: tokens the rest of the step commits,
     whatever this k); ties go to the smaller k (plain at exact break-even).
 
     ``rates`` may be lazy (an iterator of Thompson draws): it is read only while a longer k can still win.
     After position k, any k' > k commits at most E[P](k) + others + prod_{i<=k} a_i * (k_max - k) tokens in
     at least the cheapest costs[k'], so once that bound is no better than the best rate the rest is never
-    drawn, and the argmax is the one all k_max draws would give (the draws it reads are the same ones)."""
+    drawn, and the argmax is the one all k_max draws would give (the draws it reads are the same ones).
+    ``floor``: :func:`suffix_min` of ``costs`` (computed here when not given)."""
+    if floor is None:
+        floor = suffix_min(costs[:k_max + 1])
     best, best_rate = 0, (1.0 + others) / costs[0]
     total, survive = 1.0 + others, 1.0
     k = 0
     rates = iter(rates)
-    while k < k_max and total + survive * (k_max - k) > best_rate * min(costs[k + 1:k_max + 1]):
+    while k < k_max and total + survive * (k_max - k) > best_rate * floor[k + 1]:
         k += 1
         survive *= next(rates)
         total += survive
@@ -262,6 +275,7 @@ class BetaDraftLength:
     base_a: list[float] = field(init=False)
     base_b: list[float] = field(init=False)
     rng: random.Random = field(init=False)
+    _floor: tuple = field(init=False, default=(None, None))  # (the last cost table, its suffix_min)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -288,7 +302,12 @@ class BetaDraftLength:
         k_max = self.k_max if cap is None else min(cap, self.k_max)
         if k_max <= 0:
             return 0
-        return best_k(self._draws(context, k_max), k_max, self.round_costs(k_max), batch - 1)
+        costs = self.round_costs(k_max)
+        table, floor = self._floor
+        if costs is not table:  # a caller that keeps its table (the replay walker) has it computed once
+            floor = suffix_min(costs)
+            self._floor = (costs, floor)
+        return best_k(self._draws(context, k_max), k_max, costs, batch - 1, floor)
 
     def _draws(self, context: int, k_max: int):
         """theta_j ~ Beta(alpha_j, beta_j) for j = 1..k_max in order, each drawn when best_k reads it (the

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from backends.engine.adaptive import (
     DISCOUNT, POOL_STRENGTH, PRIOR_STRENGTH, BetaDraftLength, Evidence, PooledAcceptance, SglangAdaptive, StepCosts,
-    VllmDynamic, best_k, controller_for, expected_tokens, match_context,
+    VllmDynamic, best_k, controller_for, expected_tokens, match_context, suffix_min,
 )
 from policies.schema import parse_k_by_batch
 from backends.engine.types import SpeculationParams
@@ -74,6 +74,10 @@ def test_best_k_reads_draws_lazily_and_still_returns_the_exhaustive_argmax(rates
     rate = lambda k: (1 + others + sum(math.prod(rates[:j]) for j in range(1, k + 1))) / costs[k]  # noqa: E731
     assert k == full or math.isclose(rate(k), rate(full), rel_tol=1e-12)  # float ties aside, the same k
     assert len(read) >= k
+    # a table longer than k_max (the replay walker's, for its option's k while a round is capped lower):
+    # its suffix minimum bounds no higher, so the answer is the same
+    longer = costs + data.draw(st.lists(st.floats(0.1, 3.0), max_size=4))
+    assert best_k(iter(rates), len(rates), longer, others, suffix_min(longer)) == k
 
 
 def test_evidence_discounts_by_a_weight_as_eager_discounting_would():
