@@ -22,7 +22,10 @@ pass (cold: the engine's pooled acceptance empty) over the second (warm), paired
 ``--policy FILE`` adds a gateway policy (``auto``'s Thompson sampling, policies/auto.py, deciding per request
 through the real ``decide``) as a contender, ``policy:NAME``: per seed the stream is served twice on one
 engine and one learner, a warm-up pass in another order and then the measured pass (the issue's "after
-warm-up"); its cost of learning is the warm-up pass over the measured one, paired.
+warm-up"); its cost of learning is the warm-up pass over the measured one, paired. The issue's own reading,
+"from cold, within 5% of warm after <= 30 requests per slice", is a second run per seed (``--learning-seeds``):
+one learner from cold serves three passes in three orders; pass 1 (learning) and pass 2 (after one pass, 16
+requests per slice on an 80-request trace) over pass 3 (warm), paired.
 """
 
 from __future__ import annotations
@@ -103,15 +106,26 @@ def cold_over_warm(prices: Prices, arm: str, load: str, seeds: int, max_running:
     return math.exp(mean), math.exp(lo), math.exp(hi)
 
 
-def warm_policy(prices: Prices, policy, load: str, seed: int, max_running: int) -> tuple[list, list]:
-    """(warm-up pass, measured pass) of a policy: one learner and one engine serve the stream in another
-    seed's order, then in this seed's order (the fixed arms' order, so requests pair)."""
+def warm_policy(prices: Prices, policy, load: str, seed: int, max_running: int, warmups: int = 1) -> list[list]:
+    """The passes of a policy, ``warmups`` warm-up passes then the measured one: one learner and one engine
+    serve the stream in other seeds' orders, then in this seed's order (the fixed arms' order, so requests
+    pair)."""
     book = prices.book
-    warmup, measured = blocks(book, "interleaved", seed + 10_000)[0], blocks(book, "interleaved", seed)[0]
+    orders = [blocks(book, "interleaved", seed + 10_000 * (n + 1))[0] for n in range(warmups)]
+    orders.append(blocks(book, "interleaved", seed)[0])
     chooser = PolicyChooser(policy, prices, seed, without_flags="exclude")
-    served = Simulation(chooser, Load.parse(load), [warmup, measured], seed, max_running=max_running,
+    served = Simulation(chooser, Load.parse(load), orders, seed, max_running=max_running,
                         max_total_tokens=1 << 16).run()
-    return served[:len(warmup)], served[len(warmup):]
+    starts = [0]
+    for order in orders:
+        starts.append(starts[-1] + len(order))
+    return [served[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def paired_log(first: list, second: list) -> float:
+    """Mean over the requests of log(TPOT in ``first`` / TPOT in ``second``)."""
+    tpot = {s.index: s.tpot for s in second if s.tpot}
+    return statistics.fmean(math.log(s.tpot / tpot[s.index]) for s in first if s.tpot and s.index in tpot)
 
 
 def cell_table(summary: dict, mine: str, fixed: list[str], loads: list[str], slices: list[str]) -> tuple[int, int]:
@@ -150,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--policy", type=Path, nargs="*", default=[],
                         help="gateway policy files to replay as contenders (after a warm-up pass)")
+    parser.add_argument("--learning-seeds", type=int, default=10,
+                        help="seeds of the three-pass cost-of-learning run of each policy (0: skip it)")
     args = parser.parse_args(argv)
 
     trace = read_trace(args.trace)
@@ -168,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     results.update(sweep(prices, [parse_arm(n, book) for n in adaptive], args.loads, args.seeds, "interleaved",
                          **common))
     learning_cost: dict[tuple[str, str], list[float]] = {}
+    learned: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
     for path in args.policy:
         name, policy = f"policy:{path.stem}", load_policy(path)
         adaptive.append(name)
@@ -175,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(args.seeds):
                 first, second = warm_policy(prices, policy, load, seed, args.max_running_requests)
                 results[(name, load, seed)] = second
-                tpot = {s.index: s.tpot for s in second if s.tpot}
-                learning_cost.setdefault((name, load), []).append(statistics.fmean(
-                    math.log(s.tpot / tpot[s.index]) for s in first if s.tpot and s.index in tpot))
+                learning_cost.setdefault((name, load), []).append(paired_log(first, second))
+                if seed < args.learning_seeds:  # from cold: pass 1, pass 2 (after one pass), measured after two
+                    one, two, three = warm_policy(prices, policy, load, seed, args.max_running_requests, warmups=2)
+                    during, after = learned.setdefault((name, load), ([], []))
+                    during.append(paired_log(one, three))
+                    after.append(paired_log(two, three))
     adaptive.append(ORACLE)
     for load in args.loads:
         for seed in range(args.seeds):
@@ -215,11 +235,23 @@ def main(argv: list[str] | None = None) -> int:
         r, lo, hi = cold_over_warm(prices, mine, load, min(args.seeds, 10), args.max_running_requests)
         print(f"- {load}: {r:.3f} [{lo:.3f}, {hi:.3f}] ({len(trace.requests)} requests per pass, "
               f"{len(trace.requests) // max(1, len(slices))} per slice)")
+    per_slice = len(trace.requests) // max(1, len(slices))
     for (name, load), logs in learning_cost.items():
         mean, lo, hi = interval(logs)
         print(f"- {name} {load}: warm-up pass over measured pass {math.exp(mean):.3f} [{math.exp(lo):.3f}, "
-              f"{math.exp(hi):.3f}] (one learner from cold, {len(trace.requests) // max(1, len(slices))} "
-              "requests per slice per pass)")
+              f"{math.exp(hi):.3f}] (one learner from cold, {per_slice} requests per slice per pass)")
+    if learned:
+        print(f"\n## The issue's reading: from cold, within 5% of warm after <= 30 requests per slice ({per_slice} "
+              f"per slice per pass, {args.learning_seeds} seeds; one learner, three passes in three orders)\n")
+        print("| contender | load | pass 1 (requests 1-%d per slice) / pass 3 | pass 2 (after %d per slice) / pass 3 |"
+              % (per_slice, per_slice))
+        print("|---|---|---|---|")
+        for (name, load), (during, after) in learned.items():
+            cells = []
+            for logs in (during, after):
+                mean, lo, hi = interval(logs)
+                cells.append(f"{math.exp(mean):.3f} [{math.exp(lo):.3f}, {math.exp(hi):.3f}]")
+            print(f"| {name} | {load} | " + " | ".join(cells) + " |")
     return 0
 
 
