@@ -178,8 +178,12 @@ def test_batched_greedy_outputs_equal_plain_decoding_alone(engine, real_tokenize
     wide = [d for d in divergences if d[2] >= TIE_GAP]
     assert not wide, f"greedy outputs diverged from plain decoding away from a near-tie (gap >= {TIE_GAP}): {wide}"
     assert all(proposed[name] > 0 for name in CONFIGS if name != "plain"), proposed
-    # every n-gram configuration must get drafts accepted (else identity proves nothing about accepted drafts);
-    # the engine's 8-layer self-draft matches ~4% of tokens, so only the full size has enough rounds to demand it
-    demanded = [name for name in CONFIGS if name != "plain" and (size_name == "full" or name.startswith("ngram"))]
+    # every fixed n-gram configuration must get drafts accepted (else identity proves nothing about accepted
+    # drafts; theirs is a function of the prompt). Only the full size has enough rounds to demand it of the
+    # engine's 8-layer self-draft (it matches ~4% of tokens) and of the per-round controller, whose k is a
+    # Thompson draw: on one 16-token request it may propose little and have none accepted (0 of 9 once its
+    # random stream changed; test_real_identity demands it over every workload prompt, unbatched)
+    demanded = [name for name in CONFIGS if name != "plain" and (size_name == "full" or (
+        name.startswith("ngram") and not CONFIGS[name].adaptive))]
     idle = [name for name in demanded if accepted[name] == 0]
     assert not idle, f"no draft accepted by {idle}: {accepted}"
