@@ -5,9 +5,10 @@ than today's engine" and "c1 plain >= 1.25x transformers' generate").
         --arms plain ngram-k4 ngram-k8 --repeats 2
 
 The earlier commit's ``backends/engine`` is extracted with ``git archive`` into a temporary folder and imported
-under another package name (``specgate_before.engine``), so both engines (and transformers' ``generate``) run
-on the same model object, the same prompts, interleaved per prompt: for every prompt and repeat, ``hf`` (plain
-greedy ``generate``) and then each arm before and after, the order of before/after alternating by repeat.
+under another package name (``specgate_before.engine``), so both engines and transformers' ``generate`` run the
+same weights (one model object each, loaded from the same files) on the same prompts, interleaved per prompt: for
+every prompt and repeat, ``hf`` (plain greedy ``generate``) and then each arm before and after, the order of
+before/after alternating by repeat.
 Tokens/s per slice = generated tokens / wall time; greedy outputs are compared (before == after == hf).
 """
 
@@ -71,10 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     prepared = load_prepared()
     with tempfile.TemporaryDirectory() as tmp:
         old_engine, old_types = import_before(args.before, Path(tmp))
+        # one model object each: an engine re-lays its model's weights out (fused, and since 2026-12-03
+        # transposed) and re-points the modules at them, so transformers' `generate` gets a model as
+        # from_pretrained loads it, and each engine its own
         model = load_model(str(prepared.path), "float32")
         config = dict(model_path=str(prepared.path), calibrate=True)
-        before = old_engine.Engine(old_engine.EngineConfig(**config), model=model)
-        after = Engine(EngineConfig(**config), model=model)  # fuses the weights: same values, views
+        before = old_engine.Engine(old_engine.EngineConfig(**config),
+                                   model=load_model(str(prepared.path), "float32"))
+        after = Engine(EngineConfig(**config), model=load_model(str(prepared.path), "float32"))
         engines = {"before": (before, old_types), "after": (after, after_types)}
         tokenizer = after.tokenizer
         seconds: dict[tuple[str, str, str], float] = defaultdict(float)

@@ -1,46 +1,66 @@
 """Roofline of the embedded engine's forward on this machine: bytes and FLOPs per step against the measured
 weight-streaming bandwidth and GEMM throughput (issue 27: why a batching target is or is not reachable).
 
-    .venv/bin/python -m bench.roofline --repeats 5
+    .venv/bin/python -m bench.roofline --repeats 5 [--before REV]
 
 For each shape (sequences x tokens each, after a 200-token cached prefix): the whole forward
 (``ModelRunner.forward_batch``) and its linear layers alone (the same fused weight matrices, every layer, and
-the LM head on one row per sequence), median of ``--repeats``. Weights are 4 bytes a parameter (fp32); a
-linear layer's FLOPs are 2 x rows x parameters. GB/s = weight bytes / linear seconds (what a memory-bound step
-reaches); GFLOP/s = linear FLOPs / linear seconds (what a compute-bound one reaches).
+the LM head on one row per sequence), median of ``--repeats``; beside it the same linear layers on a copy of
+the weights in the ``[out, in]`` layout that ``F.linear`` (and the runner before 2026-12-03) multiplies, the
+two interleaved call by call; with ``--before REV``, that commit's runner's whole forward beside this one's (its
+own copy of the model, calls interleaved), e.g. ``--before da8dff0`` for the runner before the layout change.
+Weights are 4 bytes a parameter (fp32); a linear layer's FLOPs are 2 x rows x parameters. GB/s = weight bytes /
+linear seconds (what a memory-bound step reaches); GFLOP/s = linear FLOPs / linear seconds (what a compute-bound
+one reaches).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from backends.engine.model_store import load_prepared
-from backends.engine.runner import Feed, ModelRunner, load_model
+from backends.engine.runner import Feed, ModelRunner, _mm, load_model
+from bench.engine_vs import import_before
 
-SHAPES = ((1, 1), (4, 1), (8, 1), (16, 1), (1, 5), (8, 5), (1, 64), (1, 256))
+SHAPES = ((1, 1), (1, 3), (1, 5), (4, 1), (8, 1), (16, 1), (8, 5), (16, 5), (1, 64), (1, 256))
 
 
-def _median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _medians_s(fns, repeats: int) -> list[float]:
+    """Median seconds of each of ``fns``, their calls interleaved (a, b, b, a, ...) so drift and neighbours'
+    load fall on all of them alike."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in fns]
+    for repeat in range(repeats):
+        for i in (range(len(fns)) if repeat % 2 == 0 else reversed(range(len(fns)))):
+            start = time.perf_counter()
+            fns[i]()
+            times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--before", default=None,
+                        help="an earlier commit: its runner's forward too, on its own copy of the model, interleaved")
     args = parser.parse_args(argv)
-    runner = ModelRunner(load_model(str(load_prepared().path), "float32"))
+    path = str(load_prepared().path)
+    runner = ModelRunner(load_model(path, "float32"))
+    before = None
+    if args.before:
+        old = importlib.import_module(import_before(args.before, Path(tempfile.mkdtemp()))[0].__package__ + ".runner")
+        before = (old.ModelRunner(old.load_model(path, "float32")), old.Feed)
     layers = runner._layers
     mats = [w for layer in layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     layer_params = sum(w.numel() for w in mats)
@@ -49,33 +69,53 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; decoder linear params "
           f"{layer_params / 1e6:.1f} M, LM head {head_params / 1e6:.1f} M, fp32 weights "
           f"{4 * (layer_params + head_params) / 1e6:.0f} MB")
-    print("| seqs x tokens | rows | forward ms | linear ms | other ms | GB/s (weights) | GFLOP/s (linear) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    flipped = [w.T.contiguous() for w in mats]  # the [out, in] layout F.linear uses (this benchmark's copy)
+    head_flipped = runner.lm_head.T.contiguous()
+    extra = f" forward ms, {args.before} | this / {args.before} |" if before else ""
+    print("| seqs x tokens | rows | forward ms | linear ms | other ms | GB/s (weights) | GFLOP/s (linear) "
+          "| linear ms, [out, in] |" + extra)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else ""))
     prefix = list(range(100, 100 + args.context))
     for seqs, tokens in SHAPES:
         caches = [runner.new_cache() for _ in range(seqs)]
         runner.forward_batch([Feed(cache, prefix, 1) for cache in caches])
 
-        def forward() -> None:
-            runner.forward_batch([Feed(cache, [5] * tokens, 1) for cache in caches])
+        def forward(runner=runner, feed=Feed, caches=caches) -> None:
+            runner.forward_batch([feed(cache, [5] * tokens, 1) for cache in caches])
             for cache in caches:
                 runner.rollback(cache, args.context)
 
+        forwards = [forward]
+        if before:
+            old_runner, old_feed = before
+            old_caches = [old_runner.new_cache() for _ in range(seqs)]
+            old_runner.forward_batch([old_feed(cache, prefix, 1) for cache in old_caches])
+            forwards.append(functools.partial(forward, old_runner, old_feed, old_caches))
+
         rows = seqs * tokens
         x = torch.randn(rows, runner.embed.shape[1])
-        wide = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in mats}
+        wide = {w.shape[0]: torch.randn(rows, w.shape[0]) for w in mats}  # the runner's [in, out] layout
         head_in = torch.randn(seqs, runner.embed.shape[1])
 
         @torch.inference_mode()
         def linear() -> None:
             for w in mats:
-                (wide[w.shape[1]] if w.shape[1] != x.shape[1] else x) @ w.T
-            head_in @ runner.lm_head.T
+                _mm(wide[w.shape[0]] if w.shape[0] != x.shape[1] else x, w)
+            _mm(head_in, runner.lm_head)
 
-        total, lin = _median_s(forward, args.repeats), _median_s(linear, args.repeats)
+        @torch.inference_mode()
+        def linear_flipped() -> None:
+            for w in flipped:
+                (wide[w.shape[1]] if w.shape[1] != x.shape[1] else x) @ w.T
+            head_in @ head_flipped.T
+
+        total, *old_total = _medians_s(forwards, args.repeats)
+        lin, lin_flipped = _medians_s([linear, linear_flipped], args.repeats)
         flops = 2 * (rows * layer_params + seqs * head_params)
         print(f"| {seqs} x {tokens} | {rows} | {1000 * total:.1f} | {1000 * lin:.1f} | {1000 * (total - lin):.1f} "
-              f"| {4 * (layer_params + head_params) / lin / 1e9:.1f} | {flops / lin / 1e9:.0f} |")
+              f"| {4 * (layer_params + head_params) / lin / 1e9:.1f} | {flops / lin / 1e9:.0f} "
+              f"| {1000 * lin_flipped:.1f} |"
+              + (f" {1000 * old_total[0]:.1f} | {total / old_total[0]:.2f} |" if old_total else ""))
     return 0
 
 

@@ -8,6 +8,15 @@ token's own position. The weights are the transformers model's own tensors (the 
 allocated once and the model's projections are re-pointed at views of them), and transformers' forward
 stays the reference this one is tested against (tests/engine/test_runner.py: fp32 logits within 1e-4).
 
+The linear weights (and the LM head; a tied embedding reads its rows as the head's columns) are stored
+transposed, ``[in, out]`` contiguous, and multiplied as ``x @ W`` below ``WIDE_ROWS`` rows and as
+``(W.T @ x.T).T`` from there on (:func:`_mm`): the same product, for which torch's CPU GEMM (MKL) picks
+different kernels. On this machine's AVX2 EPYC, against the ``[out, in]`` layout that ``F.linear`` multiplies,
+a whole forward took 0.72-0.80x the time for 1-3 rows (decode and short verification rounds; 2-3 rows had
+been slower than 4-5) and 0.83-0.91x at 16-80 rows (batched steps, prefill), level at 4-8 (one run of
+``/tmp``-free A/B against the previous runner; ``python -m bench.roofline`` prints both layouts side by
+side). Another CPU may draw the line elsewhere: ``WIDE_ROWS`` is where to move it.
+
 KV cache (``KVCache``, one per sequence and model): a preallocated tensor per model, grown by doubling
 when a sequence outgrows it (amortised; the scheduler has already reserved its worst case against
 ``--max-total-tokens``), and a length. Commit and rollback move the length, never copy (DESIGN.md
@@ -27,6 +36,7 @@ from transformers import PreTrainedModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MIN_CAPACITY = 64  # positions a new cache holds before its first growth
+WIDE_ROWS = 16  # rows from which _mm multiplies transposed (bench.roofline's layout columns)
 
 
 class KVCache:
@@ -82,28 +92,32 @@ class BatchResult:
 
 
 class _Layer:
+    """One decoder layer's weights, each linear one stored transposed, ``[in, out]`` contiguous (module docstring)."""
+
     __slots__ = ("qkv", "o", "gate_up", "down", "norm_in", "norm_post")
 
     def __init__(self, layer) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv = _fuse(attn.q_proj, attn.k_proj, attn.v_proj)
-        self.o = attn.o_proj.weight
+        self.o = _fuse(attn.o_proj)
         self.gate_up = _fuse(mlp.gate_proj, mlp.up_proj)
-        self.down = mlp.down_proj.weight
+        self.down = _fuse(mlp.down_proj)
         self.norm_in = layer.input_layernorm.weight
         self.norm_post = layer.post_attention_layernorm.weight
 
 
 def _fuse(*linears) -> torch.Tensor:
-    """One weight matrix for several projections of the same input; the modules keep views of it."""
+    """One ``[in, out]`` matrix for one or several projections of the same input: ``x @ fused`` computes them
+    all. The modules keep ``[out, in]`` views of it (transposed, not copied), so there is one copy of every
+    weight and transformers' forward, the reference, still runs on it."""
     if any(lin.bias is not None for lin in linears):
         raise ValueError("the Llama runner supports bias-free projections only (attention_bias/mlp_bias false)")
-    fused = torch.cat([lin.weight.detach() for lin in linears])
-    row = 0
+    fused = torch.cat([lin.weight.detach() for lin in linears]).T.contiguous()
+    column = 0
     for lin in linears:
         rows = lin.weight.shape[0]
-        lin.weight = torch.nn.Parameter(fused[row:row + rows], requires_grad=False)
-        row += rows
+        lin.weight = torch.nn.Parameter(fused[:, column:column + rows].T, requires_grad=False)
+        column += rows
     return fused
 
 
@@ -132,9 +146,12 @@ class ModelRunner:
         if _shared is None:
             inner = model.model
             self._layers = [_Layer(layer) for layer in inner.layers]
-            self.embed = inner.embed_tokens.weight
+            tied = model.lm_head.weight.data_ptr() == inner.embed_tokens.weight.data_ptr()
+            self.lm_head = _fuse(model.lm_head)  # [hidden, vocab]
+            if tied:  # one copy: the embedding rows are the head's columns
+                inner.embed_tokens.weight = model.lm_head.weight
+            self.embed = inner.embed_tokens.weight  # [vocab, hidden] (a transposed view when tied)
             self.norm = inner.norm.weight
-            self.lm_head = model.lm_head.weight
             rotary = inner.rotary_emb
             positions = torch.arange(self.context_length + 1, dtype=torch.float32)
             freqs = positions[:, None] * rotary.inv_freq.float()[None, :]
@@ -207,10 +224,10 @@ class ModelRunner:
         rep, q_width, kv_width = heads // kv_heads, heads * dim, kv_heads * dim
         for index in range(self.layers):
             layer = self._layers[index]
-            qkv = self._norm(h, layer.norm_in) @ layer.qkv.T
-            qk = _rope(qkv[:, :q_width + kv_width].view(total, heads + kv_heads, dim), cos, sin)
+            qkv = _mm(self._norm(h, layer.norm_in), layer.qkv)
+            qk = _rope(qkv[:, :q_width + kv_width].reshape(total, heads + kv_heads, dim), cos, sin)
             q = qk[:, :heads] * self.scale  # [T, H, d]
-            kv = torch.stack((qk[:, heads:], qkv[:, q_width + kv_width:].view(total, kv_heads, dim)), dim=1)
+            kv = torch.stack((qk[:, heads:], qkv[:, q_width + kv_width:].reshape(total, kv_heads, dim)), dim=1)
             outs = []
             for feed, s, (a, b), mask in zip(feeds, starts, spans, masks):
                 n, cached = b - a, feed.cache.kv[index]  # [2, G, capacity, d]
@@ -223,15 +240,24 @@ class ModelRunner:
                 out = torch.softmax(scores, dim=-1) @ cached[1, :, :s + n]  # [G, rep * n, d]
                 outs.append(out.view(kv_heads, rep, n, dim).permute(2, 0, 1, 3).reshape(n, q_width))
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
-            h = torch.addmm(h, attn, layer.o.T)
-            gate, up = (self._norm(h, layer.norm_post) @ layer.gate_up.T).chunk(2, dim=-1)
-            h = torch.addmm(h, F.silu(gate).mul_(up), layer.down.T)
+            h = h + _mm(attn, layer.o)
+            gate, up = _mm(self._norm(h, layer.norm_post), layer.gate_up).chunk(2, dim=-1)
+            h = h + _mm(F.silu(gate).mul_(up), layer.down)
         for feed, (a, b) in zip(feeds, spans):
             feed.cache.length += b - a
         rows = torch.cat([torch.arange(b - feed.keep, b) for feed, (a, b) in zip(feeds, spans)])
-        logits = (self._norm(h[rows], self.norm) @ self.lm_head.T).float()
+        logits = _mm(self._norm(h[rows], self.norm), self.lm_head).float()
         return BatchResult(logits=list(logits.split([feed.keep for feed in feeds])),
                            seconds=time.perf_counter() - start, tokens=total)
+
+
+def _mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight`` for a weight stored ``[in, out]``. From ``WIDE_ROWS`` rows on it is computed as
+    ``(weight.T @ x.T).T``, the same product, for which MKL picks a kernel 10-28% faster at 16-256 rows on this
+    CPU and 2-5x slower at 4-10 (module docstring)."""
+    if x.shape[0] < WIDE_ROWS:
+        return x @ weight
+    return (weight.T @ x.T).T
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
