@@ -112,7 +112,13 @@ def _fuse(*linears) -> torch.Tensor:
     weight and transformers' forward, the reference, still runs on it."""
     if any(lin.bias is not None for lin in linears):
         raise ValueError("the Llama runner supports bias-free projections only (attention_bias/mlp_bias false)")
-    fused = torch.cat([lin.weight.detach() for lin in linears]).T.contiguous()
+    first = linears[0].weight
+    fused = torch.empty(first.shape[1], sum(lin.weight.shape[0] for lin in linears), dtype=first.dtype)
+    column = 0
+    for lin in linears:  # copied in place: a concatenated temporary would stay in the allocator's heap
+        rows = lin.weight.shape[0]
+        fused[:, column:column + rows].copy_(lin.weight.detach().T)
+        column += rows
     column = 0
     for lin in linears:
         rows = lin.weight.shape[0]
