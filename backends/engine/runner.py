@@ -11,11 +11,11 @@ stays the reference this one is tested against (tests/engine/test_runner.py: fp3
 The linear weights (and the LM head; a tied embedding reads its rows as the head's columns) are stored
 transposed, ``[in, out]`` contiguous, and multiplied as ``x @ W`` below ``WIDE_ROWS`` rows and as
 ``(W.T @ x.T).T`` from there on (:func:`_mm`): the same product, for which torch's CPU GEMM (MKL) picks
-different kernels. On this machine's AVX2 EPYC, against the ``[out, in]`` layout that ``F.linear`` multiplies,
-a whole forward took 0.72-0.80x the time for 1-3 rows (decode and short verification rounds; 2-3 rows had
-been slower than 4-5) and 0.83-0.91x at 16-80 rows (batched steps, prefill), level at 4-8 (one run of
-``/tmp``-free A/B against the previous runner; ``python -m bench.roofline`` prints both layouts side by
-side). Another CPU may draw the line elsewhere: ``WIDE_ROWS`` is where to move it.
+different kernels. On the AVX2 EPYC it was measured on, a whole forward took 0.75-0.86x the time of the
+``[out, in]`` layout that ``F.linear`` multiplies at 1-3 rows (decode and short verification rounds; 2-3 rows
+had been slower than 5) and 0.79-0.85x at 64-80 rows (prefill, batched rounds), 0.91-1.05x between
+(``python -m bench.roofline --before da8dff0`` prints both runners side by side; docs/benchmarks.md, "Weight
+layout"). Another CPU may draw the line elsewhere: ``WIDE_ROWS`` is where to move it.
 
 KV cache (``KVCache``, one per sequence and model): a preallocated tensor per model, grown by doubling
 when a sequence outgrows it (amortised; the scheduler has already reserved its worst case against
@@ -259,8 +259,8 @@ class ModelRunner:
 
 def _mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight`` for a weight stored ``[in, out]``. From ``WIDE_ROWS`` rows on it is computed as
-    ``(weight.T @ x.T).T``, the same product, for which MKL picks a kernel 10-28% faster at 16-256 rows on this
-    CPU and 2-5x slower at 4-10 (module docstring)."""
+    ``(weight.T @ x.T).T``, the same product, for which MKL picked a faster kernel than for ``x @ weight`` from 16
+    rows on and a several times slower one at 4-10, on the machine it was measured on (module docstring)."""
     if x.shape[0] < WIDE_ROWS:
         return x @ weight
     return (weight.T @ x.T).T
