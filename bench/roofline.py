@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from backends.engine.model_store import load_prepared
-from backends.engine.runner import Feed, ModelRunner, _mm, load_model
+from backends.engine.runner import NEVER_WIDE, Feed, ModelRunner, _mm, load_model
 from bench.engine_vs import import_before
 
 SHAPES = ((1, 1), (1, 3), (1, 5), (4, 1), (8, 1), (16, 1), (8, 5), (16, 5), (1, 64), (1, 256))
@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: python -m bench.roofline {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; decoder linear params "
           f"{layer_params / 1e6:.1f} M, LM head {head_params / 1e6:.1f} M, fp32 weights "
-          f"{4 * (layer_params + head_params) / 1e6:.0f} MB")
+          f"{4 * (layer_params + head_params) / 1e6:.0f} MB; transposed GEMM form from "
+          f"{'never' if runner.wide_rows == NEVER_WIDE else f'{runner.wide_rows} rows'} (measured at load)")
     flipped = [w.T.contiguous() for w in mats]  # the [out, in] layout F.linear uses (this benchmark's copy)
     head_flipped = runner.lm_head.T.contiguous()
     extra = f" forward ms, {args.before} | this / {args.before} |" if before else ""
@@ -100,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         @torch.inference_mode()
         def linear() -> None:
             for w in mats:
-                _mm(wide[w.shape[0]] if w.shape[0] != x.shape[1] else x, w)
-            _mm(head_in, runner.lm_head)
+                _mm(wide[w.shape[0]] if w.shape[0] != x.shape[1] else x, w, runner.wide_rows)
+            _mm(head_in, runner.lm_head, runner.wide_rows)
 
         @torch.inference_mode()
         def linear_flipped() -> None:

@@ -9,13 +9,13 @@ allocated once and the model's projections are re-pointed at views of them), and
 stays the reference this one is tested against (tests/engine/test_runner.py: fp32 logits within 1e-4).
 
 The linear weights (and the LM head; a tied embedding reads its rows as the head's columns) are stored
-transposed, ``[in, out]`` contiguous, and multiplied as ``x @ W`` below ``WIDE_ROWS`` rows and as
-``(W.T @ x.T).T`` from there on (:func:`_mm`): the same product, for which torch's CPU GEMM (MKL) picks
-different kernels. On the AVX2 EPYC it was measured on, a whole forward took 0.75-0.86x the time of the
-``[out, in]`` layout that ``F.linear`` multiplies at 1-3 rows (decode and short verification rounds; 2-3 rows
-had been slower than 5) and 0.79-0.85x at 64-80 rows (prefill, batched rounds), 0.91-1.05x between
-(``python -m bench.roofline --before da8dff0`` prints both runners side by side; docs/benchmarks.md, "Weight
-layout"). Another CPU may draw the line elsewhere: ``WIDE_ROWS`` is where to move it.
+transposed, ``[in, out]`` contiguous, and multiplied as ``x @ W``, or as ``(W.T @ x.T).T`` from
+``wide_rows`` rows on (:func:`_mm`): the same product, for which torch's CPU GEMM (MKL) picks different kernels,
+and which one is faster depends on the CPU. On an AVX2 EPYC the ``[in, out]`` layout took 0.75-0.86x the time of
+the ``[out, in]`` one that ``F.linear`` multiplies at 1-3 rows, and the transposed form was 10-28% faster from 16
+rows on; on an AVX-512 Xeon the transposed form is 1.7-2x SLOWER from 2 to 128 rows (docs/benchmarks.md,
+"Weight layout"). So the runner measures the line on its own layer-0 matrices when it loads
+(:func:`measure_wide_rows`, ~0.1-0.3 s), and never uses the transposed form where it does not win.
 
 KV cache (``KVCache``, one per sequence and model): a preallocated tensor per model, grown by doubling
 when a sequence outgrows it (amortised; the scheduler has already reserved its worst case against
@@ -36,7 +36,9 @@ from transformers import PreTrainedModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MIN_CAPACITY = 64  # positions a new cache holds before its first growth
-WIDE_ROWS = 16  # rows from which _mm multiplies transposed (bench.roofline's layout columns)
+NEVER_WIDE = 1 << 30  # a wide_rows no forward reaches: always x @ W
+PROBE_ROWS = (8, 16, 32, 64, 128, 256)  # row counts measure_wide_rows times both forms at
+WIDE_WIN = 0.95  # the transposed form is chosen where it takes at most this share of x @ W's time
 
 
 class KVCache:
@@ -131,9 +133,11 @@ class ModelRunner:
     """Packed forward passes over per-sequence caches. Holds no scheduling state.
 
     ``layers`` < the model's depth gives the layer-truncated self-draft: the first N decoder layers +
-    final norm + LM head, sharing this runner's tensors (``truncated``)."""
+    final norm + LM head, sharing this runner's tensors (``truncated``). ``wide_rows``: the row count from which
+    linear layers multiply in the transposed form (``NEVER_WIDE``: never); None measures it on this CPU."""
 
-    def __init__(self, model: PreTrainedModel, *, _shared: ModelRunner | None = None, layers: int | None = None):
+    def __init__(self, model: PreTrainedModel, *, _shared: ModelRunner | None = None, layers: int | None = None,
+                 wide_rows: int | None = None):
         config = model.config
         if getattr(config, "model_type", None) not in ("llama",):
             raise ValueError(f"the embedded engine runs Llama-architecture models; got model_type "
@@ -164,11 +168,13 @@ class ModelRunner:
             emb = torch.cat((freqs, freqs), dim=-1)
             self._cos = (emb.cos() * rotary.attention_scaling).to(self.dtype)
             self._sin = (emb.sin() * rotary.attention_scaling).to(self.dtype)
+            self.wide_rows = measure_wide_rows(self._layers[0]) if wide_rows is None else wide_rows
             model.__dict__["_specgate_runner"] = self
         else:
             self._layers = _shared._layers
             self.embed, self.norm, self.lm_head = _shared.embed, _shared.norm, _shared.lm_head
             self._cos, self._sin = _shared._cos, _shared._sin
+            self.wide_rows = _shared.wide_rows if wide_rows is None else wide_rows
         self.layers = len(self._layers) if layers is None else layers
         if not 1 <= self.layers <= len(self._layers):
             raise ValueError(f"layers must be in 1..{len(self._layers)}, got {layers}")
@@ -228,9 +234,10 @@ class ModelRunner:
         h = self.embed[torch.tensor(ids, dtype=torch.long)]
         total, heads, kv_heads, dim = len(ids), self.heads, self.kv_heads, self.head_dim
         rep, q_width, kv_width = heads // kv_heads, heads * dim, kv_heads * dim
+        wide = self.wide_rows
         for index in range(self.layers):
             layer = self._layers[index]
-            qkv = _mm(self._norm(h, layer.norm_in), layer.qkv)
+            qkv = _mm(self._norm(h, layer.norm_in), layer.qkv, wide)
             qk = _rope(qkv[:, :q_width + kv_width].reshape(total, heads + kv_heads, dim), cos, sin)
             q = qk[:, :heads] * self.scale  # [T, H, d]
             kv = torch.stack((qk[:, heads:], qkv[:, q_width + kv_width:].reshape(total, kv_heads, dim)), dim=1)
@@ -246,24 +253,58 @@ class ModelRunner:
                 out = torch.softmax(scores, dim=-1) @ cached[1, :, :s + n]  # [G, rep * n, d]
                 outs.append(out.view(kv_heads, rep, n, dim).permute(2, 0, 1, 3).reshape(n, q_width))
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
-            h = h + _mm(attn, layer.o)
-            gate, up = _mm(self._norm(h, layer.norm_post), layer.gate_up).chunk(2, dim=-1)
-            h = h + _mm(F.silu(gate).mul_(up), layer.down)
+            h = h + _mm(attn, layer.o, wide)
+            gate, up = _mm(self._norm(h, layer.norm_post), layer.gate_up, wide).chunk(2, dim=-1)
+            h = h + _mm(F.silu(gate).mul_(up), layer.down, wide)
         for feed, (a, b) in zip(feeds, spans):
             feed.cache.length += b - a
         rows = torch.cat([torch.arange(b - feed.keep, b) for feed, (a, b) in zip(feeds, spans)])
-        logits = _mm(self._norm(h[rows], self.norm), self.lm_head).float()
+        logits = _mm(self._norm(h[rows], self.norm), self.lm_head, wide).float()
         return BatchResult(logits=list(logits.split([feed.keep for feed in feeds])),
                            seconds=time.perf_counter() - start, tokens=total)
 
 
-def _mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight`` for a weight stored ``[in, out]``. From ``WIDE_ROWS`` rows on it is computed as
-    ``(weight.T @ x.T).T``, the same product, for which MKL picked a faster kernel than for ``x @ weight`` from 16
-    rows on and a several times slower one at 4-10, on the machine it was measured on (module docstring)."""
-    if x.shape[0] < WIDE_ROWS:
+def _mm(x: torch.Tensor, weight: torch.Tensor, wide_rows: int) -> torch.Tensor:
+    """``x @ weight`` for a weight stored ``[in, out]``; from ``wide_rows`` rows on computed as
+    ``(weight.T @ x.T).T``, the same product through another GEMM kernel (module docstring)."""
+    if x.shape[0] < wide_rows:
         return x @ weight
     return (weight.T @ x.T).T
+
+
+def measure_wide_rows(layer: _Layer, repeats: int = 5) -> int:
+    """Where this CPU's GEMM is faster in the transposed form, timed over one decoder layer's four matrices at
+    each of ``PROBE_ROWS`` (medians of ``repeats`` interleaved calls): :func:`wide_rows_from` of the medians."""
+    weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
+    inputs = {w.shape[0] for w in weights}
+    medians = {}
+    with torch.inference_mode():
+        for rows in PROBE_ROWS:
+            x = {n: torch.full((rows, n), 0.5, dtype=layer.qkv.dtype) for n in inputs}  # values do not matter
+            forms = (lambda: [x[w.shape[0]] @ w for w in weights],
+                     lambda: [(w.T @ x[w.shape[0]].T).T for w in weights])
+            times: list[list[float]] = [[], []]
+            for repeat in range(repeats + 1):  # the first pair warms up and is not counted
+                for i in ((0, 1) if repeat % 2 == 0 else (1, 0)):
+                    start = time.perf_counter()
+                    forms[i]()
+                    if repeat:
+                        times[i].append(time.perf_counter() - start)
+            medians[rows] = tuple(sorted(t)[len(t) // 2] for t in times)
+    return wide_rows_from(medians)
+
+
+def wide_rows_from(medians: dict[int, tuple[float, float]]) -> int:
+    """``medians``: row count -> (seconds of ``x @ W``, seconds of ``(W.T @ x.T).T``). The smallest row count from
+    which the transposed form takes at most ``WIDE_WIN`` of the other's time at it and at every larger one;
+    ``NEVER_WIDE`` if it does not win at the largest. A near-tie keeps ``x @ W``."""
+    chosen = NEVER_WIDE
+    for rows in sorted(medians, reverse=True):
+        plain, wide = medians[rows]
+        if wide > WIDE_WIN * plain:
+            break
+        chosen = rows
+    return chosen
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

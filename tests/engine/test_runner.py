@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from backends.engine.proposers.draft_model import layer_truncated_draft
-from backends.engine.runner import MIN_CAPACITY, Feed, ModelRunner
+from backends.engine.runner import (MIN_CAPACITY, NEVER_WIDE, PROBE_ROWS, WIDE_WIN, Feed, ModelRunner,
+                                    measure_wide_rows, wide_rows_from)
 from tests.engine.engine_helpers import assert_cache_matches_fresh_prefill, tiny_llama
 
 VOCAB = 512
@@ -124,6 +125,39 @@ def test_packed_feeds_equal_transformers_and_themselves_alone(model, runner, n):
         packing.append(max_diff(logits, alone[i]))
         assert_cache_matches_fresh_prefill(runner, cache, ids, where=f"sequence {i} after the packed forward")
     assert max(packing) <= PACKING_ATOL, f"alone vs packed, per sequence: {packing}"
+
+
+@pytest.mark.parametrize("wide_rows", [1, 16, NEVER_WIDE])
+def test_either_gemm_form_equals_transformers(model, runner, wide_rows):
+    """The transposed form from 1 row, from 16 (16 of the step's 47 rows: each layer sees the same packed rows, so
+    the whole step takes one form; the LM head's 3 rows the other), and never."""
+    forced = ModelRunner(model, wide_rows=wide_rows)
+    assert forced.lm_head is runner.lm_head and forced.wide_rows == wide_rows  # the same tensors, another form
+    shapes = [(20, 30), (0, 7), (5, 10)]
+    sequences = [token_ids(cached + fed, seed=77 + i) for i, (cached, fed) in enumerate(shapes)]
+    caches = [prefilled(forced, ids[:cached]) for ids, (cached, _) in zip(sequences, shapes)]
+    result = forced.forward_batch([Feed(cache, ids[cached:], 1) for cache, ids, (cached, _) in
+                                   zip(caches, sequences, shapes)])
+    for i, (ids, logits) in enumerate(zip(sequences, result.logits)):
+        diff = max_diff(logits, reference(model, ids)[-1:])
+        assert diff <= LOGIT_ATOL, f"wide_rows={wide_rows}, sequence {i}: {diff}"
+
+
+@pytest.mark.parametrize("profile, expected", [
+    ({8: (1.0, 2.1), 16: (1.0, 1.7), 64: (1.0, 1.7), 256: (1.0, 1.1)}, NEVER_WIDE),  # Xeon: never faster
+    ({8: (1.0, 3.0), 16: (1.0, 0.9), 64: (1.0, 0.8), 256: (1.0, 0.85)}, 16),  # EPYC: from 16 rows on
+    ({8: (1.0, 0.5), 16: (1.0, 0.7), 32: (1.0, 1.2), 64: (1.0, 0.8), 256: (1.0, 0.8)}, 64),  # wins must hold above
+    ({8: (1.0, 0.97), 64: (1.0, 0.97), 256: (1.0, 0.97)}, NEVER_WIDE),  # a near-tie keeps x @ W
+    ({8: (2.0, 3.0), 64: (2.0, 2.0 * WIDE_WIN)}, 64),  # at exactly WIDE_WIN it counts as a win
+])
+def test_wide_rows_from_chooses_the_transposed_form_only_where_it_keeps_winning(profile, expected):
+    assert wide_rows_from(profile) == expected
+
+
+def test_measured_wide_rows_is_a_probed_count_and_drafts_share_it(runner):
+    assert measure_wide_rows(runner._layers[0], repeats=1) in (*PROBE_ROWS, NEVER_WIDE)
+    assert runner.wide_rows in (*PROBE_ROWS, NEVER_WIDE)
+    assert runner.truncated(1).wide_rows == runner.wide_rows
 
 
 def test_rollback_moves_only_the_length_and_refeeding_equals_a_fresh_cache(model, runner):
