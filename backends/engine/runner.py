@@ -129,6 +129,18 @@ def _fuse(*linears) -> torch.Tensor:
     return fused
 
 
+def _own_unfused(model: PreTrainedModel) -> None:
+    """Copy into this process's memory every parameter that ``_fuse`` will not copy (the norm weights; an untied
+    embedding). ``from_pretrained`` leaves parameters as views of the safetensors file's memory mapping, and one
+    such view, a 576-float norm weight, keeps the whole mapping alive, with every page that fusing read resident:
+    ~620 MiB of file-backed RSS (docs/benchmarks.md, "Weight layout")."""
+    fused = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}  # a tied embedding too
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and id(param) not in fused:
+                module._parameters[name] = torch.nn.Parameter(param.detach().clone(), requires_grad=False)
+
+
 class ModelRunner:
     """Packed forward passes over per-sequence caches. Holds no scheduling state.
 
@@ -155,6 +167,7 @@ class ModelRunner:
             _shared = model.__dict__.get("_specgate_runner")  # a model is fused once, whoever wraps it again
         if _shared is None:
             inner = model.model
+            _own_unfused(model)
             self._layers = [_Layer(layer) for layer in inner.layers]
             tied = model.lm_head.weight.data_ptr() == inner.embed_tokens.weight.data_ptr()
             self.lm_head = _fuse(model.lm_head)  # [hidden, vocab]

@@ -13,12 +13,14 @@ error of 1e-4 is then a relative error of ~1e-5, not hidden in tiny values.
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
 from backends.engine.proposers.draft_model import layer_truncated_draft
 from backends.engine.runner import (MIN_CAPACITY, NEVER_WIDE, PROBE_ROWS, WIDE_WIN, Feed, ModelRunner,
-                                    measure_wide_rows, wide_rows_from)
+                                    load_model, measure_wide_rows, wide_rows_from)
 from tests.engine.engine_helpers import assert_cache_matches_fresh_prefill, tiny_llama
 
 VOCAB = 512
@@ -158,6 +160,26 @@ def test_measured_wide_rows_is_a_probed_count_and_drafts_share_it(runner):
     assert measure_wide_rows(runner._layers[0], repeats=1) in (*PROBE_ROWS, NEVER_WIDE)
     assert runner.wide_rows in (*PROBE_ROWS, NEVER_WIDE)
     assert runner.truncated(1).wide_rows == runner.wide_rows
+
+
+def _file_mappings(path) -> list[str]:
+    with open("/proc/self/maps") as maps:
+        return [line for line in maps if line.rstrip().endswith(str(path))]
+
+
+def test_a_loaded_model_keeps_no_view_of_its_weight_file(tmp_path):
+    """from_pretrained memory-maps model.safetensors and leaves parameters as views of it; the runner copies the
+    linear weights into its own layout and every other parameter into memory it owns, so the mapping (and each
+    page of it the copy read) is released. A norm weight left behind kept the whole file resident."""
+    tiny_llama(vocab=VOCAB, seed=5, layers=2).save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    loaded = load_model(str(tmp_path))
+    assert _file_mappings(weights), "from_pretrained no longer maps the file: this test checks nothing"
+    runner = ModelRunner(loaded)
+    gc.collect()
+    assert _file_mappings(weights) == []
+    ids = token_ids(9, seed=4)
+    assert max_diff(runner.forward(runner.new_cache(), ids, keep=9).logits, reference(loaded, ids)) <= LOGIT_ATOL
 
 
 def test_rollback_moves_only_the_length_and_refeeding_equals_a_fresh_cache(model, runner):
