@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from backends.engine.adaptive import StepCosts, controller_for, match_context
+from backends.engine.adaptive import BetaDraftLength, StepCosts, controller_for, match_context, plan_step
 from backends.engine.calibrate import measure_steps
 from backends.engine.config import EngineConfig
 from backends.engine.faults import FaultInjector, verify_lossy
@@ -224,17 +224,25 @@ class Engine:
         drafts: list[tuple[_Work, DraftJob]] = []
         self.costs.step_seqs = len(decoding)  # a round's cost is the step's: it shares the others' tokens
         self.costs.step_base = max(0, len(decoding) - 1)
-        for seq in decoding:
+        joint = [seq for seq in decoding if self._joint(self._slots[seq.rid])]
+        joint = joint if len(joint) > 1 else []  # one alone: its controller's own best_k, as at c1
+        jointly = {seq.rid for seq in joint}
+        planned: dict[int, _Work] = {}
+        for seq in decoding:  # the others first: the joint plan prices the step with their widths
+            if seq.rid in jointly:
+                continue
             try:
                 work, job = self._plan_round(seq, self._slots[seq.rid], len(running))
             except Exception as exc:
                 log.exception("request %s failed", seq.rid)
                 self._fail(seq, exc)
                 continue
-            works.append(work)
+            planned[seq.rid] = work
             self.costs.step_base += work.budget
             if job is not None:
                 drafts.append((work, job))
+        planned.update(self._plan_jointly(joint, len(decoding)))
+        works.extend(planned[seq.rid] for seq in decoding if seq.rid in planned)
         if drafts:
             for (work, _), proposal in zip(drafts, propose_batch([job for _, job in drafts])):
                 work.proposal, work.feed = proposal, [work.feed[0], *proposal.tokens]
@@ -272,6 +280,50 @@ class Engine:
         if end == len(seq.prompt_ids) - 1:
             seq.status = Status.DECODE
 
+    @staticmethod
+    def _joint(slot: _Slot) -> bool:
+        """Planned with the step's others (:func:`plan_step`): specgate's controller over a proposer whose drafts
+        come first and cost nothing more by k (n-gram)."""
+        return isinstance(slot.adaptive, BetaDraftLength) and slot.proposer.prefix_drafts
+
+    def _plan_jointly(self, joint: list[Sequence], seqs: int) -> dict[int, _Work]:
+        """The rounds of ``joint``'s sequences, their drafts chosen together: each proposes its drafts and draws
+        its controller's gains, then ``plan_step`` allocates the drafts that maximise the step's committed tokens
+        per second, the step priced with the others' widths (already planned) and every round's overhead."""
+        proposed = []
+        for seq in joint:
+            slot, started = self._slots[seq.rid], time.perf_counter()
+            try:
+                proposal = self._propose(seq, slot)
+                gains = slot.adaptive.gains(match_context(proposal.match), len(proposal.tokens))
+            except Exception as exc:
+                log.exception("request %s failed", seq.rid)
+                self._fail(seq, exc)
+                continue
+            proposed.append((seq, slot, proposal, gains, started))
+        if not proposed:
+            return {}
+        costs = self.costs
+        base = costs.step_base + 1 - (len(joint) - len(proposed))  # the step's tokens without joint drafts
+        overhead = seqs * costs.overhead_s
+        ks = plan_step([gains for *_, gains, _ in proposed], float(seqs),
+                       lambda w: costs.forward(base + w, seqs) + overhead)
+        works = {}
+        for (seq, slot, proposal, _, started), k in zip(proposed, ks):
+            if k < len(proposal.tokens):
+                proposal = replace(proposal, tokens=proposal.tokens[:k])
+            works[seq.rid] = _Work(seq, slot, [seq.context[-1], *proposal.tokens], keep=0, proposal=proposal,
+                                   budget=k, started=started)
+            costs.step_base += k
+        return works
+
+    @staticmethod
+    def _propose(seq: Sequence, slot: _Slot) -> Proposal:
+        """A prefix-drafting proposer's drafts for every k the round may take (its cap)."""
+        k_cap = max(0, min(seq.request.speculation.draft_tokens, seq.remaining - 1))
+        return slot.proposer.propose(seq.context, k_cap, seq.request.sampling, slot.penalty,
+                                     slot.generator) if k_cap else EMPTY
+
     def _plan_round(self, seq: Sequence, slot: _Slot, batch: int) -> tuple[_Work, DraftJob | None]:
         """Choose k and draft (model-free proposers now; a draft model's job is returned for the batch)."""
         started = time.perf_counter()
@@ -281,8 +333,7 @@ class Engine:
         if slot.proposer is not None:
             k_cap = max(0, min(seq.request.speculation.draft_tokens, seq.remaining - 1))
             if controller is not None and slot.proposer.prefix_drafts:  # draft first, then pick k knowing it
-                if k_cap:
-                    proposal = slot.proposer.propose(context, k_cap, params, slot.penalty, slot.generator)
+                proposal = self._propose(seq, slot)
                 k = controller.choose(batch, match_context(proposal.match), cap=len(proposal.tokens))
                 if k < len(proposal.tokens):
                     proposal = replace(proposal, tokens=proposal.tokens[:k])

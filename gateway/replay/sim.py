@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from operator import add
 
+from backends.engine.adaptive import plan_step
 from backends.engine.scheduler import Scheduler
 from gateway.replay.profile import Profile, step_s
 
@@ -234,6 +235,28 @@ class Simulation:
                 self._push(t, TURN, worker)
                 return
 
+    @staticmethod
+    def _plan(running, costs) -> dict[int, int]:
+        """Engine._schedule's joint plan of the per-round (beta) sequences' drafts, when the step holds two or
+        more of them (``plan_step``): the others' widths as the step will feed them, the step priced at its
+        mean width per sequence and the joint sequences' mean context, plus every round's seconds outside it."""
+        joint = [f for f in running if f.decoding and f.walker is not None and f.walker.joint]
+        if len(joint) < 2:
+            return {}
+        base, batch = len(joint), 0
+        for flight in running:
+            if flight.decoding:
+                batch += 1
+                if flight.walker is None:
+                    base += flight.profile.fed[flight.pos]
+                elif not flight.walker.joint:
+                    base += 1
+        gains = [flight.walker.gains() for flight in joint]
+        context = sum(flight.walker.prompt_len - 1 + flight.walker.done for flight in joint) / len(joint)
+        outside = batch * (costs.overhead_s + costs.serving_s)
+        drafts = plan_step(gains, float(batch), lambda w: costs.forward_s((base + w) / batch, context, batch) + outside)
+        return {id(flight): k for flight, k in zip(joint, drafts)}
+
     def _step(self, worker: Worker, t: float) -> tuple[float, bool]:
         """One step: a round of every decoding sequence and prefill chunks, as one priced forward. Returns
         when it ends and whether a request finished in it."""
@@ -244,6 +267,7 @@ class Simulation:
         rounds: list[tuple[int, int]] = []
         chunks: list[tuple[int, int]] = []
         serial, fed, decoded = 0.0, 0, []
+        plan = self._plan(running, costs)
         for flight in running:  # Engine._schedule: a round per decoding sequence
             if not flight.decoding:
                 continue
@@ -253,7 +277,7 @@ class Simulation:
                 shape = (p.fed[pos], p.context[pos])
                 serial += p.serial[pos]
             else:
-                width, context, extra = walker.next_round(batch)
+                width, context, extra = walker.next_round(batch, plan.get(id(flight)))
                 shape = (width, context)
                 serial += extra
             rounds.append(shape)

@@ -57,19 +57,35 @@ class Walker:
         return self._table
 
     @property
+    def joint(self) -> bool:
+        """Whether the engine plans this request's drafts jointly with the step's others (Engine._joint)."""
+        return self.prefix and self.spec.strategy == "beta"
+
+    def gains(self) -> list[float]:
+        """The controller's drawn marginal tokens for this round's drafts (Engine._schedule's joint plan)."""
+        done = self.done
+        k_cap = max(0, min(self.option.k, self.max_new - done - 1))
+        if self.prefix:
+            return self.controller.gains(match_context(self.matches[done]), min(k_cap, self.lens[done]))
+        return self.controller.gains(0, k_cap)
+
+    @property
     def finished(self) -> bool:
         return self.done >= self.output_len
 
-    def next_round(self, batch: int) -> tuple[int, int, float]:
+    def next_round(self, batch: int, planned: int | None = None) -> tuple[int, int, float]:
         """This request's next round in an engine step running ``batch`` sequences: (tokens fed, cached
-        context, seconds outside the forward)."""
+        context, seconds outside the forward). ``planned``: its drafts from the step's joint plan (then the
+        controller is not asked)."""
         done, controller = self.done, self.controller
         if batch != self.batch or self._table is None:
             self.batch = batch
             self._table = self.costs.round_costs(self.option.proposer, self.option.k, self.prompt_len, batch)
         k_cap = max(0, min(self.option.k, self.max_new - done - 1))
         context = match_context(self.matches[done])
-        if self.prefix:  # Engine._round: propose k_cap, then k <= the drafts found, knowing their match
+        if planned is not None:
+            budget, called = planned, (k_cap if self.prefix else planned)
+        elif self.prefix:  # Engine._round: propose k_cap, then k <= the drafts found, knowing their match
             budget = controller.choose(batch, context, cap=min(k_cap, self.lens[done]))
             called = k_cap
         else:

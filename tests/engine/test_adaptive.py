@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 import random
 import statistics
 
@@ -11,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.engine.adaptive import (
-    DISCOUNT, POOL_STRENGTH, PRIOR_STRENGTH, BetaDraftLength, Evidence, PooledAcceptance, SglangAdaptive, StepCosts,
-    VllmDynamic, best_k, controller_for, expected_tokens, match_context, suffix_min,
+    DISCOUNT, GAIN_FLOOR, POOL_STRENGTH, PRIOR_STRENGTH, BetaDraftLength, Evidence, PooledAcceptance, SglangAdaptive,
+    StepCosts, VllmDynamic, best_k, controller_for, expected_tokens, match_context, plan_step, suffix_min,
 )
 from policies.schema import parse_k_by_batch
 from backends.engine.types import SpeculationParams
@@ -376,3 +378,47 @@ def test_ngram_proposal_reports_its_match_length():
     context = [1, 2, 3, 4, 9, 1, 2, 3]  # suffix [1, 2, 3] occurred at the start: 3 tokens, then 4, 9, ...
     got = p.propose(context, 4, SamplingParams(), None, None)
     assert (got.tokens, got.match) == ([4, 9, 1, 2], 3)
+
+
+# A step of 4 sequences priced by total tokens, as measured on a 2-core AVX-512 Xeon (docs/runs/layout/xeon/
+# calibrate.txt, 4 sequences at context 32: 1 / 2 / 3 / 5 tokens each 43.1 / 55.1 / 61.1 / 58.2 ms): 20 rows
+# cost less than 12 (MKL's GEMM gets efficient from ~16 rows), linear in between
+XEON_4 = {4: 0.0431, 8: 0.0551, 12: 0.0611, 20: 0.0582}
+
+
+def xeon_4(tokens: float) -> float:
+    points = sorted(XEON_4)
+    below = max(t for t in points if t <= tokens)
+    above = min(t for t in points if t >= tokens)
+    if below == above:
+        return XEON_4[below]
+    return XEON_4[below] + (tokens - below) / (above - below) * (XEON_4[above] - XEON_4[below])
+
+
+def test_plan_step_finds_the_wide_step_that_no_sequence_pays_for_alone():
+    gains = [0.6, 0.36, 0.216, 0.1296]  # theta = 0.6 at every position: prod_{i<=j} theta_i
+    # each sequence alone, the other three feeding one token: the best k is 2 ((4 + 0.96) / 49.1 ms)
+    costs = [xeon_4(4 + k) for k in range(5)]
+    assert best_k([0.6] * 4, 4, costs, others=3.0) == 2
+    # together: 4 drafts each, 20 rows, (4 + 4 x 1.31) / 58.2 ms, against (4 + 4 x 0.96) / 61.1 at 2 each
+    assert plan_step([gains] * 4, 4.0, lambda w: xeon_4(4 + w)) == [4, 4, 4, 4]
+
+
+def test_plan_step_gives_drafts_to_the_largest_gains_and_breaks_ties_toward_fewer():
+    linear = lambda w: 1.0 + 0.1 * w  # a draft costs 0.1 of a step: worth it when it adds more than ~0.1 x rate
+    plan = plan_step([[0.9, 0.85, 0.5], [0.3], [0.95, 0.2]], 3.0, linear)
+    # rate by W over the sorted gains 0.95 0.9 0.85 0.5 0.3 0.2: 3.00 3.59 4.04 4.38 4.43 4.33 4.19 -> W = 4
+    assert plan == [3, 0, 1]
+    assert plan_step([[0.5], [0.5]], 2.0, lambda w: 1.0 + 0.25 * w) == [0, 0]  # 2.5 / 1.25 = 2.0: a tie
+    assert plan_step([[], []], 2.0, linear) == [0, 0]
+
+
+def test_gains_are_the_draws_survival_products_and_stop_below_the_floor():
+    controller = BetaDraftLength(k_max=8, round_costs=lambda k: [1.0] * (k + 1), seed=3)
+    twin = BetaDraftLength(k_max=8, round_costs=lambda k: [1.0] * (k + 1), seed=3)
+    gains = controller.gains(0, cap=5)
+    draws = list(twin._draws(0, 5))
+    expected = list(itertools.accumulate(draws, operator.mul))
+    expected = expected[:next((j for j, g in enumerate(expected) if g < GAIN_FLOOR), len(expected))]
+    assert gains == pytest.approx(expected, rel=1e-12) and len(gains) <= 5
+    assert controller.gains(0, cap=0) == []

@@ -226,3 +226,43 @@ def test_a_failed_forward_fails_that_steps_sequences_and_the_engine_keeps_servin
         got, want = outputs[request.rid][-1], alone(real_tokenizer, request)
         assert got.finish_reason.type == "length"
         assert got.output_ids == want.output_ids, request.rid
+
+
+def test_per_round_ngram_sequences_of_a_step_are_planned_together_and_outputs_are_as_alone(real_tokenizer, mixed,
+                                                                                             monkeypatch):
+    """specgate's controller over n-gram drafts: the sequences of a step get their k from ONE plan_step over all
+    their drawn gains (adaptive.plan_step), each feeds exactly its allocation, and greedy output is unchanged."""
+    import backends.engine.engine as engine_module
+
+    base = next(r for r in mixed if r.rid == "ngram-adaptive")
+    requests = [dataclasses.replace(base, rid=f"adaptive-{i}") for i in range(3)]
+    requests.append(next(r for r in mixed if r.rid == "ngram-k4"))  # a fixed k: priced in, not planned
+    plans = []
+    real_plan = engine_module.plan_step
+
+    def spy(gains, committed, step_s):
+        drafts = real_plan(gains, committed, step_s)
+        plans.append((len(gains), committed, drafts))
+        return drafts
+
+    monkeypatch.setattr(engine_module, "plan_step", spy)
+    engine = make_tiny_engine(real_tokenizer)
+    log = StepLog(engine)
+    events = log.submit(requests)
+    while log.step():
+        pass
+    joint_steps = [(i, step) for i, step in enumerate(log.steps)
+                   if sum(rid.startswith("adaptive") and status is Status.DECODE
+                          for rid, status, _ in step["works"]) >= 2]
+    assert len(plans) == len(joint_steps) >= 10
+    planned_drafts = 0
+    for (i, step), (n, committed, drafts) in zip(joint_steps, plans):
+        rounds = [(rid, fed) for rid, status, fed in step["works"] if status is Status.DECODE]
+        joint = [fed - 1 for rid, fed in rounds if rid.startswith("adaptive")]
+        assert (n, committed) == (len(joint), float(len(rounds))), f"step {i}: {rounds}"
+        assert joint == drafts, f"step {i}: planned {drafts}, fed {rounds}"  # gains stop at the drafts found
+        planned_drafts += sum(joint)
+    assert planned_drafts > 0  # the plan drafted, so the identity below covers planned rounds
+    for request in requests:
+        got, want = events[request.rid][-1], alone(real_tokenizer, request)
+        assert got.output_ids == want.output_ids, request.rid

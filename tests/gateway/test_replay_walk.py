@@ -164,3 +164,37 @@ def test_the_beta_controller_prices_k_in_the_step_it_joins():
     assert by_k[4] == pytest.approx(shared, rel=1e-12)  # 4 sequences feeding 1 + 1 + 1 + 5 tokens: 2 a row
     assert by_k[0] == pytest.approx(costs.forward_s(1, context, 4) + costs.overhead_s, rel=1e-12)
     assert COSTS.batch == [1]  # the default test model: one sequence per forward
+
+
+def test_per_round_ngram_sequences_of_a_simulated_step_are_planned_together(monkeypatch):
+    """As Engine._schedule: when a step holds two or more specgate-controlled n-gram sequences, their k come from
+    ONE plan_step over their drawn gains (committing at least one token per decoding sequence), and each walks
+    exactly the drafts planned for it; once a sequence decodes alone its controller chooses alone."""
+    import gateway.replay.sim as sim_module
+    from gateway.replay.walk import Walker
+
+    plans, walked = [], []
+    real_plan, real_round = sim_module.plan_step, Walker.next_round
+
+    def spy(gains, committed, step_s):
+        drafts = real_plan(gains, committed, step_s)
+        plans.append((len(gains), committed, drafts))
+        return drafts
+
+    def next_round(walker, batch, planned=None):
+        out = real_round(walker, batch, planned)
+        walked.append((planned, walker.budgets[-1]))
+        return out
+
+    monkeypatch.setattr(sim_module, "plan_step", spy)
+    monkeypatch.setattr(Walker, "next_round", next_round)
+    prices = prices_of(*(copying(f"r{i}", i) for i in range(3)))
+    sim = Simulation(FixedChooser(Option("ngram", 8, strategy="beta"), prices, 0), Load.parse("c3"), [[0, 1, 2]], 0,
+                     max_running=8, max_total_tokens=1 << 16)
+    served = sim.run()
+    assert len(served) == 3 and len(plans) >= 10
+    assert all(n == committed for n, committed, _ in plans)  # only joint sequences decode here
+    assert [planned for planned, _ in walked if planned is not None] == [k for *_, drafts in plans for k in drafts]
+    assert all(budget == planned for planned, budget in walked if planned is not None)
+    assert sum(k for *_, drafts in plans for k in drafts) > 0
+    assert any(planned is None for planned, _ in walked)  # the last one left decodes alone
