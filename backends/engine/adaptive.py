@@ -24,7 +24,10 @@ holding this round's k + 1 tokens and the other sequences' tokens, k drafts, ove
 step), and B the sequences in the step: the rate is the step's committed tokens per second, the other B - 1
 sequences counted at one token each (the least they commit). Every sequence in the step waits for its
 forward, so drafts that widen it are charged for the time they cost the others (engine-seconds per output
-token, issue 26); at B = 1 it is the round's own E[P](k) / c(k). Replayed on the batching engine (80
+token, issue 26); at B = 1 it is the round's own E[P](k) / c(k). Two or more such sequences over n-gram drafts in
+one step are planned together instead (:func:`plan_step`): the same rate for the whole step, over every
+allocation of drafts, from each sequence's drawn gains prod_{i<=j} theta_i; one at a time, none of them pays for a
+step wide enough to reach the GEMM's efficient regime. Replayed on the batching engine (80
 workload requests, mixed, 20 seeds; docs/benchmarks.md, "Per-round draft length"), the controller's TPOT over
 the best fixed k's went from 1.011 to 0.910 at 16 closed-loop clients, 0.951 to 0.912 at 4, with this term. The round's evidence is discounted by ``DISCOUNT`` per round (discounted Thompson
 sampling, Raj & Kalyani 2017: acceptance drifts within a request as copied spans come and go): the posterior
@@ -75,74 +78,6 @@ MAX_POSITIONS = 16  # types.MAX_DRAFT_TOKENS
 DEFAULT_PRIOR = 0.5  # a_j when the gateway sends no prior: Beta(0.5, 0.5)
 GAIN_FLOOR = 1e-3  # a draft adding fewer expected tokens than this is never planned (plan_step)
 SGLANG_CANDIDATES = (1, 3, 7)
-
-
-@dataclass(slots=True)
-class StepCosts:
-    """Engine-wide EMA of measured seconds per target forward by what it holds (sequences, tokens): one
-    sequence's round or a whole batched step, per draft token, and per round's overhead (sampling,
-    verification, commit). Within a sequence count, cost grows with tokens (rows of every GEMM); each
-    sequence adds its own attention calls.
-
-    ``step_seqs`` / ``step_base``: the sequences of the step being planned and the tokens the others feed;
-    a round of k drafts then costs ``forward(step_base + k + 1, step_seqs)``, the step every sequence in it
-    waits for (at c1: 1 and 0). Unmeasured token counts interpolate linearly between measured ones of the
-    nearest measured sequence count (beyond the largest: proportional).
-    """
-
-    forward_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (sequences, tokens) -> seconds
-    draft_token_s: dict[str, float] = field(default_factory=dict)
-    overhead_s: float = 0.0
-    beta: float = 0.1
-    step_seqs: int = 1
-    step_base: int = 0
-
-    def observe_forward(self, tokens: int, seconds: float, seqs: int = 1) -> None:
-        old = self.forward_s.get((seqs, tokens))
-        self.forward_s[seqs, tokens] = seconds if old is None else (1 - self.beta) * old + self.beta * seconds
-
-    def observe_draft(self, proposer: str, tokens: int, seconds: float) -> None:
-        if tokens <= 0:
-            return
-        per = seconds / tokens
-        old = self.draft_token_s.get(proposer)
-        self.draft_token_s[proposer] = per if old is None else (1 - self.beta) * old + self.beta * per
-
-    def observe_overhead(self, seconds: float) -> None:
-        self.overhead_s = seconds if not self.overhead_s else (1 - self.beta) * self.overhead_s + self.beta * seconds
-
-    def forward(self, tokens: int, seqs: int = 1) -> float:
-        if not self.forward_s:
-            return float(tokens)  # uncalibrated: cost proportional to tokens
-        counts = {n for n, _ in self.forward_s}
-        group = min(counts, key=lambda n: (abs(n - seqs), -n))
-        known = {t: s for (n, t), s in self.forward_s.items() if n == group}
-        if tokens in known:
-            return known[tokens]
-        below = max((t for t in known if t < tokens), default=None)
-        above = min((t for t in known if t > tokens), default=None)
-        if below is None:
-            return known[above]
-        if above is None:
-            return known[below] * tokens / below
-        share = (tokens - below) / (above - below)
-        return known[below] + share * (known[above] - known[below])
-
-    def plain_share(self, tokens: int, seqs: int, k: int) -> float:
-        """The share of a step of ``tokens`` tokens and ``seqs`` sequences left without one round's ``k`` drafts
-        (<= 1): what a measured step is scaled by for that round's plain counterfactual (a ratio, so a model
-        measured on other steps never takes away more than the step took)."""
-        whole = self.forward(tokens, seqs)
-        return min(1.0, self.forward(tokens - k, seqs) / whole) if k and whole > 0 else 1.0
-
-    def round_s(self, proposer: str, k: int) -> float:
-        """Seconds of a round of k drafts (k = 0: a plain step) in the step being planned."""
-        draft = k * self.draft_token_s.get(proposer, 0.0) if k else 0.0
-        return self.forward(self.step_base + k + 1, self.step_seqs) + draft + self.overhead_s
-
-    def table(self) -> list[tuple[int, int, float]]:
-        """(sequences, tokens, seconds) of every forward measured, ascending (what /server_info reports)."""
-        return [(n, t, s) for (n, t), s in sorted(self.forward_s.items())]
 
 
 def expected_tokens(rates, k: int) -> float:

@@ -381,7 +381,7 @@ CALIBRATION_BATCHES = (4, 16)  # sequences per calibrated step, of 1 and of 5 to
 
 
 def measure_steps(runner, costs, *, context: int = 32, repeats: int = 1) -> None:
-    """The engine's start-up calibration of its per-round cost model (``adaptive.StepCosts``): one sequence
+    """The engine's start-up calibration of its per-round cost model (``step_costs.StepCosts``): one sequence
     at each of CALIBRATION_WIDTHS, and CALIBRATION_BATCHES sequences of 1 and 5 tokens each, after a
     ``context``-token prefix. Live steps refine every shape through the same EMA."""
     from backends.engine.runner import Feed

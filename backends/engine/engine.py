@@ -28,7 +28,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from backends.engine.adaptive import BetaDraftLength, StepCosts, controller_for, match_context, plan_step
+from backends.engine.adaptive import BetaDraftLength, controller_for, match_context, plan_step
+from backends.engine.step_costs import StepCosts
 from backends.engine.calibrate import measure_steps
 from backends.engine.config import EngineConfig
 from backends.engine.faults import FaultInjector, verify_lossy

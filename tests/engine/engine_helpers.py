@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends.engine.adaptive import StepCosts
+from backends.engine.step_costs import StepCosts
 from backends.engine.config import EngineConfig
 from backends.engine.engine import Engine
 from backends.engine.runner import Feed, ModelRunner

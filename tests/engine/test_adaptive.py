@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from backends.engine.adaptive import (
     DISCOUNT, GAIN_FLOOR, POOL_STRENGTH, PRIOR_STRENGTH, BetaDraftLength, Evidence, PooledAcceptance, SglangAdaptive,
-    StepCosts, VllmDynamic, best_k, controller_for, expected_tokens, match_context, plan_step, suffix_min,
+    VllmDynamic, best_k, controller_for, expected_tokens, match_context, plan_step, suffix_min,
 )
+from backends.engine.step_costs import StepCosts
 from policies.schema import parse_k_by_batch
 from backends.engine.types import SpeculationParams
 
