@@ -27,6 +27,7 @@ drafts are never attended to by a later step (positions past ``length`` are over
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -303,7 +304,7 @@ def measure_wide_rows(layer: _Layer, repeats: int = 5) -> int:
                     forms[i]()
                     if repeat:
                         times[i].append(time.perf_counter() - start)
-            medians[rows] = tuple(sorted(t)[len(t) // 2] for t in times)
+            medians[rows] = (statistics.median(times[0]), statistics.median(times[1]))
     return wide_rows_from(medians)
 
 
