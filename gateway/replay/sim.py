@@ -252,9 +252,19 @@ class Simulation:
                 elif not flight.walker.joint:
                     base += 1
         gains = [flight.walker.gains() for flight in joint]
-        context = sum(flight.walker.prompt_len - 1 + flight.walker.done for flight in joint) / len(joint)
+        context = round(sum(flight.walker.prompt_len - 1 + flight.walker.done for flight in joint) / len(joint))
         outside = batch * (costs.overhead_s + costs.serving_s)
-        drafts = plan_step(gains, float(batch), lambda w: costs.forward_s((base + w) / batch, context, batch) + outside)
+
+        def step_s(w: int) -> float:
+            # the grid is linear in tokens between its (integer) rows, so between two integer widths too: priced
+            # at integers (cached) and interpolated, as forward_s at the fractional width would give
+            width, share = divmod(base + w, batch)
+            low = costs.forward_s(width, context, batch)
+            if share:
+                low += (costs.forward_s(width + 1, context, batch) - low) * share / batch
+            return low + outside
+
+        drafts = plan_step(gains, float(batch), step_s)
         return {id(flight): k for flight, k in zip(joint, drafts)}
 
     def _step(self, worker: Worker, t: float) -> tuple[float, bool]:
