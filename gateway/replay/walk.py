@@ -62,12 +62,10 @@ class Walker:
         return self.prefix and self.spec.strategy == "beta"
 
     def gains(self) -> list[float]:
-        """The controller's drawn marginal tokens for this round's drafts (Engine._schedule's joint plan)."""
+        """The controller's drawn marginal tokens for this round's drafts found (Engine._plan_jointly; n-gram)."""
         done = self.done
         k_cap = max(0, min(self.option.k, self.max_new - done - 1))
-        if self.prefix:
-            return self.controller.gains(match_context(self.matches[done]), min(k_cap, self.lens[done]))
-        return self.controller.gains(0, k_cap)
+        return self.controller.gains(match_context(self.matches[done]), min(k_cap, self.lens[done]))
 
     @property
     def finished(self) -> bool:
@@ -83,8 +81,8 @@ class Walker:
             self._table = self.costs.round_costs(self.option.proposer, self.option.k, self.prompt_len, batch)
         k_cap = max(0, min(self.option.k, self.max_new - done - 1))
         context = match_context(self.matches[done])
-        if planned is not None:
-            budget, called = planned, (k_cap if self.prefix else planned)
+        if planned is not None:  # a joint plan's drafts (n-gram: k_cap proposed, then cut)
+            budget, called = planned, k_cap
         elif self.prefix:  # Engine._round: propose k_cap, then k <= the drafts found, knowing their match
             budget = controller.choose(batch, context, cap=min(k_cap, self.lens[done]))
             called = k_cap
