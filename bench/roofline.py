@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import importlib
 import statistics
 import sys
@@ -48,6 +49,17 @@ def _medians_s(fns, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+def _rss_mb() -> dict[str, float]:
+    """This process's resident memory from /proc/self/status (Linux): VmRSS and its file-backed part, in MB."""
+    values = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "RssFile"):
+                values[key] = int(rest.split()[0]) / 1024
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -57,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path = str(load_prepared().path)
     runner = ModelRunner(load_model(path, "float32"))
+    gc.collect()
+    loaded = _rss_mb()  # before --before's copy of the model
     before = None
     if args.before:
         old = importlib.import_module(import_before(args.before, Path(tempfile.mkdtemp()))[0].__package__ + ".runner")
@@ -70,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{layer_params / 1e6:.1f} M, LM head {head_params / 1e6:.1f} M, fp32 weights "
           f"{4 * (layer_params + head_params) / 1e6:.0f} MB; transposed GEMM form from "
           f"{'never' if runner.wide_rows == NEVER_WIDE else f'{runner.wide_rows} rows'} (measured at load)")
+    print(f"process after loading the runner: VmRSS {loaded['VmRSS']:.0f} MB, of it file-backed {loaded['RssFile']:.0f} MB")
     flipped = [w.T.contiguous() for w in mats]  # the [out, in] layout F.linear uses (this benchmark's copy)
     head_flipped = runner.lm_head.T.contiguous()
     extra = f" forward ms, {args.before} | this / {args.before} |" if before else ""
