@@ -383,7 +383,7 @@ CALIBRATION_BATCHES = (4, 16)  # sequences per calibrated step, of 1 and of 5 to
 def measure_steps(runner, costs, *, context: int = 32, repeats: int = 1) -> None:
     """The engine's start-up calibration of its per-round cost model (``step_costs.StepCosts``): one sequence
     at each of CALIBRATION_WIDTHS, and CALIBRATION_BATCHES sequences of 1 and 5 tokens each, after a
-    ``context``-token prefix. Live steps refine every shape through the same EMA."""
+    ``context``-token prefix, recorded as ``costs.context``. Live steps refine every shape through the same EMA."""
     from backends.engine.runner import Feed
 
     prompt = list(range(100, 100 + context))
@@ -395,3 +395,4 @@ def measure_steps(runner, costs, *, context: int = 32, repeats: int = 1) -> None
             fed = list(range(200, 200 + width))
             result = runner.forward_batch([Feed(cache, fed, width) for cache in caches])
             costs.observe_forward(result.tokens, result.seconds, seqs=seqs)
+    costs.context = context  # what /server_info reports beside the table (specgate_step_costs_context)

@@ -2,7 +2,9 @@
 
 The per-round controllers (adaptive.py) price a round of k drafts as the step it joins, and the worker's plain
 counterfactual (``plain_share``) scales a measured step to the step without a round's drafts; ``/server_info``
-reports the table (``specgate_step_costs``) and ``calibrate.measure_steps`` fills it at start-up.
+reports the table (``specgate_step_costs``, with the draft and overhead costs and the calibration's context,
+which ``policies.costmodel.from_server_info`` turns into a replay cost model) and ``calibrate.measure_steps``
+fills it at start-up.
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ class StepCosts:
     a round of k drafts then costs ``forward(step_base + k + 1, step_seqs)``, the step every sequence in it
     waits for (at c1: 1 and 0). Unmeasured token counts interpolate linearly between measured ones of the
     nearest measured sequence count (beyond the largest: proportional).
+
+    ``context``: the tokens cached before the start-up calibration's forwards (``measure_steps``), None when the
+    engine did not calibrate; live steps then refine each shape at whatever context they ran at.
     """
 
     forward_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (sequences, tokens) -> seconds
     draft_token_s: dict[str, float] = field(default_factory=dict)
     overhead_s: float = 0.0
+    context: int | None = None
     beta: float = 0.1
     step_seqs: int = 1
     step_base: int = 0

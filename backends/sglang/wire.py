@@ -355,9 +355,14 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_total_num_tokens: int | None = None
     chunked_prefill_size: int | None = None
     version: str | None = None
-    # specgate's embedded worker only (step costs: [sequences, tokens, seconds] per forward, docs/engine.md)
+    # specgate's embedded worker only (step costs: [sequences, tokens, seconds] per forward, docs/engine.md;
+    # with the draft seconds per token by proposer, the per-round overhead and the context the start-up
+    # calibration measured the table at, None without one: a replay cost model, policies/costmodel.py)
     specgate_max_batch_tokens: int | None = None
     specgate_step_costs: list[tuple[int, int, float]] = []
+    specgate_step_costs_context: int | None = None
+    specgate_draft_token_s: dict[str, float] = {}
+    specgate_round_overhead_s: float = 0.0
     specgate_per_request_speculation: bool = False
     specgate_draft_layers: int | None = None
     specgate_tokenizer_digest: str | None = None  # backends.engine.model_store.tokenizer_digest

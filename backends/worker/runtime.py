@@ -43,6 +43,12 @@ def _version() -> str:
         return "0.0.0"
 
 
+def _significant(seconds: float) -> float:
+    """Six significant digits: an n-gram lookup's seconds per token are microseconds, which ``round(s, 6)``
+    would zero."""
+    return float(f"{seconds:.6g}")
+
+
 class WorkerRuntime:
     def __init__(self, settings: WorkerSettings, engine_factory: EngineFactory | None = None) -> None:
         self.settings = settings
@@ -179,6 +185,9 @@ class WorkerRuntime:
             max_total_num_tokens=s.max_total_tokens, chunked_prefill_size=s.chunked_prefill_size,
             version=_version(), specgate_max_batch_tokens=s.max_batch_tokens,
             specgate_step_costs=[(n, tokens, round(s, 6)) for n, tokens, s in engine.costs.table()],
+            specgate_step_costs_context=engine.costs.context,
+            specgate_draft_token_s={name: _significant(s) for name, s in sorted(engine.costs.draft_token_s.items())},
+            specgate_round_overhead_s=_significant(engine.costs.overhead_s),
             specgate_per_request_speculation=True, specgate_draft_layers=s.draft_layers,
             specgate_tokenizer_digest=self.tokenizer_digest,
             specgate_fault_injection=self.faults.enabled, specgate_fault_mode=self.faults.mode,

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from backends.engine import calibrate as measure
-from backends.engine.calibrate import default_text, run_rounds, self_check
+from backends.engine.calibrate import (CALIBRATION_BATCHES, CALIBRATION_WIDTHS, default_text, measure_steps,
+                                       run_rounds, self_check)
+from backends.engine.step_costs import StepCosts
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 from gateway.cli import build_parser, main
 from policies.costmodel import from_measurements, load_cost_model, write_cost_model
@@ -98,9 +100,18 @@ def test_the_command_line_checks_its_arguments_before_loading_a_model(tmp_path, 
     shown = capsys.readouterr().out
     assert all(flag in shown for flag in ("--out", "--model-dir", "--num-threads", "--repeats", "--contexts",
                                           "--widths", "--prefill-tokens", "--proposers", "--draft-layers", "--text",
-                                          "--batches"))
+                                          "--batches", "--from-worker"))
     code = main(["trace", "calibrate", "--out", str(tmp_path / "cost.json"), "--repeats", "0"])
     err = capsys.readouterr().err
     assert code == 2 and ("--repeats, --widths, --prefill-tokens and --batches must be at least 1" in err
                           or "no prepared model" in err)
     assert not (tmp_path / "cost.json").exists()
+
+
+def test_the_start_up_calibration_times_every_shape_and_records_its_context(tiny_engine):
+    costs = StepCosts()
+    measure_steps(tiny_engine.runner, costs, context=8)
+    # keyed by (sequences, tokens in the step): n sequences of w tokens each feed n * w
+    assert sorted(costs.forward_s) == sorted([(1, w) for w in CALIBRATION_WIDTHS]
+                                             + [(n, n * w) for n in CALIBRATION_BATCHES for w in (1, 5)])
+    assert costs.context == 8 and StepCosts().context is None  # what /server_info reports beside the table

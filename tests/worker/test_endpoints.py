@@ -97,6 +97,8 @@ def test_worker_default_speculation_applies_without_override(worker_factory):
         default = _generate(worker)["meta_info"]
         assert default["spec_num_proposed_drafts"] > 0
         assert len(default["spec_proposed_per_position"]) == 3
+        drafted = worker.get("/server_info").json()["specgate_draft_token_s"]  # what the rounds' lookups cost
+        assert list(drafted) == ["ngram"] and drafted["ngram"] > 0
         bypass = _generate(worker, {"proposer": "none"})["meta_info"]
         assert bypass["spec_num_proposed_drafts"] == 0
 
@@ -106,12 +108,15 @@ def test_server_info_reports_the_step_budget_and_the_measured_step_costs(worker_
         info = worker.get("/server_info").json()
         assert (info["chunked_prefill_size"], info["specgate_max_batch_tokens"]) == (16, 40)
         assert all(tokens == 1 for _, tokens, _ in info["specgate_step_costs"])  # uncalibrated: health checks only
+        assert info["specgate_step_costs_context"] is None  # no start-up calibration: no context to report
         prompt = " ".join(["word"] * 40)  # > 16 tokens: prefilled in chunks of 16
         assert worker.post("/generate", json={"text": prompt, "sampling_params": {
             "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}).status_code == 200
         costs = {(seqs, tokens): s for seqs, tokens, s in worker.get("/server_info").json()["specgate_step_costs"]}
         assert (1, 16) in costs and (1, 1) in costs  # a prefill chunk and a plain round, one sequence each
         assert all(s > 0 for s in costs.values()) and max(tokens for _, tokens in costs) == 16
+        info = worker.get("/server_info").json()
+        assert info["specgate_draft_token_s"] == {} and info["specgate_round_overhead_s"] > 0  # plain rounds only
 
 
 def test_generate_stream_is_cumulative_and_ends_with_done(worker):
