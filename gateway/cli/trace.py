@@ -2,7 +2,8 @@
 model that times them in replay (docs/replay.md).
 
 Exit codes: 0 written; 1 the input (requests file, workloads, policy pairs, calibration settings) cannot
-be used; 2 usage or the model is not prepared.
+be used; 2 usage or the model is not prepared, or ``calibrate --from-worker``'s worker cannot be read or
+reports no usable step costs.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def _register_calibrate(actions: argparse._SubParsersAction) -> None:
                     "replay believes this machine does.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     calibrate.add_argument("--out", type=Path, required=True, help="the cost model file (JSON; replaced if it exists)")
+    calibrate.add_argument("--from-worker", metavar="URL", default=None,
+                           help="measure nothing: write the live step costs a running specgate worker reports in "
+                                "/server_info (one context length; docs/replay.md); the other flags are ignored")
     calibrate.add_argument("--model-dir", type=Path, default=None,
                            help="prepared model directory (default: $SPECGATE_MODEL_DIR or the model cache)")
     calibrate.add_argument("--num-threads", type=int, default=None,
@@ -158,6 +162,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    if args.from_worker is not None:
+        return _from_worker(args.from_worker, args.out)
     bad = (min(args.repeats, min(args.widths), min(args.prefill_tokens), min(args.batches)) < 1
            or min(args.contexts) < 0)
     model = _prepared(args, "--repeats, --widths, --prefill-tokens and --batches must be at least 1, --contexts "
@@ -209,6 +215,38 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"warning: the model is off the engine's own rounds ({', '.join(off)}; expected 0.8-1.25): the "
               "machine was probably busy while it measured (another process, or torch threads oversubscribed); "
               "recalibrate on a quiet machine before trusting replay's times", file=sys.stderr)
+    return 0
+
+
+def _from_worker(url: str, out: Path) -> int:
+    """``trace calibrate --from-worker URL``: the cost model of the worker's live step costs
+    (policies.costmodel.from_server_info), written as a measured one is."""
+    import asyncio
+    from datetime import datetime, timezone
+
+    from backends.sglang.client import SGLangClient
+    from backends.sglang.errors import WorkerError
+    from backends.sglang.wire import ServerInfo
+    from policies.costmodel import CostModelError, from_server_info, write_cost_model
+
+    if not out.parent.is_dir():
+        print(f"error: --out {out}: directory {out.parent} does not exist", file=sys.stderr)
+        return 2
+
+    async def fetch() -> ServerInfo:
+        async with SGLangClient(url) as client:
+            return await client.server_info()
+
+    try:
+        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        cost = from_server_info(asyncio.run(fetch()), url, created=created)
+    except (WorkerError, CostModelError) as exc:
+        print(f"error: {exc} (nothing written)", file=sys.stderr)
+        return 2
+    write_cost_model(out, cost)
+    print(f"{out}: cost model of {cost.model} ({cost.revision}) from {cost.source}")
+    for line in _summary(cost):
+        print(f"  {line}")
     return 0
 
 

@@ -1,0 +1,44 @@
+"""`specgate trace calibrate --from-worker URL` (gateway/cli/trace.py) where it must refuse: a worker that
+does not answer, and an SGLang server, which reports no step costs (a stand-in: tests/backends/
+replay_server.py serving SGLang's recorded /server_info). A real worker's costs written to a file:
+tests/integration/test_worker_step_costs.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.cli import main
+from tests.backends.replay_server import ReplayServer, Reply
+from tests.gateway.test_gateway_app import _closed_port
+
+
+def from_worker(url: str, out) -> int:
+    return main(["trace", "calibrate", "--from-worker", url, "--out", str(out)])
+
+
+def test_a_worker_that_does_not_answer(capsys, tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    assert from_worker(url, tmp_path / "costs.json") == 2
+    assert capsys.readouterr().err == (f"error: {url}: ConnectError: All connection attempts failed (nothing "
+                                       "written)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_sglang_server_reports_no_step_costs(capsys, tmp_path):
+    async def go():
+        async with ReplayServer({("GET", "/server_info"): Reply.fixture("server_info.json")}) as sglang:
+            return sglang.url, await asyncio.to_thread(from_worker, sglang.url, tmp_path / "costs.json")
+
+    url, code = asyncio.run(go())
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"error: {url}/server_info: field specgate_step_costs: empty or absent (an SGLang server reports none; a "
+        "specgate worker once it calibrated or served); price replay with a cost model file instead: specgate "
+        "trace calibrate --out FILE, or one filled from SGLang's benchmarks (docs/replay.md) (nothing written)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_in_a_missing_directory(capsys, tmp_path):
+    out = tmp_path / "nowhere" / "costs.json"
+    assert from_worker("http://127.0.0.1:1", out) == 2
+    assert capsys.readouterr().err == f"error: --out {out}: directory {out.parent} does not exist\n"
