@@ -19,8 +19,10 @@ re-check:
   finished requests were recorded or not, and why (never a record's content).
 - ``POST /admin/replay``: ``{"policy": "<candidate policy YAML>", "last": 500, "loads": ["trace"], "seeds": 3}``
   -> the candidate and the policy in force replayed on the newest recorded requests (gateway/replay/
-  candidate.py): markdown and figures. Refused (409) when tracing is off or ``tracing.costs`` names no cost
-  model; one at a time (429); bounded by ``REPLAY_DEADLINE_S``. It runs on a thread of this process, so it
+  candidate.py): markdown and figures, and ``costs``, what priced them: ``tracing.costs``' file, else the live
+  step costs of the first healthy worker reporting them (one of the trace's revision when there is one;
+  ``policies.costmodel.from_server_info``). Refused (409) when tracing is off or there is neither; one at a
+  time (429); bounded by ``REPLAY_DEADLINE_S``. It runs on a thread of this process, so it
   shares the gateway's CPU while it runs: prefer ``specgate policy explain --replay`` on another machine
   for large replays.
 """
@@ -43,7 +45,13 @@ from policies.decide import explain
 from policies.features import features_from_openai
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from backends.sglang.wire import ServerInfo
     from gateway.state import GatewayState
+    from policies.costmodel import CostModel
+
+    Reports = list[tuple[str, ServerInfo]]  # (url, last /server_info) of workers reporting step costs
 
 _JSON = "application/json"
 
@@ -187,9 +195,11 @@ def admin_router(state: GatewayState) -> Router:
         if config is None:
             return _problem(409, "tracing is off: turn it on (tracing: in the policy, or specgate serve --trace) "
                             "and let it record", "tracing_off")
-        if config.costs is None:
-            return _problem(409, "no cost model: set tracing.costs to a file from specgate trace calibrate",
-                            "no_cost_model")
+        live = state.backend.step_cost_reports(time.monotonic()) if config.costs is None else []
+        if config.costs is None and not live:
+            return _problem(409, "no cost model: set tracing.costs to a file from specgate trace calibrate, or "
+                            "serve with a specgate worker that calibrates at start-up (no healthy worker reports "
+                            "step costs in /server_info)", "no_cost_model")
         try:
             body = msgspec.json.decode(await request.body(), type=ReplayBody)
         except msgspec.ValidationError as exc:
@@ -199,17 +209,18 @@ def admin_router(state: GatewayState) -> Router:
         if running.locked():
             return _problem(429, "a replay is already running; retry when it ends", "replay_running")
         async with running:
-            return await asyncio.to_thread(_replay_now, state, config, body)
+            return await asyncio.to_thread(_replay_now, state, config, body, live)
 
     return Router(path="/admin", route_handlers=[policy, explain_request, pools, check, stats, requests, tracing,
                                                     replay])
 
 
-def _replay_now(state: GatewayState, config: Any, body: ReplayBody) -> Response[bytes]:
-    """The candidate and the policy in force on the newest ``body.last`` recorded requests (a thread)."""
+def _replay_now(state: GatewayState, config: Any, body: ReplayBody, live: Reports) -> Response[bytes]:
+    """The candidate and the policy in force on the newest ``body.last`` recorded requests (a thread);
+    ``live``: the workers' step-cost reports, used when ``config.costs`` names no file."""
     from gateway.replay.candidate import ReplayTimeout, recorded, replay_candidate
     from gateway.replay.sim import Load
-    from policies.costmodel import CostModelError, load_cost_model
+    from policies.costmodel import CostModelError
     from policies.errors import PolicyError
     from policies.load import load_policy
     from policies.trace import TraceError
@@ -222,7 +233,7 @@ def _replay_now(state: GatewayState, config: Any, body: ReplayBody) -> Response[
         for label in body.loads:
             Load.parse(label)
         trace = recorded(config.path, config.keep, body.last)
-        costs = load_cost_model(config.costs, revision=trace.header.revision)
+        costs, priced = _costs(config.costs, live, trace.header.revision)
         result = replay_candidate(trace, {"in force": state.active.policy, "candidate": candidate}, costs,
                                   loads=tuple(body.loads), seeds=body.seeds, deadline_s=REPLAY_DEADLINE_S,
                                   source=str(config.path))
@@ -230,5 +241,18 @@ def _replay_now(state: GatewayState, config: Any, body: ReplayBody) -> Response[
         return _problem(504, str(exc), "replay_timeout")
     except (TraceError, CostModelError, ValueError, OSError) as exc:
         return _problem(422, str(exc), "cannot_replay")
-    return _json({"requests": result.requests, "excluded_pools": result.excluded, "markdown": result.markdown,
-                  "summary": result.summary})
+    return _json({"requests": result.requests, "excluded_pools": result.excluded, "costs": priced,
+                  "markdown": result.markdown, "summary": result.summary})
+
+
+def _costs(path: Path | None, live: Reports, revision: str) -> tuple[CostModel, str]:
+    """The cost model that prices a replay of a trace of ``revision``, and its source: the file at ``path``,
+    else the live step costs of the first worker in ``live`` serving that revision (the first of all when none
+    does, which the revision check then refuses, naming both revisions)."""
+    from policies.costmodel import from_server_info, load_cost_model
+
+    if path is not None:
+        return load_cost_model(path, revision=revision), f"file {path}"
+    url, info = next(((url, info) for url, info in live if info.revision == revision), live[0])
+    costs = from_server_info(info, url, revision=revision)
+    return costs, f"worker {url} live step costs (one context: {costs.forward[0].context[0]} tokens)"

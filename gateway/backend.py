@@ -127,6 +127,13 @@ class Backend:
                 self.context[url] = info.context_length
         await asyncio.gather(*(one(url) for url in self.monitor.clients))
 
+    def step_cost_reports(self, now: float) -> list[tuple[str, ServerInfo]]:
+        """(url, last ``/server_info``) of each healthy worker that reports a step-cost table (specgate's
+        worker), in the policy's order of pools and workers: what prices ``POST /admin/replay`` when the policy
+        names no cost model file."""
+        return [(w.url, self.info[w.url]) for pool in self.pools.values() for w in pool.workers.values()
+                if w.healthy and not w.ejected(now) and w.url in self.info and self.info[w.url].specgate_step_costs]
+
     def model_names(self) -> list[str]:
         return sorted(set(self.models.values()))
 

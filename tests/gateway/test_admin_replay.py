@@ -1,24 +1,28 @@
 """``POST /admin/replay`` (gateway/admin.py) through the app in-process (litestar TestClient), its pools at a
 closed port: the policy in force is deploy/policies/default.yaml with a ``tracing:`` section, the recording a
-synthetic one written where that section points (as test_replay_candidate's), the cost model hand-made.
-Every refusal with its status and message, one replay answered, one at a time, and the time bound."""
+synthetic one written where that section points (as test_replay_candidate's), the cost model hand-made or,
+without ``tracing.costs``, a worker's live step costs put where the gateway keeps its workers' last
+``/server_info`` (the worker itself is at the closed port). Every refusal with its status and message, one
+replay answered, one at a time, and the time bound."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from litestar.testing import TestClient
 
 import gateway.admin as admin
+from backends.sglang.wire import ServerInfo
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from policies.costmodel import write_cost_model
+from policies.costmodel import from_server_info, write_cost_model
 from policies.errors import PolicyError
 from policies.load import load_policy
 from policies.trace import encode_line, write_trace
 from tests.gateway.test_gateway_app import _closed_port
-from tests.gateway.test_replay_candidate import DEFAULT, LEFT_OUT, NGRAM_K4, REVISION, header, traffic
+from tests.gateway.test_replay_candidate import DEFAULT, LEFT_OUT, NGRAM_K4, OTHER, REVISION, header, traffic
 from tests.gateway.test_replay_cli import CODE_RATIO, costs
 
 ADMIN = {"authorization": "Bearer adm"}
@@ -71,10 +75,38 @@ def test_refused_while_tracing_is_off(gateway):
                                                         "specgate serve --trace) and let it record")
 
 
+NO_COST_MODEL = ("no cost model: set tracing.costs to a file from specgate trace calibrate, or serve with a specgate "
+                 "worker that calibrates at start-up (no healthy worker reports step costs in /server_info)")
+
+
+def reported(revision: str = REVISION) -> ServerInfo:
+    """A specgate worker's /server_info with its live step costs: one sequence at 1, 2, 5 and 17 tokens, 4 at
+    1 and 5 each, calibrated at context 32; ngram and suffix drafted."""
+    return ServerInfo(served_model_name="SmolLM2-135M-Instruct", revision=revision, dtype="float32",
+                      specgate_step_costs=[(1, 1, 0.02), (1, 2, 0.021), (1, 5, 0.024), (1, 17, 0.036),
+                                           (4, 4, 0.03), (4, 20, 0.05)],
+                      specgate_step_costs_context=32, specgate_draft_token_s={"ngram": 2e-06, "suffix": 4e-06},
+                      specgate_round_overhead_s=0.0005)
+
+
+def report(client: TestClient, info: ServerInfo, *, healthy: bool = True) -> str:
+    """Put ``info`` as the pools' worker's last /server_info (healthy or not); its URL."""
+    backend = client.app.state.gateway.backend
+    url = next(iter(backend.monitor.clients))  # the default policy's pools share one worker
+    backend.info[url] = info
+    for pool in backend.pools.values():
+        if healthy and url in pool.workers:
+            pool.report_success(url, time.monotonic())
+    return url
+
+
 def test_refused_without_a_cost_model(gateway):
-    r = replay(gateway("{path: traces/t.jsonl}"), {"policy": CANDIDATE})
-    assert (r.status_code, message(r)) == (409, "no cost model: set tracing.costs to a file from specgate "
-                                                        "trace calibrate")
+    client = gateway("{path: traces/t.jsonl}")
+    r = replay(client, {"policy": CANDIDATE})
+    assert (r.status_code, message(r)) == (409, NO_COST_MODEL)
+    report(client, reported(), healthy=False)  # a worker that is down prices nothing
+    r = replay(client, {"policy": CANDIDATE})
+    assert (r.status_code, message(r)) == (409, NO_COST_MODEL)
 
 
 def test_needs_the_admin_token(traced):
@@ -127,8 +159,9 @@ def test_the_candidate_and_the_policy_in_force_on_the_newest_recorded_requests(t
     r = replay(traced, {"policy": CANDIDATE, "last": 3, "seeds": 2})
     assert r.status_code == 200
     answer = r.json()
-    assert sorted(answer) == ["excluded_pools", "markdown", "requests", "summary"]
+    assert sorted(answer) == ["costs", "excluded_pools", "markdown", "requests", "summary"]
     assert (answer["requests"], answer["excluded_pools"]) == (3, ["draft"])  # r1 r2 r3
+    assert answer["costs"] == f"file {tmp_path / 'costs.json'}"
     text = answer["markdown"]
     assert text.startswith(f"# specgate replay: {path}\n\n3 requests (0 sampled")
     assert text.endswith(LEFT_OUT)
@@ -146,7 +179,7 @@ def test_the_candidate_and_the_policy_in_force_on_the_newest_recorded_requests(t
 def test_one_replay_at_a_time(traced, monkeypatch):
     entered, release = threading.Event(), threading.Event()
 
-    def held(state, config, body):  # stands in for the replay: holds the lock until released
+    def held(state, config, body, live):  # stands in for the replay: holds the lock until released
         entered.set()
         assert release.wait(60)
         return admin._json({"requests": 0})
@@ -166,6 +199,31 @@ def test_one_replay_at_a_time(traced, monkeypatch):
     assert (first[0].status_code, first[0].json()) == (200, {"requests": 0})
     # the lock was released: the next one runs (and finds nothing recorded)
     assert replay(traced, {"policy": CANDIDATE}).status_code == 422
+
+
+def test_without_a_cost_model_file_a_workers_live_step_costs_price_it(gateway, tmp_path):
+    """Priced exactly as the same costs written to a file (specgate trace calibrate --from-worker) would."""
+    write_trace(tmp_path / "traces" / "t.jsonl", header(), traffic(3))
+    live = gateway("{path: traces/t.jsonl}")
+    url = report(live, reported())
+    r = replay(live, {"policy": CANDIDATE, "seeds": 1})
+    assert r.status_code == 200
+    answer = r.json()
+    assert (answer["requests"], answer["costs"]) == (3, f"worker {url} live step costs (one context: 32 tokens)")
+    write_cost_model(tmp_path / "live.json", from_server_info(reported(), url))
+    filed = replay(gateway("{path: traces/t.jsonl, costs: live.json}"), {"policy": CANDIDATE, "seeds": 1}).json()
+    assert filed["costs"] == f"file {tmp_path / 'live.json'}"
+    assert answer["summary"] == filed["summary"] and answer["summary"]["cells"]["candidate|trace"]["all"]
+
+
+def test_live_step_costs_of_another_revision_are_refused(gateway, tmp_path):
+    write_trace(tmp_path / "traces" / "t.jsonl", header(), traffic(2))
+    client = gateway("{path: traces/t.jsonl}")
+    url = report(client, reported(OTHER))
+    r = replay(client, {"policy": CANDIDATE, "seeds": 1})
+    assert (r.status_code, message(r)) == (422, f"{url}/server_info: field revision: the cost model was calibrated "
+                                                f"for model revision {OTHER}, this model is {REVISION}; recalibrate "
+                                                "(specgate trace calibrate) on this model")
 
 
 def test_past_the_time_bound(traced, tmp_path, monkeypatch):
