@@ -346,7 +346,8 @@ def from_server_info(info: ReportedCosts, url: str, *, revision: str | None = No
     (``revision``: the trace's, as ``load_cost_model`` checks it).
 
     Per sequence count n of ``specgate_step_costs`` a forward grid by tokens per sequence: a row of T tokens
-    is width T / n (a step whose sequences fed different widths, T not a multiple of n, is left out), at the
+    is width T / n (T not a multiple of n, a step of sequences at different widths, is left out; a mixed step
+    whose T is a multiple counts at its mean width), at the
     ONE context the start-up calibration measured at, so attention's growth with the context is not priced.
     The prefill grid is the one-sequence rows (the engine measures no prefill chunk apart). ``draft``: per
     proposer that drafted, its seconds per drafted token at any context as ``token_s`` (the engine's figure
