@@ -252,18 +252,21 @@ def _from_worker(url: str, out: Path) -> int:
 
 def _summary(cost) -> list[str]:
     ms = lambda seconds: f"{1e3 * seconds:.2f} ms"  # noqa: E731
-    low, high = cost.forward[0].context[0], cost.forward[0].context[-1]
-    lines = [f"forward, width {w}: {ms(cost.forward_s(w, low))} at context {low}, {ms(cost.forward_s(w, high))} "
-             f"at {high}" for w in (1, 9)]
+    ends = lambda values: sorted({values[0], values[-1]})  # noqa: E731  (one context: a live model's)
+    low = cost.forward[0].context[0]
+    lines = [f"forward, width {w}: " + ", ".join(f"{ms(cost.forward_s(w, c))} at context {c}"
+                                                   for c in ends(cost.forward[0].context)) for w in (1, 9)]
     lines += [f"forward of {b} sequences, width 1 at context {low}: {ms(cost.forward_s(1, low, b))} "
               f"({cost.forward_s(1, low, b) / cost.forward_s(1, low):.2f}x one)" for b in cost.batch[1:]]
     chunk = cost.prefill.tokens[-1]
-    lines.append(f"prefill, {chunk} tokens: {ms(cost.prefill_s(chunk, 0))} at context 0, "
-                 f"{ms(cost.prefill_s(chunk, cost.prefill.context[-1]))} at {cost.prefill.context[-1]}")
+    lines.append(f"prefill, {chunk} tokens: " + ", ".join(f"{ms(cost.prefill_s(chunk, c))} at context {c}"
+                                                          for c in ends(cost.prefill.context)))
     for name, draft in cost.draft.items():
-        per_token = (f", {ms(draft.token(draft.context[0] if draft.context else 0))} per token at context "
-                     f"{draft.context[0] if draft.context else 0} to {ms(draft.token(draft.context[-1]))} at "
-                     f"{draft.context[-1]}" if draft.context else "")
+        if draft.context:
+            per_token = (f", {ms(draft.token(draft.context[0]))} per token at context {draft.context[0]} to "
+                         f"{ms(draft.token(draft.context[-1]))} at {draft.context[-1]}")
+        else:
+            per_token = f", {ms(draft.token(0))} per token at any context" if draft.token_s else ""
         lines.append(f"draft {name}: {1e6 * draft.call_s:.1f} us per call{per_token}; once per request "
                      f"{1e6 * draft.setup_token_s:.1f} us per prompt token")
     lines.append(f"overhead: {ms(cost.overhead_s)} per round")

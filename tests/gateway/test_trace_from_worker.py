@@ -42,3 +42,20 @@ def test_out_in_a_missing_directory(capsys, tmp_path):
     out = tmp_path / "nowhere" / "costs.json"
     assert from_worker("http://127.0.0.1:1", out) == 2
     assert capsys.readouterr().err == f"error: --out {out}: directory {out.parent} does not exist\n"
+
+
+def test_the_summary_of_a_live_model_names_its_one_context_and_per_token_draft_costs():
+    from gateway.cli.trace import _summary
+    from policies.costmodel import from_server_info
+    from tests.policies.test_costmodel_from_worker import URL, report
+
+    assert _summary(from_server_info(report(), URL)) == [
+        "forward, width 1: 20.00 ms at context 32",
+        "forward, width 9: 29.14 ms at context 32",  # 24 + (60 - 24) x 4 / 28: between widths 5 and 33
+        "forward of 4 sequences, width 1 at context 32: 30.00 ms (1.50x one)",
+        "forward of 16 sequences, width 1 at context 32: 80.00 ms (4.00x one)",
+        "prefill, 33 tokens: 60.00 ms at context 32",
+        "draft draft_model: 0.0 us per call, 4.00 ms per token at any context; once per request 0.0 us per "
+        "prompt token",
+        "draft ngram: 0.0 us per call, 0.00 ms per token at any context; once per request 0.0 us per prompt token",
+        "overhead: 0.50 ms per round"]
