@@ -253,18 +253,19 @@ class ModelRunner:
             layer = self._layers[index]
             qkv = _mm(self._norm(h, layer.norm_in), layer.qkv, wide)
             qk = _rope(qkv[:, :q_width + kv_width].reshape(total, heads + kv_heads, dim), cos, sin)
-            q = qk[:, :heads]  # [T, H, d]
+            q = qk[:, :heads] * self.scale  # [T, H, d]
             kv = torch.stack((qk[:, heads:], qkv[:, q_width + kv_width:].reshape(total, kv_heads, dim)), dim=1)
             outs = []
             for feed, s, (a, b), mask in zip(feeds, starts, spans, masks):
                 n, cached = b - a, feed.cache.kv[index]  # [2, G, capacity, d]
                 cached[:, :, s:s + n] = kv[a:b].permute(1, 2, 0, 3)
-                # heads h = g * rep + r share kv head g (enable_gqa); the fused kernel never materialises the
-                # [H, n, s + n] scores
-                out = F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], cached[None, 0, :, :s + n],
-                                                     cached[None, 1, :, :s + n], attn_mask=mask, scale=self.scale,
-                                                     enable_gqa=True)  # [1, H, n, d]
-                outs.append(out[0].transpose(0, 1).reshape(n, q_width))
+                # heads h = g * rep + r share kv head g: queries as [G, rep * n, d] against keys [G, L, d]
+                query = q[a:b].view(n, kv_heads, rep, dim).permute(1, 2, 0, 3).reshape(kv_heads, rep * n, dim)
+                scores = query @ cached[0, :, :s + n].transpose(1, 2)
+                if mask is not None:
+                    scores.view(kv_heads, rep, n, s + n).masked_fill_(mask, float("-inf"))
+                out = torch.softmax(scores, dim=-1) @ cached[1, :, :s + n]  # [G, rep * n, d]
+                outs.append(out.view(kv_heads, rep, n, dim).permute(2, 0, 1, 3).reshape(n, q_width))
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             h = h + _mm(attn, layer.o, wide)
             gate, up = _mm(self._norm(h, layer.norm_post), layer.gate_up, wide).chunk(2, dim=-1)
@@ -335,10 +336,10 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def _causal_mask(n: int, start: int) -> torch.Tensor | None:
-    """Positions token i of a feed may see: those up to start + i (None for one token: it sees all)."""
+    """Positions token i of a feed must NOT see: those after start + i (None for one token: it sees all)."""
     if n == 1:
         return None
-    return torch.arange(start + n)[None, :] <= torch.arange(start, start + n)[:, None]
+    return torch.arange(start + n)[None, :] > torch.arange(start, start + n)[:, None]
 
 
 def load_model(path: str, dtype: str = "float32") -> PreTrainedModel:
