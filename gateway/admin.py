@@ -21,7 +21,7 @@ re-check:
   -> the candidate and the policy in force replayed on the newest recorded requests (gateway/replay/
   candidate.py): markdown and figures, and ``costs``, what priced them: ``tracing.costs``' file, else the live
   step costs of the first healthy worker reporting them (one of the trace's revision when there is one;
-  ``policies.costmodel.from_server_info``). Refused (409) when tracing is off or there is neither; one at a
+  ``policies.live_costs.from_server_info``). Refused (409) when tracing is off or there is neither; one at a
   time (429); bounded by ``REPLAY_DEADLINE_S``. It runs on a thread of this process, so it
   shares the gateway's CPU while it runs: prefer ``specgate policy explain --replay`` on another machine
   for large replays.
@@ -249,7 +249,8 @@ def _costs(path: Path | None, live: Reports, revision: str) -> tuple[CostModel, 
     """The cost model that prices a replay of a trace of ``revision``, and its source: the file at ``path``,
     else the live step costs of the first worker in ``live`` serving that revision (the first of all when none
     does, which the revision check then refuses, naming both revisions)."""
-    from policies.costmodel import from_server_info, load_cost_model
+    from policies.costmodel import load_cost_model
+    from policies.live_costs import from_server_info
 
     if path is not None:
         return load_cost_model(path, revision=revision), f"file {path}"

@@ -11,7 +11,7 @@ overhead_s``.
 
 One file per pool: ``specgate trace calibrate`` measures the embedded engine; a pool on GPUs gets a file
 filled from SGLang's ``bench_one_batch`` (docs/replay.md says how). A running specgate worker's live step
-costs make a coarser one (:func:`from_server_info`: one context length). Between measured points values are
+costs make a coarser one (``policies.live_costs.from_server_info``: one context length). Between measured points values are
 interpolated linearly; outside them a cost only grows (see :meth:`Grid.at`), so replay never predicts a
 forward cheaper than one that was measured next to it. ``revision`` ties the file to the target weights it
 was measured on, as a trace header does.
@@ -29,7 +29,7 @@ import tempfile
 from bisect import bisect_right
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import msgspec
 
@@ -291,11 +291,11 @@ def load_cost_model(path: str | Path, *, revision: str | None = None) -> CostMod
     except msgspec.DecodeError as exc:
         kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
         raise CostModelError(f"{path}: malformed {kind} ({exc})") from None
-    _check_revision(model, revision, str(path))
+    check_revision(model, revision, str(path))
     return model
 
 
-def _check_revision(model: CostModel, revision: str | None, where: str) -> None:
+def check_revision(model: CostModel, revision: str | None, where: str) -> None:
     if revision is not None and model.revision != revision:
         raise CostModelError(f"{where}: field revision: the cost model was calibrated for model revision "
                              f"{model.revision}, this model is {revision}; recalibrate (specgate trace calibrate) "
@@ -321,76 +321,6 @@ def from_measurements(measured: dict[str, Any], where: str = "calibration") -> C
         return msgspec.convert({**measured, "format": FORMAT}, CostModel)
     except msgspec.ValidationError as exc:
         raise CostModelError(f"{where}: {_field_error(exc, measured)}") from None
-
-
-class ReportedCosts(Protocol):
-    """What a specgate worker's ``/server_info`` reports of its engine's step costs: the fields of
-    ``backends.sglang.wire.ServerInfo`` read here (policies import no backend code)."""
-
-    served_model_name: str | None
-    model_path: str | None
-    revision: str | None
-    dtype: str | None
-    specgate_step_costs: list[tuple[int, int, float]]  # [sequences, tokens in the step, seconds] per forward
-    specgate_step_costs_context: int | None  # tokens cached before the start-up calibration's forwards
-    specgate_draft_token_s: dict[str, float]  # seconds per drafted token, proposers that drafted
-    specgate_round_overhead_s: float
-
-
-_INSTEAD = ("price replay with a cost model file instead: specgate trace calibrate --out FILE, or one filled from "
-            "SGLang's benchmarks (docs/replay.md)")
-
-
-def from_server_info(info: ReportedCosts, url: str, *, revision: str | None = None, created: str = "") -> CostModel:
-    """The CostModel of the live step costs a specgate worker at ``url`` reports, checked as a file is
-    (``revision``: the trace's, as ``load_cost_model`` checks it).
-
-    Per sequence count n of ``specgate_step_costs`` a forward grid by tokens per sequence: a row of T tokens
-    is width T / n (T not a multiple of n, a step of sequences at different widths, is left out; a mixed step
-    whose T is a multiple counts at its mean width), at the
-    ONE context the start-up calibration measured at, so attention's growth with the context is not priced.
-    The prefill grid is the one-sequence rows (the engine measures no prefill chunk apart). ``draft``: per
-    proposer that drafted, its seconds per drafted token at any context as ``token_s`` (the engine's figure
-    includes the call; no ``call_s``, no prompt ``setup_token_s``). ``hardware``: the dtype only (the worker
-    reports no processor)."""
-    url = url.rstrip("/")
-    where = f"{url}/server_info"
-    context = info.specgate_step_costs_context
-    if not info.specgate_step_costs:
-        raise CostModelError(f"{where}: field specgate_step_costs: empty or absent (an SGLang server reports "
-                             f"none; a specgate worker once it calibrated or served); {_INSTEAD}")
-    if context is None:
-        raise CostModelError(f"{where}: field specgate_step_costs_context: not reported, so the context the table "
-                             "was measured at is unknown (the worker started with --no-calibrate); restart it "
-                             f"without --no-calibrate, or {_INSTEAD}")
-    widths = _widths(info.specgate_step_costs)
-    if 1 not in widths:
-        raise CostModelError(f"{where}: field specgate_step_costs: no one-sequence rows [1, tokens, seconds] (only "
-                             f"sequence counts {sorted(widths)}); {_INSTEAD}")
-    batch = sorted(widths)
-    grids = [_grid(widths[n], context) for n in batch]
-    model = from_measurements(dict(
-        model=info.served_model_name or info.model_path or "", revision=info.revision or "",
-        hardware=info.dtype or "", source=f"specgate worker /server_info at {url}", created=created, batch=batch,
-        forward=grids, prefill=grids[0], overhead_s=info.specgate_round_overhead_s,
-        draft={name: dict(token_s=[seconds]) for name, seconds in info.specgate_draft_token_s.items()}), where)
-    _check_revision(model, revision, where)
-    return model
-
-
-def _widths(table: Sequence[tuple[int, int, float]]) -> dict[int, dict[int, float]]:
-    """Seconds by sequence count and tokens per sequence, of the rows whose tokens split evenly."""
-    widths: dict[int, dict[int, float]] = {}
-    for sequences, tokens, seconds in table:
-        if tokens % sequences == 0:
-            widths.setdefault(sequences, {})[tokens // sequences] = seconds
-    return widths
-
-
-def _grid(seconds: dict[int, float], context: int) -> dict[str, list]:
-    """A one-column grid: ``seconds`` by width, all at ``context``."""
-    tokens = sorted(seconds)
-    return dict(tokens=tokens, context=[context], seconds=[[seconds[width]] for width in tokens])
 
 
 def write_cost_model(path: str | Path, model: CostModel) -> None:

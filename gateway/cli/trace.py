@@ -220,14 +220,15 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 def _from_worker(url: str, out: Path) -> int:
     """``trace calibrate --from-worker URL``: the cost model of the worker's live step costs
-    (policies.costmodel.from_server_info), written as a measured one is."""
+    (policies.live_costs.from_server_info), written as a measured one is."""
     import asyncio
     from datetime import datetime, timezone
 
     from backends.sglang.client import SGLangClient
     from backends.sglang.errors import WorkerError
     from backends.sglang.wire import ServerInfo
-    from policies.costmodel import CostModelError, from_server_info, write_cost_model
+    from policies.costmodel import CostModelError, write_cost_model
+    from policies.live_costs import from_server_info
 
     if not out.parent.is_dir():
         print(f"error: --out {out}: directory {out.parent} does not exist", file=sys.stderr)

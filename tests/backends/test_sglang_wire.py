@@ -129,7 +129,7 @@ def test_server_and_model_info_fixtures():
     assert (info.max_running_requests, info.max_total_num_tokens, info.version) == (48, 20000, "0.5.23")
     assert info.internal_states[0].avg_spec_accept_length == 2.87
     assert info.specgate_per_request_speculation is False
-    # none of specgate's step-cost fields: their defaults (policies.costmodel.from_server_info refuses them)
+    # none of specgate's step-cost fields: their defaults (policies.live_costs.from_server_info refuses them)
     assert (info.specgate_step_costs, info.specgate_step_costs_context, info.specgate_draft_token_s,
             info.specgate_round_overhead_s) == ([], None, {}, 0.0)
     model = decode(ModelInfo, "model_info.json")

@@ -17,7 +17,8 @@ import gateway.admin as admin
 from backends.sglang.wire import ServerInfo
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from policies.costmodel import from_server_info, write_cost_model
+from policies.costmodel import write_cost_model
+from policies.live_costs import from_server_info
 from policies.errors import PolicyError
 from policies.load import load_policy
 from policies.trace import encode_line, write_trace

@@ -46,7 +46,7 @@ def test_out_in_a_missing_directory(capsys, tmp_path):
 
 def test_the_summary_of_a_live_model_names_its_one_context_and_per_token_draft_costs():
     from gateway.cli.trace import _summary
-    from policies.costmodel import from_server_info
+    from policies.live_costs import from_server_info
     from tests.policies.test_costmodel_from_worker import URL, report
 
     assert _summary(from_server_info(report(), URL)) == [

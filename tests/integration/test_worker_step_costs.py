@@ -1,6 +1,6 @@
 """A real `specgate worker` that calibrated at start-up (context 32 tokens): its /server_info step costs
 written as a replay cost model by `specgate trace calibrate --from-worker`, every number as the worker reports
-it (policies/costmodel.py ``from_server_info``). One worker, no requests: start-up is ~15 s on 2 cores."""
+it (policies/live_costs.py ``from_server_info``). One worker, no requests: start-up is ~15 s on 2 cores."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A worker's live step costs as a replay cost model (policies/costmodel.py ``from_server_info``): the exact
+"""A worker's live step costs as a replay cost model (policies/live_costs.py ``from_server_info``): the exact
 grids, draft costs and overhead of a scripted ``/server_info``, and every refusal with the field it names."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import msgspec
 import pytest
 
 from backends.sglang.wire import ServerInfo
-from policies.costmodel import CostModelError, DraftCost, Grid, from_server_info
+from policies.costmodel import CostModelError, DraftCost, Grid
+from policies.live_costs import from_server_info
 from tests.backends.replay_server import fixture_bytes
 
 URL = "http://127.0.0.1:30000"
