@@ -10,7 +10,12 @@ per-round controller (``ngram-k{K}-beta``), SGLang's ``--speculative-adaptive`` 
 here as its docs ask, offline, per hardware: at each closed-loop load the fixed n-gram k with the best mixed
 geomean TPOT, keyed by that load's concurrency (so the table is the best fixed arm of every c-load). A last
 column, ``oracle:per-request``, is every request served by the fixed arm that was fastest for it, chosen after
-the fact (exact at c1; under load a reference).
+the fact (exact at c1; under load a reference). Two more references choose k per round knowing what no engine
+knows (gateway/replay/walk.Clairvoyant): ``ngram-k{K}-informed`` the trace's own acceptance rate of every draft
+position in every n-gram match context (in-sample: the best a controller predicting from the match length
+alone can know), ``ngram-k{K}-oracle`` every round's accepted run (perfect prediction). The gap between them
+is what a better predictor of a round's acceptance could still win; the gap between the controller and
+``informed`` is what learning costs.
 
 Prints, per load: (1) mixed stream, paired geomean TPOT of each per-round contender over the best single
 fixed arm of that load (and over plain), 95% interval over seeds; (2) per slice x load cell, specgate's p50
@@ -183,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     adaptive = [f"ngram-k{args.k_max}-beta", "ngram-k7-sglang", f"ngram-k{args.k_max}-vllm={table}"]
     results.update(sweep(prices, [parse_arm(n, book) for n in adaptive], args.loads, args.seeds, "interleaved",
                          **common))
+    references = [f"ngram-k{args.k_max}-informed", f"ngram-k{args.k_max}-oracle"]
+    results.update(sweep(prices, [parse_arm(n, book) for n in references], args.loads, args.seeds, "interleaved",
+                         **common))
     learning_cost: dict[tuple[str, str], list[float]] = {}
     learned: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
     for path in args.policy:
@@ -198,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                     during, after = learned.setdefault((name, load), ([], []))
                     during.append(paired_log(one, three))
                     after.append(paired_log(two, three))
-    adaptive.append(ORACLE)
+    adaptive += [ORACLE, *references]
     for load in args.loads:
         for seed in range(args.seeds):
             results[(ORACLE, load, seed)] = per_request_oracle(results, fixed, load, seed)

@@ -69,6 +69,7 @@ class RoundBook:
         self._records = None
         self._rates: dict[tuple[str, Option], list[float]] = {}
         self._ngram: dict[int, tuple[list[int], list[int], list[int]]] = {}
+        self._context_rates: dict[int, list[float]] | None = None
 
     def check(self, option: Option) -> None:
         """Refuse an option the trace cannot replay, naming what to rebuild."""
@@ -212,6 +213,28 @@ class RoundBook:
         pair = (result.drafted, result.accepted)
         return result.drafted, result.accepted, _budgets(pair, len(request.output_ids),
                                                          request.sampling.max_new_tokens, option.k)
+
+    def context_rates(self) -> dict[int, list[float]]:
+        """Per n-gram match context (``adaptive.match_context``), the conditional acceptance of draft positions
+        1..NGRAM_SPAN over every output position of every greedy request of the trace: at position p the draft
+        holds lens[p] tokens and its first runs[p] are accepted. What replay's ``informed`` reference knows
+        (gateway/replay/walk.Clairvoyant): the trace's own rates, in-sample, exactly."""
+        from backends.engine.adaptive import match_context
+
+        if self._context_rates is None:
+            reached: dict[int, list[int]] = {}
+            accepted: dict[int, list[int]] = {}
+            for i, r in enumerate(self.requests):
+                if not (r.output_ids and r.sampling.greedy):
+                    continue
+                for length, run, match in zip(*self._ngram_positions(i)):
+                    c = match_context(match)
+                    got, seen = accepted.setdefault(c, [0] * NGRAM_SPAN), reached.setdefault(c, [0] * NGRAM_SPAN)
+                    for j in range(min(length, run + 1)):
+                        seen[j] += 1
+                        got[j] += j < run
+            self._context_rates = {c: [a / n if n else 0.0 for a, n in zip(accepted[c], reached[c])] for c in reached}
+        return self._context_rates
 
     def position_rates(self, slice_: str, option: Option) -> list[float]:
         """Conditional acceptance per draft position (accepted_j / reached_j) of ``option`` over the greedy

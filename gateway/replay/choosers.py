@@ -108,7 +108,7 @@ class Prices:
             matches = [0] * n
         seed = random.Random(f"controller:{run.seed}:{i}").getrandbits(63)
         return Walker(self.costs_of(run.worker_of), len(r.prompt_ids), n, r.sampling.max_new_tokens, option,
-                      lens, runs, matches, seed)
+                      lens, runs, matches, seed, self.book.context_rates() if option.strategy == "informed" else None)
 
 
 class RunState:

@@ -22,7 +22,7 @@ from gateway.replay.sim import Load, Served, Simulation
 
 MIXES = ("interleaved", "by-slice")
 _ARM = re.compile(r"^(?P<proposer>ngram|suffix|draft(?P<layers>\d+)?)-k(?P<k>\d+)"
-                  r"(?:-(?P<strategy>beta|sglang|vllm)(?:=(?P<table>[0-9:,-]+))?)?$")
+                  r"(?:-(?P<strategy>beta|sglang|vllm|oracle|informed)(?:=(?P<table>[0-9:,-]+))?)?$")
 
 
 @dataclass(frozen=True)
@@ -42,14 +42,17 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
     """``plain``, ``ngram-k4``, ``suffix-k8``, ``draft-k4`` (the trace's self-draft pair; ``draft20-k4`` picks
     the 20-layer one when the trace carries several). A per-round draft length up to k appends the engine's
     controller (backends/engine/adaptive.py): ``ngram-k8-beta`` (specgate's), ``ngram-k7-sglang`` (SGLang's
-    --speculative-adaptive), ``ngram-k8-vllm=1:8,4:4,16:2`` (vLLM's per-batch-size table, LO:K or LO-HI:K)."""
+    --speculative-adaptive), ``ngram-k8-vllm=1:8,4:4,16:2`` (vLLM's per-batch-size table, LO:K or LO-HI:K);
+    ``ngram-k16-oracle`` and ``ngram-k16-informed`` are replay's references (gateway/replay/walk.Clairvoyant: one
+    knows every round's accepted run, the other the trace's acceptance by match context), for n-gram only."""
     if name == "plain":
         return Contender(name, PLAIN)
     match = _ARM.match(name)
     if match is None or not 1 <= int(match["k"]) <= 16 or (match["table"] is None) != (match["strategy"] != "vllm"):
         raise ValueError(f"--arms: {name!r} is not an arm; use plain, ngram-kN, suffix-kN, draft-kN or draftL-kN "
                          "(L layers of the self-draft), N in 1..16, optionally with a per-round controller: "
-                         "-beta, -sglang, or -vllm=TABLE (e.g. ngram-k8-vllm=1:8,4:4,16:2)")
+                         "-beta, -sglang, -vllm=TABLE (e.g. ngram-k8-vllm=1:8,4:4,16:2), or a reference: -oracle or "
+                         "-informed (n-gram only)")
     k, proposer = int(match["k"]), match["proposer"]
     strategy = match["strategy"] or ""
     table = ()
@@ -57,6 +60,9 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
         from policies.schema import parse_k_by_batch
 
         table = parse_k_by_batch(match["table"])
+    if strategy in ("oracle", "informed") and proposer != "ngram":
+        raise ValueError(f"--arms {name}: the references (-oracle, -informed) replay n-gram drafts only "
+                         f"(ngram-kN-{strategy})")
     if proposer in ("ngram", "suffix"):
         option = Option(proposer, k, strategy=strategy, table=table)
         book.check(option)

@@ -18,10 +18,16 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from backends.engine.adaptive import controller_for, match_context
+from backends.engine.adaptive import best_k, controller_for, match_context
 from backends.engine.types import SpeculationParams
 from gateway.replay.book import NGRAM_SPAN, Option
 from gateway.replay.profile import Profile, profile, round_parts
+
+
+# replay only (:class:`Clairvoyant`): a controller that knows each round's accepted run (oracle), or the trace's
+# own acceptance rates by n-gram match context and position (informed)
+ORACLE, INFORMED = "oracle", "informed"
+KNOWING = (ORACLE, INFORMED)
 
 
 class Walker:
@@ -29,16 +35,19 @@ class Walker:
     position, as RoundBook.positions gives them; ``seed``: the controller's sampling seed."""
 
     def __init__(self, costs, prompt_len: int, output_len: int, max_new: int, option: Option,
-                 lens: list[int], runs: list[int], matches: list[int], seed: int) -> None:
+                 lens: list[int], runs: list[int], matches: list[int], seed: int,
+                 rates: dict[int, list[float]] | None = None) -> None:
+        """``rates``: the trace's rates by match context (RoundBook.context_rates), for ``informed``."""
         self.costs, self.option = costs, option
         self.prompt_len, self.output_len, self.max_new = prompt_len, output_len, max_new
         self.lens, self.runs, self.matches = lens, runs, matches
-        self.seed = seed
+        self.seed, self.rates = seed, rates
         self.prefix = option.proposer == "ngram"  # drafts first, the controller picks k knowing them (engine)
         self.serial: list[float] = []
         self.draft_total = self.verify_total = 0.0
         self.spec = SpeculationParams(proposer=option.proposer, draft_tokens=option.k, adaptive=True,
-                                      strategy=option.strategy, k_by_batch=option.table)
+                                      strategy="beta" if option.strategy in KNOWING else option.strategy,
+                                      k_by_batch=option.table)
         self.controller = None
         self.done = 0
         self.batch = 1  # the sequences of the step being planned
@@ -50,6 +59,9 @@ class Walker:
 
     def bind(self, shared: dict) -> None:
         """Make the controller; ``shared``: the simulated worker's engine-wide controllers."""
+        if self.option.strategy in KNOWING:
+            self.controller = Clairvoyant(self, self.rates if self.option.strategy == INFORMED else None)
+            return
         self.controller = controller_for(self.spec, self._round_costs, self.seed, shared)
 
     def _round_costs(self, k_max: int) -> tuple[float, ...]:
@@ -59,7 +71,7 @@ class Walker:
     @property
     def joint(self) -> bool:
         """Whether the engine plans this request's drafts jointly with the step's others (Engine._joint)."""
-        return self.prefix and self.spec.strategy == "beta"
+        return self.prefix and self.option.strategy in ("beta", *KNOWING)
 
     def gains(self) -> list[float]:
         """The controller's drawn marginal tokens for this round's drafts found (Engine._plan_jointly; n-gram)."""
@@ -110,6 +122,50 @@ class Walker:
         rounds = (tuple(self.drafted), tuple(self.accepted), tuple(self.budgets))
         stats = profile(self.costs, self.prompt_len, self.output_len, self.option, rounds)
         return replace(stats, serial=tuple(self.serial), draft_s=self.draft_total, verify_s=self.verify_total)
+
+
+class Clairvoyant:
+    """Per-round controllers no engine can run, replay's references for what choosing k per round could reach:
+    - ``oracle`` (``rates`` None) knows how many drafts each round will accept (the trace's committed output):
+      its gains are 1 for every draft that will be accepted and 0 after: perfect prediction;
+    - ``informed`` knows the trace's own acceptance rate of every draft position in every n-gram match context
+      (RoundBook.context_rates: in-sample, no learning, no sampling): its gains are their running products, the
+      best any controller predicting from the match context alone can know.
+    A round alone drafts the k with the best committed tokens per second of the step it joins (``best_k`` on
+    those gains); in a step with other per-round sequences the simulator plans them together (``plan_step``),
+    so each step gets the best allocation of drafts for that step. References, not upper bounds: they are
+    optimal step by step, not over the request's rounds (a round's k also moves where the next round starts)."""
+
+    __slots__ = ("walker", "rates")
+
+    def __init__(self, walker: Walker, rates: dict[int, list[float]] | None = None) -> None:
+        self.walker, self.rates = walker, rates
+
+    def _known(self, cap: int) -> list[float]:
+        w = self.walker
+        if self.rates is None:
+            run = min(cap, w.runs[w.done])
+            return [1.0] * run + [0.0] * (cap - run)
+        gains, survive = [], 1.0
+        for rate in self.rates.get(match_context(w.matches[w.done]), ())[:cap]:
+            survive *= rate
+            gains.append(survive)
+        return gains + [0.0] * (cap - len(gains))
+
+    def gains(self, context: int = 0, cap: int | None = None) -> list[float]:
+        return self._known(self.walker.option.k if cap is None else cap)
+
+    def choose(self, batch: int = 1, context: int = 0, cap: int | None = None) -> int:
+        k_max = self.walker.option.k if cap is None else min(cap, self.walker.option.k)
+        if k_max <= 0:
+            return 0
+        return best_k(self._known(k_max), k_max, self.walker._table, batch - 1)
+
+    def observe(self, proposed: int, accepted: int, context: int = 0) -> None:
+        pass
+
+    def end_step(self) -> None:
+        pass
 
 
 def drawn_positions(rates: list[float], output_len: int, rng: random.Random) -> tuple[list[int], list[int]]:

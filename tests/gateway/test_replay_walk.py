@@ -198,3 +198,80 @@ def test_per_round_ngram_sequences_of_a_simulated_step_are_planned_together(monk
     assert all(budget == planned for planned, budget in walked if planned is not None)
     assert sum(k for *_, drafts in plans for k in drafts) > 0
     assert any(planned is None for planned, _ in walked)  # the last one left decodes alone
+
+
+def walk_alone(prices, i: int, option: Option):
+    """Request ``i``'s walker run to its end, every round alone in its step."""
+    from gateway.replay.choosers import RunState
+
+    walker = prices.walker(i, option, RunState(0))
+    walker.bind({})
+    while not walker.finished:
+        walker.next_round(1)
+    return walker
+
+
+def test_the_oracle_drafts_exactly_what_each_round_will_accept():
+    """The clairvoyant reference knows every round's run; with a round's cost rising slower than its tokens (the
+    test costs: a forward plus a little per token) it drafts the whole run, capped, and no draft is ever rejected."""
+    prices = prices_of(copying("a", 1), novel("b", 2), repetitive("c", 3))
+    for i in range(3):
+        lens, runs, _ = prices.book.positions(i, Option("ngram", 8))
+        walker = walk_alone(prices, i, Option("ngram", 8, strategy="oracle"))
+        done, n = 0, len(lens)
+        for drafted, accepted in zip(walker.drafted, walker.accepted):
+            cap = max(0, min(8, n - done - 1))
+            assert drafted == accepted == min(cap, lens[done], runs[done]), (i, done)
+            done = min(n, done + accepted + 1)
+        assert done == n
+        if i != 1:  # copying and cycles: long accepted runs
+            assert sum(walker.accepted) > 40
+
+
+def test_the_informed_reference_knows_the_traces_rates_by_match_context():
+    """context_rates[c][j]: of the positions whose n-gram draft was found by a match of context c and reached
+    draft j + 1 (its first j drafts accepted, at least j + 1 drafted), the share that accept it; the informed
+    walker's gains are their running products."""
+    from backends.engine.adaptive import match_context
+    from gateway.replay.choosers import RunState
+
+    prices = prices_of(copying("a", 1), novel("b", 2), repetitive("c", 3))
+    book = prices.book
+    positions = [p for i in range(3) for p in zip(*book.positions(i, Option("ngram", 8)))]
+    rates = book.context_rates()
+    assert set(rates) == {match_context(m) for _, _, m in positions}
+    for context, by_position in rates.items():
+        for j in range(4):
+            reached = [run for length, run, m in positions if match_context(m) == context and length > j and run >= j]
+            assert by_position[j] == (sum(run > j for run in reached) / len(reached) if reached else 0.0)
+    assert rates[8][0] > 0.9 and rates[1][0] < 0.3  # long matches copy; one-token matches in novel text do not
+    walker = prices.walker(2, Option("ngram", 8, strategy="informed"), RunState(0))
+    walker.bind({})
+    walker.done = 30
+    lens, runs, matches = book.positions(2, Option("ngram", 8))
+    want, survive = [], 1.0
+    for rate in rates[match_context(matches[30])][:min(8, lens[30])]:
+        survive *= rate
+        want.append(survive)
+    assert walker.gains() == pytest.approx(want + [0.0] * (min(8, lens[30]) - len(want)), rel=0, abs=0)
+
+
+def test_on_a_bimodal_mix_perfect_prediction_beats_every_contender():
+    reqs = ([copying(f"c{i}", i) for i in range(4)] + [novel(f"n{i}", 10 + i) for i in range(4)]
+            + [repetitive(f"r{i}", 20 + i) for i in range(3)])
+    prices = prices_of(*reqs)
+    names = ["plain", "ngram-k2", "ngram-k4", "ngram-k8", "ngram-k8-beta", "ngram-k8-informed", "ngram-k8-oracle"]
+    results = sweep(prices, [parse_arm(n, prices.book) for n in names], ["c1", "c4"], 3, "interleaved",
+                    max_running=8, max_total_tokens=1 << 16)
+    for load in ("c1", "c4"):
+        tpot = {n: geomean_tpot(results, n, load, 3) for n in names}
+        assert tpot["ngram-k8-oracle"] < min(tpot[n] for n in names[:-1]), (load, tpot)
+
+
+def test_the_references_replay_ngram_only():
+    prices = prices_of(copying("a", 1), header=HEADER)
+    assert parse_arm("ngram-k16-oracle", prices.book).option == Option("ngram", 16, strategy="oracle")
+    assert parse_arm("ngram-k4-informed", prices.book).option == Option("ngram", 4, strategy="informed")
+    for bad in ("draft-k4-oracle", "suffix-k8-informed"):
+        with pytest.raises(ValueError, match="n-gram drafts only"):
+            parse_arm(bad, prices.book)
