@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from backends.engine.model_store import load_prepared
-from backends.engine.runner import NEVER_WIDE, Feed, ModelRunner, _mm, load_model
+from backends.engine.runner import NEVER_WIDE, Feed, ModelRunner, _mm, load_model, probe_gemm_forms, wide_rows_from
 from bench.engine_vs import import_before
 
 SHAPES = ((1, 1), (1, 3), (1, 5), (4, 1), (8, 1), (16, 1), (8, 5), (16, 5), (1, 64), (1, 256))
@@ -60,15 +60,32 @@ def _rss_mb() -> dict[str, float]:
     return values
 
 
+def probe_report(runner: ModelRunner, probes: int) -> int:
+    """The probe the runner ran at load (runner.measure_wide_rows), ``probes`` times more in this process."""
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; at load: "
+          f"{'never' if runner.wide_rows == NEVER_WIDE else f'from {runner.wide_rows} rows'}")
+    for n in range(probes):
+        medians = probe_gemm_forms(runner._layers[0])
+        line = wide_rows_from(medians)
+        ratios = "  ".join(f"{rows}: {wide / plain:.2f}" for rows, (plain, wide) in sorted(medians.items()))
+        print(f"probe {n + 1}: transposed / x @ W  {ratios}  -> {'never' if line == NEVER_WIDE else f'from {line} rows'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--before", default=None,
                         help="an earlier commit: its runner's forward too, on its own copy of the model, interleaved")
+    parser.add_argument("--probes", type=int, default=0,
+                        help="only repeat the runner's GEMM-form probe N times: transposed / x @ W time per row count, "
+                             "and the line each probe chooses")
     args = parser.parse_args(argv)
     path = str(load_prepared().path)
     runner = ModelRunner(load_model(path, "float32"))
+    if args.probes:
+        return probe_report(runner, args.probes)
     gc.collect()
     loaded = _rss_mb()  # before --before's copy of the model
     before = None

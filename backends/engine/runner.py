@@ -39,7 +39,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MIN_CAPACITY = 64  # positions a new cache holds before its first growth
 NEVER_WIDE = 1 << 30  # a wide_rows no forward reaches: always x @ W
 PROBE_ROWS = (8, 16, 32, 64, 128, 256)  # row counts measure_wide_rows times both forms at
-WIDE_WIN = 0.95  # the transposed form is chosen where it takes at most this share of x @ W's time
+WIDE_WIN = 0.95  # the transposed form wins at <= this share of x @ W's time, loses at > its inverse (a tie between)
 
 
 class KVCache:
@@ -287,8 +287,13 @@ def _mm(x: torch.Tensor, weight: torch.Tensor, wide_rows: int) -> torch.Tensor:
 
 
 def measure_wide_rows(layer: _Layer, repeats: int = 5) -> int:
-    """Where this CPU's GEMM is faster in the transposed form, timed over one decoder layer's four matrices at
-    each of ``PROBE_ROWS`` (medians of ``repeats`` interleaved calls): :func:`wide_rows_from` of the medians."""
+    """Where this CPU's GEMM is faster in the transposed form: :func:`wide_rows_from` of :func:`probe_gemm_forms`."""
+    return wide_rows_from(probe_gemm_forms(layer, repeats))
+
+
+def probe_gemm_forms(layer: _Layer, repeats: int = 5) -> dict[int, tuple[float, float]]:
+    """Both GEMM forms timed over one decoder layer's four matrices at each of ``PROBE_ROWS``: row count ->
+    (median seconds of ``x @ W``, of ``(W.T @ x.T).T``) over ``repeats`` interleaved calls."""
     weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
     inputs = {w.shape[0] for w in weights}
     medians = {}
@@ -305,19 +310,24 @@ def measure_wide_rows(layer: _Layer, repeats: int = 5) -> int:
                     if repeat:
                         times[i].append(time.perf_counter() - start)
             medians[rows] = (statistics.median(times[0]), statistics.median(times[1]))
-    return wide_rows_from(medians)
+    return medians
 
 
 def wide_rows_from(medians: dict[int, tuple[float, float]]) -> int:
-    """``medians``: row count -> (seconds of ``x @ W``, seconds of ``(W.T @ x.T).T``). The smallest row count from
-    which the transposed form takes at most ``WIDE_WIN`` of the other's time at it and at every larger one;
-    ``NEVER_WIDE`` if it does not win at the largest. A near-tie keeps ``x @ W``."""
+    """``medians``: row count -> (seconds of ``x @ W``, seconds of ``(W.T @ x.T).T``). The smallest row count at
+    which the transposed form wins (takes at most ``WIDE_WIN`` of the other's time) and from which it loses at no
+    larger one (takes more than 1 / ``WIDE_WIN`` of it); ``NEVER_WIDE`` if it wins nowhere above its largest loss.
+    A near-tie between the two is neither: it does not start the transposed range, and it does not end one,
+    because either form is as good there. (Ending the range at a tie made the choice flip between processes on an
+    AVX-512 EPYC, where the transposed form wins by 8-25% at 16-128 rows and ties at 256: 0.93-1.02 in four
+    probes, so "from 16 rows" or "never" by the noise of one median.)"""
     chosen = NEVER_WIDE
     for rows in sorted(medians, reverse=True):
         plain, wide = medians[rows]
-        if wide > WIDE_WIN * plain:
+        if wide * WIDE_WIN > plain:
             break
-        chosen = rows
+        if wide <= WIDE_WIN * plain:
+            chosen = rows
     return chosen
 
 

@@ -151,8 +151,13 @@ def test_either_gemm_form_equals_transformers(model, runner, wide_rows):
     ({8: (1.0, 0.5), 16: (1.0, 0.7), 32: (1.0, 1.2), 64: (1.0, 0.8), 256: (1.0, 0.8)}, 64),  # wins must hold above
     ({8: (1.0, 0.97), 64: (1.0, 0.97), 256: (1.0, 0.97)}, NEVER_WIDE),  # a near-tie keeps x @ W
     ({8: (2.0, 3.0), 64: (2.0, 2.0 * WIDE_WIN)}, 64),  # at exactly WIDE_WIN it counts as a win
+    # an AVX-512 EPYC's probe (session 14): wins at 16-128, a tie at 256 (1.02) does not end the range
+    ({8: (1.0, 4.61), 16: (1.0, 0.80), 32: (1.0, 0.80), 64: (1.0, 0.86), 128: (1.0, 0.92), 256: (1.0, 1.02)}, 16),
+    ({8: (1.0, 3.0), 16: (1.0, 0.97), 64: (1.0, 0.8)}, 64),  # nor does a tie start it
+    ({16: (1.0, 0.8), 64: (1.0, 1.04), 256: (1.0, 0.8)}, 16),  # a tie inside a winning range keeps it
+    ({16: (1.0, 0.8), 64: (1.0, 1.06), 256: (1.0, 0.8)}, 256),  # a clear loss (> 1 / WIDE_WIN) ends it
 ])
-def test_wide_rows_from_chooses_the_transposed_form_only_where_it_keeps_winning(profile, expected):
+def test_wide_rows_from_chooses_the_transposed_form_only_where_it_wins_and_never_loses_above(profile, expected):
     assert wide_rows_from(profile) == expected
 
 
