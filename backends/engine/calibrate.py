@@ -194,7 +194,7 @@ def _model_free(name: str, open_proposer: Callable[[list[int]], object], ids: li
     return dict(call_s=call_s, setup_token_s=float(f"{setup:.6g}"))
 
 
-def _suffix_store(engine, ids: list[int]):
+def seeded_suffix_store(engine, ids: list[int]):
     """A store of its own (the engine's scopes stay untouched), whose scope already holds a few responses,
     as a serving scope does."""
     from backends.engine.proposers.suffix import SuffixStore
@@ -251,7 +251,7 @@ def run_rounds(engine, request: GenerateRequest) -> list[MeasuredRound]:
     return rounds
 
 
-def _request(rid: str, prompt: list[int], max_new_tokens: int, proposer: str = "none", k: int = 4) -> GenerateRequest:
+def greedy_request(rid: str, prompt: list[int], max_new_tokens: int, proposer: str = "none", k: int = 4) -> GenerateRequest:
     speculation = SpeculationParams(proposer=proposer, draft_tokens=k) if proposer != "none" else SpeculationParams()
     return GenerateRequest(rid=rid, input_ids=tuple(prompt), speculation=speculation,
                            sampling=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True))
@@ -260,7 +260,7 @@ def _request(rid: str, prompt: list[int], max_new_tokens: int, proposer: str = "
 def _overhead(engine, ids: list[int], contexts: Sequence[int], progress: Progress) -> float:
     rounds: list[MeasuredRound] = []
     for n, length in enumerate(sorted({max(2, c) for c in contexts})[:3]):
-        rounds += run_rounds(engine, _request(f"calibrate-overhead-{n}", ids[:length], 16))[1:]  # 1st: warm-up
+        rounds += run_rounds(engine, greedy_request(f"calibrate-overhead-{n}", ids[:length], 16))[1:]  # 1st: warm-up
     overhead = _median([r.overhead_s for r in rounds])
     progress(f"overhead: {1e3 * overhead:.3f} ms per round (median of {len(rounds)} plain rounds)")
     return overhead
@@ -300,7 +300,7 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
     if "ngram" in proposers:
         draft["ngram"] = _model_free("ngram", lambda prompt: NgramProposer(), ids, contexts, progress)
     if "suffix" in proposers:
-        store = _suffix_store(engine, ids)
+        store = seeded_suffix_store(engine, ids)
         draft["suffix"] = _model_free("suffix", lambda prompt: store.open("calibrate", prompt), ids, contexts,
                                       progress)
     if "draft_model" in proposers:
@@ -336,7 +336,7 @@ def self_check(engine, round_s: Callable[[str, int, int], float], call_s: Mappin
     arms = [("plain", "none")] + ([(f"ngram-k{k}", "ngram")] if "ngram" in call_s else [])
     out = []
     for arm, proposer in arms:
-        rounds = run_rounds(engine, _request(f"calibrate-check-{arm}", prompt, max_new_tokens, proposer, k))[1:]
+        rounds = run_rounds(engine, greedy_request(f"calibrate-check-{arm}", prompt, max_new_tokens, proposer, k))[1:]
         # a call that found nothing (k = 0) still cost a call: draft_s counts no call for k = 0
         missed = call_s[proposer] if proposer != "none" else 0.0
         predicted = [round_s(proposer, r.k, r.context) + (missed if r.k == 0 else 0.0) for r in rounds]
@@ -374,25 +374,3 @@ def describe_hardware(dtype: str) -> str:
         pass
     return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} thread(s), "
             f"{dtype}")
-
-
-CALIBRATION_WIDTHS = (1, 2, 3, 5, 9, 17, 33)  # tokens of one sequence; others interpolate (StepCosts.forward)
-CALIBRATION_BATCHES = (4, 16)  # sequences per calibrated step, of 1 and of 5 tokens each
-
-
-def measure_steps(runner, costs, *, context: int = 32, repeats: int = 1) -> None:
-    """The engine's start-up calibration of its per-round cost model (``step_costs.StepCosts``): one sequence
-    at each of CALIBRATION_WIDTHS, and CALIBRATION_BATCHES sequences of 1 and 5 tokens each, after a
-    ``context``-token prefix, recorded as ``costs.context``. Live steps refine every shape through the same EMA."""
-    from backends.engine.runner import Feed
-
-    prompt = list(range(100, 100 + context))
-    shapes = [(1, w) for w in CALIBRATION_WIDTHS] + [(n, w) for n in CALIBRATION_BATCHES for w in (1, 5)]
-    for seqs, width in shapes:
-        for _ in range(repeats):
-            caches = [runner.new_cache() for _ in range(seqs)]
-            runner.forward_batch([Feed(cache, prompt, 1) for cache in caches])
-            fed = list(range(200, 200 + width))
-            result = runner.forward_batch([Feed(cache, fed, width) for cache in caches])
-            costs.observe_forward(result.tokens, result.seconds, seqs=seqs)
-    costs.context = context  # what /server_info reports beside the table (specgate_step_costs_context)

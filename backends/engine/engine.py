@@ -30,7 +30,7 @@ import torch
 
 from backends.engine.adaptive import BetaDraftLength, controller_for, match_context, plan_step
 from backends.engine.step_costs import StepCosts
-from backends.engine.calibrate import measure_steps
+from backends.engine.startup_costs import measure_rounds, measure_steps
 from backends.engine.config import EngineConfig
 from backends.engine.faults import FaultInjector, verify_lossy
 from backends.engine.proposers.base import EMPTY, Proposal, SequenceProposer
@@ -449,5 +449,7 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def calibrate(self, context: int = 32, repeats: int = 1) -> None:
-        """Time target forwards of several shapes into ``self.costs`` (calibrate.measure_steps)."""
+        """Time target forwards of several shapes, each proposer's drafts and a round's overhead into
+        ``self.costs`` (startup_costs.measure_steps, startup_costs.measure_rounds)."""
         measure_steps(self.runner, self.costs, context=context, repeats=repeats)
+        measure_rounds(self, context=context)

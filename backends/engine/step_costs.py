@@ -3,7 +3,7 @@
 The per-round controllers (adaptive.py) price a round of k drafts as the step it joins, and the worker's plain
 counterfactual (``plain_share``) scales a measured step to the step without a round's drafts; ``/server_info``
 reports the table (``specgate_step_costs``, with the draft and overhead costs and the calibration's context,
-which ``policies.live_costs.from_server_info`` turns into a replay cost model) and ``calibrate.measure_steps``
+which ``policies.live_costs.from_server_info`` turns into a replay cost model) and ``startup_costs.measure_steps``
 fills it at start-up.
 """
 

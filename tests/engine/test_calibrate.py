@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from backends.engine import calibrate as measure
-from backends.engine.calibrate import (CALIBRATION_BATCHES, CALIBRATION_WIDTHS, default_text, measure_steps,
-                                       run_rounds, self_check)
+from backends.engine.calibrate import default_text, run_rounds, self_check
+from backends.engine.startup_costs import CALIBRATION_BATCHES, CALIBRATION_WIDTHS, measure_steps
 from backends.engine.step_costs import StepCosts
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 from gateway.cli import build_parser, main
@@ -115,3 +115,23 @@ def test_the_start_up_calibration_times_every_shape_and_records_its_context(tiny
     assert sorted(costs.forward_s) == sorted([(1, w) for w in CALIBRATION_WIDTHS]
                                              + [(n, n * w) for n in CALIBRATION_BATCHES for w in (1, 5)])
     assert costs.context == 8 and StepCosts().context is None  # what /server_info reports beside the table
+
+
+def test_the_start_up_calibration_prices_every_proposer_and_a_rounds_overhead(real_tokenizer):
+    """A worker that has served nothing reports a draft cost per proposer and an overhead (what replay needs to
+    price speculative rounds from /server_info), measured without touching what serving keeps."""
+    from backends.engine.startup_costs import measure_rounds
+    from tests.engine.engine_helpers import make_tiny_engine
+
+    tiny_engine = make_tiny_engine(real_tokenizer, frozen_costs=False)  # a worker's engine: it measures
+    costs = tiny_engine.costs
+    assert costs.draft_token_s == {} and costs.overhead_s == 0.0  # the tiny engine does not calibrate
+    measure_rounds(tiny_engine, context=8)
+    assert sorted(costs.draft_token_s) == ["draft_model", "ngram", "suffix"]
+    assert all(seconds > 0 for seconds in costs.draft_token_s.values())
+    assert costs.draft_token_s["draft_model"] > costs.draft_token_s["ngram"]  # a forward per token vs a lookup
+    assert costs.overhead_s > 0 and costs.forward_s == {}  # its plain rounds' overhead; their forwards not kept
+    # nothing a request could see: no suffix scope, no pooled acceptance, no sequence, no KV held
+    assert tiny_engine._suffix_store is None or tiny_engine.suffix_store.scopes == []
+    assert tiny_engine._shared_controllers == {} and tiny_engine._slots == {}
+    assert tiny_engine.scheduler.running == [] and tiny_engine.scheduler.reserved == 0

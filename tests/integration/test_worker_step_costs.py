@@ -1,13 +1,14 @@
 """A real `specgate worker` that calibrated at start-up (context 32 tokens): its /server_info step costs
 written as a replay cost model by `specgate trace calibrate --from-worker`, every number as the worker reports
-it (policies/live_costs.py ``from_server_info``). One worker, no requests: start-up is ~15 s on 2 cores."""
+it (policies/live_costs.py ``from_server_info``), its proposers' draft costs included. One worker, no requests:
+start-up is ~15 s on 2 cores."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from backends.engine.calibrate import CALIBRATION_BATCHES, CALIBRATION_WIDTHS
+from backends.engine.startup_costs import CALIBRATION_BATCHES, CALIBRATION_WIDTHS
 from bench.processes import worker
 from gateway.cli import main
 from policies.costmodel import load_cost_model
@@ -36,5 +37,9 @@ def test_from_worker_writes_the_workers_live_step_costs(url, prepared_model, tmp
     assert [[seconds] for (n, _), seconds in sorted(table.items()) if n == 1] == cost.forward[0].seconds
     assert cost.forward[2].seconds == [[table[16, 16]], [table[16, 80]]]
     assert cost.prefill == cost.forward[0]
-    assert (cost.draft, cost.overhead_s) == ({}, info["specgate_round_overhead_s"])  # no request drafted
+    # no request served, yet every proposer is priced: the start-up calibration timed each one's drafts
+    drafts = info["specgate_draft_token_s"]
+    assert sorted(drafts) == ["draft_model", "ngram", "suffix"] and all(s > 0 for s in drafts.values())
+    assert {name: d.token_s for name, d in cost.draft.items()} == {name: [s] for name, s in drafts.items()}
+    assert cost.overhead_s == info["specgate_round_overhead_s"] > 0
     assert cost.source == f"specgate worker /server_info at {url}" and cost.hardware == "float32"
