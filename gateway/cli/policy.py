@@ -27,8 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--replay", type=Path, metavar="TRACE",
                       help="replay this policy on the last --last requests of a trace (the gateway's recording "
                            "or specgate trace build), beside --against and plain decoding (docs/replay.md)")
-    explain.add_argument("--costs", type=Path, default=None, help="with --replay: the cost model (specgate trace "
-                         "calibrate)")
+    explain.add_argument("--costs", default=None, metavar="FILE|URL",
+                         help="with --replay: the cost model (specgate trace calibrate), or a running specgate "
+                              "worker's URL (its live step costs)")
     explain.add_argument("--against", type=Path, default=None,
                          help="with --replay: the policy in force, to compare the candidate with")
     explain.add_argument("--last", type=int, default=500, help="with --replay: the newest N requests")
@@ -184,11 +185,13 @@ def _explain(args: argparse.Namespace) -> int:
 def _replay(args: argparse.Namespace) -> int:
     """``policy explain FILE --replay TRACE``: gateway/replay/candidate.py on the newest requests."""
     from gateway.replay.candidate import ReplayTimeout, recorded, replay_candidate
-    from policies.costmodel import CostModelError, load_cost_model
+    from gateway.cli.costs import load_costs
+    from policies.costmodel import CostModelError
     from policies.trace import TraceError
 
     if args.costs is None:
-        print("error: --replay needs --costs FILE (a cost model: specgate trace calibrate --out FILE)", file=sys.stderr)
+        print("error: --replay needs --costs FILE or URL (a cost model: specgate trace calibrate --out FILE; or a "
+              "running worker's live step costs: --costs http://HOST:PORT)", file=sys.stderr)
         return 2
     if args.last < 1 or args.seeds < 1:
         print("error: --last and --seeds must be at least 1", file=sys.stderr)
@@ -209,7 +212,7 @@ def _replay(args: argparse.Namespace) -> int:
                 args.file.stem: candidate}
     try:
         trace = recorded(args.replay, args.keep, args.last)
-        costs = load_cost_model(args.costs, revision=trace.header.revision)
+        costs = load_costs(args.costs, revision=trace.header.revision)
         result = replay_candidate(trace, policies, costs, loads=tuple(args.loads), seeds=args.seeds,
                                   deadline_s=600.0, source=str(args.replay))
     except (TraceError, CostModelError, ValueError, ReplayTimeout, OSError) as exc:

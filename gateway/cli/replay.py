@@ -26,9 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "95%% intervals over seeds.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--trace", type=Path, required=True, help="the trace (JSON Lines, docs/replay.md)")
-    parser.add_argument("--costs", action="append", required=True, metavar="[WORKER=]FILE",
-                        help="cost model (specgate trace calibrate); WORKER=FILE for one worker URL of a policy "
-                             "(repeatable), a bare FILE for every other worker")
+    parser.add_argument("--costs", action="append", required=True, metavar="[WORKER=]FILE|URL",
+                        help="cost model (specgate trace calibrate), or a running specgate worker's URL (its live "
+                             "step costs); WORKER=... for one worker URL of a policy (repeatable), a bare one for "
+                             "every other worker")
     parser.add_argument("--policy", type=Path, action="append", default=[], help="a policy file (repeatable)")
     parser.add_argument("--arms", nargs="*", default=None,
                         help=f"fixed arms: plain, ngram-kN, suffix-kN, draft-kN, draftL-kN (default: "
@@ -68,7 +69,8 @@ def _replay(args: argparse.Namespace) -> int:
     from gateway.replay.report import comparisons, markdown, plots, summarise
     from gateway.replay.run import Contender, load_policy, parse_arm, sweep
     from gateway.replay.sim import Load
-    from policies.costmodel import CostModelError, load_cost_model
+    from gateway.cli.costs import load_costs
+    from policies.costmodel import CostModelError
     from policies.trace import TraceError, read_trace
 
     if min(args.seeds, args.max_running_requests, args.prefill_chunk, args.max_batch_tokens) < 1:
@@ -84,7 +86,7 @@ def _replay(args: argparse.Namespace) -> int:
         default, per_worker = None, {}
         for spec in args.costs:
             worker, _, path = spec.rpartition("=") if "=" in spec and not Path(spec).exists() else ("", "", spec)
-            model = load_cost_model(path, revision=revision)
+            model = load_costs(path, revision=revision)
             if worker:
                 per_worker[worker] = model
             else:

@@ -221,27 +221,17 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _from_worker(url: str, out: Path) -> int:
     """``trace calibrate --from-worker URL``: the cost model of the worker's live step costs
     (policies.live_costs.from_server_info), written as a measured one is."""
-    import asyncio
     from datetime import datetime, timezone
 
-    from backends.sglang.client import SGLangClient
-    from backends.sglang.errors import WorkerError
-    from backends.sglang.wire import ServerInfo
+    from gateway.cli.costs import live_cost_model
     from policies.costmodel import CostModelError, write_cost_model
-    from policies.live_costs import from_server_info
 
     if not out.parent.is_dir():
         print(f"error: --out {out}: directory {out.parent} does not exist", file=sys.stderr)
         return 2
-
-    async def fetch() -> ServerInfo:
-        async with SGLangClient(url) as client:
-            return await client.server_info()
-
     try:
-        created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        cost = from_server_info(asyncio.run(fetch()), url, created=created)
-    except (WorkerError, CostModelError) as exc:
+        cost = live_cost_model(url, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    except CostModelError as exc:
         print(f"error: {exc} (nothing written)", file=sys.stderr)
         return 2
     write_cost_model(out, cost)

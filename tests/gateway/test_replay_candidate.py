@@ -222,7 +222,8 @@ def test_explain_replays_the_candidate_against_the_policy_in_force(recording, ca
 def test_explain_replay_needs_a_cost_model(recording, capsys):
     trace, _, candidate = recording
     assert explain(capsys, candidate, "--replay", trace, "--against", DEFAULT) == (
-        2, "", "error: --replay needs --costs FILE (a cost model: specgate trace calibrate --out FILE)\n")
+        2, "", "error: --replay needs --costs FILE or URL (a cost model: specgate trace calibrate --out FILE; or a "
+        "running worker's live step costs: --costs http://HOST:PORT)\n")
 
 
 def test_explain_replay_refuses_a_bad_load_as_a_usage_error(recording, capsys):
