@@ -19,6 +19,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"of {', '.join(ARMS)}")
     p.add_argument("--slices", nargs="+", default=list(SLICES), choices=SLICES, metavar="SLICE")
     p.add_argument("--per-slice", type=int, default=None, help="requests per slice (same for every arm)")
+    p.add_argument("--mix", choices=("by-slice", "interleaved"), default="by-slice",
+                   help="by-slice: a cell per load point and slice, the slices served in turn; interleaved: one "
+                        "cell per load point, slice \"mixed\", every slice's requests in one seeded order, as a "
+                        "front door serves them (each request keeps its own slice as workload_slice)")
     p.add_argument("--repeats", type=int, default=1,
                    help="every arm serves every cell this many times (same requests, same arrivals): replicates "
                         "measure the noise between two runs of one configuration, and the paired intervals "

@@ -45,6 +45,7 @@ class Result:
     accept_length: float | None = None
     slo_met: bool | None = None
     rep: int = 0  # which replicate of its cell (``--repeats``): the same requests served again
+    workload_slice: str | None = None  # with --mix interleaved (cells of slice "mixed"): the request's own slice
 
     def as_dict(self) -> dict:
         return asdict(self)

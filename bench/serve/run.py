@@ -14,6 +14,7 @@ import random
 import subprocess
 import time
 import zlib
+from dataclasses import replace
 from importlib.metadata import version
 from pathlib import Path
 
@@ -47,7 +48,7 @@ class Bench:
         self.args, self.items, self.warmup_items = args, items, warmup
         self.revision, self.slo = revision, slo
         self.loads = [LoadPoint.parse(x) for x in args.loads]
-        self.slices = [s for s in args.slices if any(i.slice == s for i in items)]
+        self.slices = [s for s in (*args.slices, MIXED) if any(i.slice == s for i in items)]
         self.results: list[Result] = []
         self.warmup: list[Result] = []
         self.plain: dict[str, dict[str, str]] = {}  # load -> item -> text
@@ -60,7 +61,8 @@ class Bench:
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.args.request_timeout), limits=limits) as client:
             async def one(item: WorkItem, start: float) -> None:
-                r = Result(arm=arm, load=load.label, slice=item.slice, item=item.id, start_s=round(start, 3), rep=rep)
+                r = Result(arm=arm, load=load.label, slice=item.slice, item=item.id, start_s=round(start, 3), rep=rep,
+                           workload_slice=item.meta.get(MIX_SLICE))
                 await send(client, url, request_body(item, model, self.args.max_tokens), r)
                 r.slo_met = slo_met(r, self.slo["ttft_ms"], self.slo["tpot_ms"])
                 out.append(r)
@@ -142,6 +144,18 @@ def turns(load: LoadPoint, items: list[WorkItem], arms: list[Arm], start: int = 
     return [(arms[(start + j + n) % len(arms)], group) for j, group in enumerate(groups) for n in range(len(arms))]
 
 
+MIXED = "mixed"  # the one slice label of an interleaved run's cells
+MIX_SLICE = "workload_slice"  # where an interleaved item keeps its own slice (WorkItem.meta)
+
+
+def mixed(items: list[WorkItem], seed: int) -> list[WorkItem]:
+    """``--mix interleaved``: every slice's requests in one seeded order, each labelled slice ``mixed`` (one cell
+    per load point) and keeping its own slice in ``meta``."""
+    out = [replace(i, slice=MIXED, meta={**i.meta, MIX_SLICE: i.slice}) for i in items]
+    random.Random(f"mix:{seed}").shuffle(out)
+    return out
+
+
 def _meta(args: argparse.Namespace, argv: list[str], slo: dict) -> dict:
     from bench.processes import cpu_model
 
@@ -195,6 +209,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     slo = {"ttft_ms": policy_slo.ttft_ms, "tpot_ms": policy_slo.tpot_ms}
     items = sample(args.workloads, args.per_slice, args.seed, args.max_prompt_chars, tuple(args.slices))
     warm = _warmup_items(args, {i.id for i in items}) if any(a.warm for a in arms) else []
+    if args.mix == "interleaved":
+        items = mixed(items, args.seed)
     bench = Bench(args, items, warm, load_prepared().revision, slo)
     args.out.mkdir(parents=True, exist_ok=True)
     log_dir = args.out / "logs"
@@ -214,11 +230,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "meta": meta,
         "settings": {"arms": [a.name for a in arms], "loads": [p.label for p in loads], "slices": bench.slices,
                      "per_slice": args.per_slice, "repeats": args.repeats, "max_tokens": args.max_tokens,
+                     "mix": args.mix,
                      "seed": args.seed,
                      "max_prompt_chars": args.max_prompt_chars, "warmup_per_slice": args.warmup_per_slice,
                      "warmup_concurrency": args.warmup_concurrency,
                      "max_running_requests": args.max_running_requests, "restart": args.restart},
         "workloads": {s: [{"id": i.id, "source": i.source, "truncated_from": i.truncated_from,
+                           **({"slice": i.meta[MIX_SLICE]} if MIX_SLICE in i.meta else {}),
                            "prompt_chars": sum(len(str(m.get("content") or "")) for m in i.messages)}
                           for i in items if i.slice == s] for s in bench.slices},
         "arms": arms_out,
