@@ -148,10 +148,15 @@ MIXED = "mixed"  # the one slice label of an interleaved run's cells
 MIX_SLICE = "workload_slice"  # where an interleaved item keeps its own slice (WorkItem.meta)
 
 
+def relabelled(items: list[WorkItem]) -> list[WorkItem]:
+    """The items labelled slice ``mixed``, each keeping its own slice in ``meta``, in the same order."""
+    return [replace(i, slice=MIXED, meta={**i.meta, MIX_SLICE: i.slice}) for i in items]
+
+
 def mixed(items: list[WorkItem], seed: int) -> list[WorkItem]:
-    """``--mix interleaved``: every slice's requests in one seeded order, each labelled slice ``mixed`` (one cell
-    per load point) and keeping its own slice in ``meta``."""
-    out = [replace(i, slice=MIXED, meta={**i.meta, MIX_SLICE: i.slice}) for i in items]
+    """``--mix interleaved``: every slice's requests in one seeded order, labelled (:func:`relabelled`): one cell
+    per load point."""
+    out = relabelled(items)
     random.Random(f"mix:{seed}").shuffle(out)
     return out
 
@@ -209,8 +214,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     slo = {"ttft_ms": policy_slo.ttft_ms, "tpot_ms": policy_slo.tpot_ms}
     items = sample(args.workloads, args.per_slice, args.seed, args.max_prompt_chars, tuple(args.slices))
     warm = _warmup_items(args, {i.id for i in items}) if any(a.warm for a in arms) else []
-    if args.mix == "interleaved":
-        items = mixed(items, args.seed)
+    if args.mix == "interleaved":  # the warm-up's order is already interleaved; its cost of learning is the mix's
+        items, warm = mixed(items, args.seed), relabelled(warm)
     bench = Bench(args, items, warm, load_prepared().revision, slo)
     args.out.mkdir(parents=True, exist_ok=True)
     log_dir = args.out / "logs"

@@ -136,7 +136,7 @@ def _replay(args: argparse.Namespace) -> int:
     meta = {"trace": str(args.trace), "requests": sum(1 for r in trace.requests if r.output_ids),
             "estimated": sum(1 for r in trace.requests if not r.sampling.greedy), "mix": args.mix,
             "seeds": args.seeds, "costs": " ".join(args.costs), "slo_ms": slo_ms,
-            "command": "specgate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else "",
+            "command": "specgate " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["replay"] else "",
             "wall_s": round(time.perf_counter() - started, 1), "runs": len(results)}
     drawn: list[Path] = []
     if args.out is not None:

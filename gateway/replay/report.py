@@ -186,7 +186,8 @@ def markdown(summary: dict, meta: dict, contenders: Sequence[str], loads: Sequen
     lines = [f"# specgate replay: {meta['trace']}", "",
              f"{meta['requests']} requests ({meta['estimated']} sampled: their figures are estimated, marked ~), "
              f"mix {meta['mix']}, {meta['seeds']} seeds, cost model {meta['costs']}, "
-             f"SLO TTFT {meta['slo_ms'][0]:g} ms / TPOT {meta['slo_ms'][1]:g} ms. Command: `{meta['command']}`", ""]
+             f"SLO TTFT {meta['slo_ms'][0]:g} ms / TPOT {meta['slo_ms'][1]:g} ms."
+             + (f" Command: `{meta['command']}`" if meta.get("command") else ""), ""]
     for load in loads:
         for slice_ in (*slices, ALL):
             lines += [f"## {load} / {slice_}", "",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from bench.serve.client import Result
-from bench.serve.run import MIX_SLICE, MIXED, Bench, mixed
+from bench.serve.run import MIX_SLICE, MIXED, Bench, mixed, relabelled
 from bench.workloads import SLICES, WorkItem
 
 
@@ -34,3 +34,11 @@ def test_an_interleaved_run_has_one_cell_per_load_and_results_name_their_own_sli
     assert Bench(args, items(), [], "sha256:x", {}).slices == list(SLICES)
     r = Result(arm="plain", load="c4", slice=MIXED, item="code-0", start_s=0.0, workload_slice="code")
     assert r.as_dict()["workload_slice"] == "code"
+
+
+def test_the_warm_up_keeps_its_order_and_is_labelled_as_the_cells_it_warms():
+    """The cost-of-learning table compares the warm-up with the cells of its slice: interleaved, ``mixed``."""
+    given = items()
+    out = relabelled(given)
+    assert [i.id for i in out] == [i.id for i in given]
+    assert {i.slice for i in out} == {MIXED} and [i.meta[MIX_SLICE] for i in out] == [i.slice for i in given]

@@ -253,3 +253,17 @@ def test_a_bad_load_is_a_usage_error(files, capsys, tmp_path):
     assert refused(capsys, tmp_path, *files, "--arms", "plain", "--loads", "x9", code=2) == (
         "error: --loads: 'x9' is not a load; use cN (N closed-loop clients, e.g. c4), pR (Poisson arrivals at R "
         "requests/s, e.g. p0.5) or trace (the trace's own arrival times)\n")
+
+
+def test_the_report_names_the_command_that_made_it(files, capsys, tmp_path, monkeypatch):
+    """Its subcommand included (it used to read ``specgate --trace ...``); none when not run from a command line."""
+    trace, cost_file = files
+    argv = ["replay", "--trace", str(trace), "--costs", str(cost_file), "--arms", "plain", "--loads", "c1",
+            "--seeds", "1", "--processes", "1"]
+    monkeypatch.setattr("sys.argv", ["/venv/bin/specgate", *argv])
+    assert main(argv) == 0
+    assert f"Command: `specgate replay --trace {trace} --costs {cost_file} --arms plain --loads c1 --seeds 1 " \
+           "--processes 1`" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["pytest"])
+    assert main(argv) == 0
+    assert "Command: `" not in capsys.readouterr().out
