@@ -73,8 +73,8 @@ def measure_rounds(engine, *, context: int = 32) -> None:
     try:
         store = seeded_suffix_store(engine, [300 + i % 4 for i in range(16 * 96)])
     except RuntimeError:  # arctic-inference missing: the suffix proposer cannot run on this worker either
-        store = None
-    if store is not None:
+        pass
+    else:
         time_proposals("suffix", store.open("calibrate", ids[:context]))
     table = dict(costs.forward_s)
     run_rounds(engine, greedy_request("calibrate-overhead", ids[:context], 8))

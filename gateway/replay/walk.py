@@ -45,9 +45,6 @@ class Walker:
         self.prefix = option.proposer == "ngram"  # drafts first, the controller picks k knowing them (engine)
         self.serial: list[float] = []
         self.draft_total = self.verify_total = 0.0
-        self.spec = SpeculationParams(proposer=option.proposer, draft_tokens=option.k, adaptive=True,
-                                      strategy="beta" if option.strategy in KNOWING else option.strategy,
-                                      k_by_batch=option.table)
         self.controller = None
         self.done = 0
         self.batch = 1  # the sequences of the step being planned
@@ -62,7 +59,9 @@ class Walker:
         if self.option.strategy in KNOWING:
             self.controller = Clairvoyant(self, self.rates if self.option.strategy == INFORMED else None)
             return
-        self.controller = controller_for(self.spec, self._round_costs, self.seed, shared)
+        spec = SpeculationParams(proposer=self.option.proposer, draft_tokens=self.option.k, adaptive=True,
+                                 strategy=self.option.strategy, k_by_batch=self.option.table)
+        self.controller = controller_for(spec, self._round_costs, self.seed, shared)
 
     def _round_costs(self, k_max: int) -> tuple[float, ...]:
         """The engine's StepCosts.round_s by k: seconds of the step of ``batch`` rounds a round of k drafts joins."""
