@@ -6,9 +6,12 @@ TRACE must hold the run's requests: ``specgate trace build --workloads ../shared
 --max-new-tokens 64 --seed 0 --max-prompt-chars 6000 --draft-layers 8`` draws the same seeded sample as
 ``specgate bench serve --preset full`` (checked here, by id). COSTS is a cost model of this machine
 (``specgate trace calibrate``). Each fixed arm of the run is replayed the way the benchmark served it: one
-worker with the run's ``--max-running-requests``, one block per slice in the benchmark's order, the run's
-loads (closed loop, or Poisson with the benchmark's own seeded gaps), and p50 TPOT and TTFT per (arm, load,
-slice) are printed beside the measured ones. The issue's bar (issue 25): predicted p50 TPOT within +-10%
+worker with the run's ``--max-running-requests``, one block per slice in the benchmark's order (a run with
+``--mix interleaved``: its one seeded stream, in the run's order), the run's loads (closed loop, or Poisson
+with the benchmark's own seeded gaps), and p50 TPOT and TTFT per (arm, load, slice) are printed beside the
+measured ones (an interleaved run: its ``mixed`` cell, then each request's own slice over all replicates).
+The trace of an interleaved run is built with the run's ``--per-slice``, ``--max-tokens`` (as
+``--max-new-tokens``), ``--seed`` and ``--max-prompt-chars``: the sample is the same, only its order differs. The issue's bar (issue 25): predicted p50 TPOT within +-10%
 of the measured cell at c1 and within +-20% at other loads.
 """
 
@@ -21,6 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench.serve.run import MIXED
 from gateway.replay.book import RoundBook
 from gateway.replay.choosers import Prices
 from gateway.replay.report import percentile
@@ -60,11 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     run = json.loads(gzip.open(args.run).read() if args.run.suffix == ".gz" else args.run.read_text())
     trace = read_trace(args.trace)
     costs = load_cost_model(args.costs, revision=trace.header.revision)
-    wanted = {s: [w["id"] for w in items] for s, items in run["workloads"].items()}
-    have: dict[str, list[str]] = {}
-    for r in trace.requests:
-        have.setdefault(r.slice, []).append(r.id)
-    if have != wanted:
+    order = run_order(run, trace)
+    if order is None:
         print("error: the trace does not hold the run's requests in the run's order (per slice); build it with "
               "the command in this module's docstring", file=sys.stderr)
         return 1
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     prices = Prices(book, costs)
     results = sweep(prices, contenders, loads, 1, "by-slice", max_running=run["settings"]["max_running_requests"],
-                    max_total_tokens=65536, processes=args.processes)
+                    max_total_tokens=65536, processes=args.processes, order=order)
     index = {i: r for i, r in enumerate(trace.requests)}
     rows, inside, total = [], 0, 0
     print("| arm | load | slice | TPOT p50 measured ms | predicted | ratio | within | TTFT p50 measured ms | predicted |")
@@ -93,20 +94,19 @@ def main(argv: list[str] | None = None) -> int:
     for arm, contender in zip(arms, contenders):
         for load in loads:
             served = results[(contender.name, load, 0)]
-            for slice_, cell in run["arms"][arm]["cells"].get(load, {}).items():
-                mine = [s for s in served if index[s.index].slice == slice_]
+            for slice_, (measured, measured_ttft) in measured_cells(run, arm, load).items():
+                mine = [s for s in served if slice_ in (index[s.index].slice, MIXED)]
                 tpot = percentile([s.tpot * 1e3 for s in mine if s.tpot], 50)
                 ttft = percentile([s.ttft * 1e3 for s in mine], 50)
-                measured = cell["tpot_ms"]["p50"]
                 ratio = tpot / measured if tpot and measured else None
                 ok = ratio is not None and abs(ratio - 1) <= tolerance(load)
                 inside += ok
                 total += ratio is not None
                 rows.append({"arm": arm, "load": load, "slice": slice_, "tpot_measured_ms": measured,
                              "tpot_predicted_ms": tpot, "ratio": ratio, "within": ok,
-                             "ttft_measured_ms": cell["ttft_ms"]["p50"], "ttft_predicted_ms": ttft})
+                             "ttft_measured_ms": measured_ttft, "ttft_predicted_ms": ttft})
                 print(f"| {arm} | {load} | {slice_} | {measured:.1f} | {tpot:.1f} | {ratio:.3f} | {'yes' if ok else 'NO'} "
-                      f"| {cell['ttft_ms']['p50']:.0f} | {ttft:.0f} |")
+                      f"| {measured_ttft:.0f} | {ttft:.0f} |")
     same: dict[bool, int] = {True: 0, False: 0}  # fixed arms must match exactly; per-round ones need not
     different = dict(same)
     for r in run["requests"]:
@@ -132,6 +132,44 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_order(run: dict, trace) -> list[list[int]] | None:
+    """The trace indices of the run's requests as the run served them: one block per slice cell in the run's
+    order (by-slice), or the one interleaved stream (``--mix interleaved``: cell ``mixed``, each item naming its
+    own slice); None unless the trace holds exactly the run's requests, each under the slice the run gave it."""
+    where = {(r.slice, r.id): i for i, r in enumerate(trace.requests)}
+    if len(where) != len(trace.requests):
+        return None
+    blocks = [[where.get((w.get("slice", s), w["id"]), -1) for w in items] for s, items in run["workloads"].items()]
+    served = [i for block in blocks for i in block]
+    if -1 in served or sorted(served) != list(range(len(trace.requests))):
+        return None
+    if interleaved(run):
+        return blocks
+    return blocks if all(block == sorted(block) for block in blocks) else None
+
+
+def interleaved(run: dict) -> bool:
+    return run["settings"].get("mix", "by-slice") == "interleaved"
+
+
+def measured_cells(run: dict, arm: str, load: str) -> dict[str, tuple[float, float]]:
+    """(p50 TPOT ms, p50 TTFT ms) measured per slice of one (arm, load): the run's own cells; in an interleaved
+    run, the ``mixed`` cell and then each request's own slice (``workload_slice``), over all its replicates."""
+    cells = run["arms"][arm]["cells"].get(load, {})
+    out = {s: (c["tpot_ms"]["p50"], c["ttft_ms"]["p50"]) for s, c in cells.items()}
+    if not interleaved(run) or not cells:
+        return out
+    by: dict[str, list[dict]] = {}
+    for r in run["requests"]:
+        if r["arm"] == arm and r["load"] == load and r["ok"]:
+            by.setdefault(r["workload_slice"], []).append(r)
+    for slice_ in sorted(by):
+        mine = by[slice_]
+        out[slice_] = (percentile([r["tpot_s"] * 1e3 for r in mine if r["tpot_s"]], 50),
+                       percentile([r["ttft_s"] * 1e3 for r in mine], 50))
+    return out
+
+
 def fit_serving(run: dict, book: RoundBook, costs):
     """The cost model with ``serving_s`` = the median, over the run's plain requests at c1, of measured TPOT
     minus the TPOT replayed without it (a plain round commits one token, so the difference is per round).
@@ -142,7 +180,7 @@ def fit_serving(run: dict, book: RoundBook, costs):
     prices = Prices(book, base)
     plain = parse_arm("plain", book)
     served = sweep(prices, [plain], ["c1"], 1, "by-slice", max_running=run["settings"]["max_running_requests"],
-                   max_total_tokens=65536)[("plain", "c1", 0)]
+                   max_total_tokens=65536, order=run_order(run, book.trace))[("plain", "c1", 0)]
     predicted = {book.requests[s.index].id: s.tpot for s in served if s.tpot}
     gaps = [r["tpot_s"] - predicted[r["item"]] for r in run["requests"]
             if r["arm"] == "plain" and r["load"] == "c1" and r["ok"] and r["tpot_s"] and r["item"] in predicted]

@@ -118,11 +118,15 @@ def _run(job: Job) -> tuple[Job, list[Served]]:
     prices: Prices = c["prices"]
     load = Load.parse(job.load)
     book = prices.book
-    order = (c["mix"], job.seed if c["mix"] == "interleaved" else 0) if load.label != "trace" else None
+    given = c.get("order")
+    if given is not None:  # the caller's own blocks (a serving run's order: bench.replay_fidelity)
+        key, order = ("given", 0), given
+    else:
+        key = (c["mix"], job.seed if c["mix"] == "interleaved" else 0)
+        order = blocks(book, "recorded" if load.label == "trace" else c["mix"], job.seed)
     chooser = (PolicyChooser(contender.policy, prices, job.seed, without_flags=contender.without_flags)
                if contender.is_policy
-               else FixedChooser(contender.option, prices, job.seed, order))
-    order = blocks(book, "recorded" if load.label == "trace" else c["mix"], job.seed)
+               else FixedChooser(contender.option, prices, job.seed, key if load.label != "trace" else None))
     sim = Simulation(chooser, load, order, job.seed, max_running=c["max_running"],
                      max_total_tokens=c["max_total_tokens"], arrival_of=lambda i: book.requests[i].arrival_s)
     served = sim.run()
@@ -130,9 +134,11 @@ def _run(job: Job) -> tuple[Job, list[Served]]:
 
 
 def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str], seeds: int, mix: str, *,
-          max_running: int, max_total_tokens: int, processes: int = 1, progress=None
-          ) -> dict[tuple[str, str, int], list[Served]]:
-    """(contender name, load, seed) -> served requests. ``progress(done, total)`` after each job."""
+          max_running: int, max_total_tokens: int, processes: int = 1, progress=None,
+          order: Sequence[Sequence[int]] | None = None) -> dict[tuple[str, str, int], list[Served]]:
+    """(contender name, load, seed) -> served requests. ``progress(done, total)`` after each job. ``order``:
+    blocks of request indices to serve instead of ``mix``'s (each block after the previous one has finished),
+    the same for every seed and load: a recorded run's own order."""
     if mix not in MIXES:
         raise ValueError(f"--mix: {mix!r}; use one of {', '.join(MIXES)}")
     book = prices.book
@@ -140,7 +146,7 @@ def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str],
     for n, contender in enumerate(contenders):
         for label in loads:
             load = Load.parse(label)
-            if seedless(contender, load, mix, book):
+            if seedless(contender, load, "by-slice" if order is not None else mix, book):
                 jobs.append(Job(n, label, 0))
                 copies.append((contender.name, label))
             else:
@@ -149,7 +155,7 @@ def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str],
     # and the seed's suffix rounds at every load, and a policy's seeds still spread over the processes
     jobs.sort(key=lambda j: (j.contender, j.seed, loads.index(j.load)))
     _CONTEXT.update(contenders=list(contenders), prices=prices, mix=mix, max_running=max_running,
-                    max_total_tokens=max_total_tokens)
+                    max_total_tokens=max_total_tokens, order=order)
     results: dict[tuple[str, str, int], list[Served]] = {}
     done = 0
     if processes > 1 and len(jobs) > 1:
