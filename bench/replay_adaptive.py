@@ -15,7 +15,9 @@ knows (gateway/replay/walk.Clairvoyant): ``ngram-k{K}-informed`` the trace's own
 position in every n-gram match context (in-sample: the best a controller predicting from the match length
 alone can know), ``ngram-k{K}-oracle`` every round's accepted run (perfect prediction). The gap between them
 is what a better predictor of a round's acceptance could still win; the gap between the controller and
-``informed`` is what learning costs.
+``informed`` is what learning costs. ``--informed request+match ...`` adds ``informed`` references keyed by other
+features of a round known before it is verified (gateway/replay/book.FEATURES): whether any predictor from them
+could reach a target.
 
 Prints, per load: (1) mixed stream, paired geomean TPOT of each per-round contender over the best single
 fixed arm of that load (and over plain), 95% interval over seeds; (2) per slice x load cell, specgate's p50
@@ -42,7 +44,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from gateway.replay.book import RoundBook
+from gateway.replay.book import FEATURES, RoundBook
 from gateway.replay.choosers import FixedChooser, PolicyChooser, Prices
 from gateway.replay.report import ALL, interval, ratio, split, summarise
 from gateway.replay.run import blocks, load_policy, parse_arm, sweep
@@ -169,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--policy", type=Path, nargs="*", default=[],
                         help="gateway policy files to replay as contenders (after a warm-up pass)")
+    parser.add_argument("--informed", nargs="+", default=[], metavar="FEATURES",
+                        help="more informed references, each keyed by these features of a round (joined by +, of "
+                             f"{', '.join(FEATURES)}; e.g. request+match): what a predictor from them could reach")
     parser.add_argument("--learning-seeds", type=int, default=10,
                         help="seeds of the three-pass cost-of-learning run of each policy (0: skip it)")
     args = parser.parse_args(argv)
@@ -188,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     adaptive = [f"ngram-k{args.k_max}-beta", "ngram-k7-sglang", f"ngram-k{args.k_max}-vllm={table}"]
     results.update(sweep(prices, [parse_arm(n, book) for n in adaptive], args.loads, args.seeds, "interleaved",
                          **common))
-    references = [f"ngram-k{args.k_max}-informed", f"ngram-k{args.k_max}-oracle"]
+    references = [f"ngram-k{args.k_max}-informed", *(f"ngram-k{args.k_max}-informed={f}" for f in args.informed),
+                  f"ngram-k{args.k_max}-oracle"]
     results.update(sweep(prices, [parse_arm(n, book) for n in references], args.loads, args.seeds, "interleaved",
                          **common))
     learning_cost: dict[tuple[str, str], list[float]] = {}

@@ -31,15 +31,25 @@ class Option:
     pair: str = ""
     strategy: str = ""  # "": k every round; else the engine's per-round controller (adaptive.STRATEGIES), k its max
     table: tuple[tuple[int, int], ...] = ()  # strategy "vllm": (lowest batch size, k) pairs
+    features: str = ""  # strategy "informed": what its rates are keyed by (RoundBook.feature_keys), "" = match
 
     @property
     def label(self) -> str:
         base = "plain" if self.proposer == "none" else f"{self.proposer}-k{self.k}"
+        if self.features:
+            return f"{base}-{self.strategy}={self.features}"
         return f"{base}-{self.strategy}" if self.strategy else base
 
 
 PLAIN = Option()
 NGRAM_SPAN = 16  # the longest n-gram draft replay prices (backends/engine/types.MAX_DRAFT_TOKENS)
+# what replay's ``informed`` reference may key the trace's acceptance rates by, per output position (a round's
+# start), all known before the round is verified: ``match`` the engine's match context (adaptive.match_context,
+# what specgate's controller conditions on), ``exact`` the match length itself, ``found`` the drafts the
+# proposer found (up to NGRAM_SPAN), ``slice`` the request's slice label, ``repeat`` its prompt's n-gram
+# self-overlap (RequestFeatures.prompt_repeat, in tenths, -1 if not recorded: known before dispatch), ``position`` the output position in
+# blocks of 16 tokens, ``request`` the request itself (in-sample: its own future rounds' rates)
+FEATURES = ("match", "exact", "found", "slice", "repeat", "position", "request")
 
 
 def _budgets(rounds: tuple[tuple[int, ...], tuple[int, ...]], output_len: int, max_new: int, k: int
@@ -69,7 +79,7 @@ class RoundBook:
         self._records = None
         self._rates: dict[tuple[str, Option], list[float]] = {}
         self._ngram: dict[int, tuple[list[int], list[int], list[int]]] = {}
-        self._context_rates: dict[int, list[float]] | None = None
+        self._context_rates: dict[str, dict] = {}
 
     def check(self, option: Option) -> None:
         """Refuse an option the trace cannot replay, naming what to rebuild."""
@@ -214,27 +224,56 @@ class RoundBook:
         return result.drafted, result.accepted, _budgets(pair, len(request.output_ids),
                                                          request.sampling.max_new_tokens, option.k)
 
-    def context_rates(self) -> dict[int, list[float]]:
-        """Per n-gram match context (``adaptive.match_context``), the conditional acceptance of draft positions
-        1..NGRAM_SPAN over every output position of every greedy request of the trace: at position p the draft
-        holds lens[p] tokens and its first runs[p] are accepted. What replay's ``informed`` reference knows
-        (gateway/replay/walk.Clairvoyant): the trace's own rates, in-sample, exactly."""
+    @staticmethod
+    def check_features(features: str) -> tuple[str, ...]:
+        names = tuple(features.split("+")) if features else ("match",)
+        unknown = [n for n in names if n not in FEATURES]
+        if unknown or len(set(names)) != len(names):
+            raise ValueError(f"informed={features}: features are {', '.join(FEATURES)}, each at most once, joined "
+                             "by + (e.g. ngram-k16-informed=request+match)")
+        return names
+
+    def feature_keys(self, i: int, features: str = "") -> list[tuple]:
+        """Per output position of greedy request ``i``: the key of ``features`` (:data:`FEATURES`, joined by +;
+        "" is ``match``) that ``informed`` looks its rates up by."""
         from backends.engine.adaptive import match_context
 
-        if self._context_rates is None:
-            reached: dict[int, list[int]] = {}
-            accepted: dict[int, list[int]] = {}
+        names = self.check_features(features)
+        lens, _, matches = self._ngram_positions(i)
+        r = self.requests[i]
+        repeat = r.features.prompt_repeat
+        values = {"slice": r.slice, "request": i, "repeat": -1 if repeat is None else min(9, int(10 * repeat))}
+        keys = []
+        for p, (length, match) in enumerate(zip(lens, matches)):
+            values.update(match=match_context(match), exact=match, found=length, position=p // 16)
+            keys.append(tuple(values[n] for n in names))
+        return keys
+
+    def context_rates(self, features: str = "") -> dict[tuple, list[float]]:
+        """Per key of ``features`` (:meth:`feature_keys`; default the n-gram match context,
+        ``adaptive.match_context``), the conditional acceptance of draft positions 1..NGRAM_SPAN over every
+        output position of every greedy request of the trace: at position p the draft holds lens[p] tokens and
+        its first runs[p] are accepted. What replay's ``informed`` reference knows
+        (gateway/replay/walk.Clairvoyant): the trace's own rates, in-sample, exactly. The finer the key, the
+        closer to knowing each round's own outcome (``request+exact+found+position`` nearly names a round), so a
+        fine key's figures say what a predictor that good would reach, not that one can be learned."""
+        self.check_features(features)
+        if features not in self._context_rates:
+            reached: dict[tuple, list[int]] = {}
+            accepted: dict[tuple, list[int]] = {}
             for i, r in enumerate(self.requests):
                 if not (r.output_ids and r.sampling.greedy):
                     continue
-                for length, run, match in zip(*self._ngram_positions(i)):
-                    c = match_context(match)
-                    got, seen = accepted.setdefault(c, [0] * NGRAM_SPAN), reached.setdefault(c, [0] * NGRAM_SPAN)
+                lens, runs, _ = self._ngram_positions(i)
+                for length, run, key in zip(lens, runs, self.feature_keys(i, features)):
+                    got = accepted.setdefault(key, [0] * NGRAM_SPAN)
+                    seen = reached.setdefault(key, [0] * NGRAM_SPAN)
                     for j in range(min(length, run + 1)):
                         seen[j] += 1
                         got[j] += j < run
-            self._context_rates = {c: [a / n if n else 0.0 for a, n in zip(accepted[c], reached[c])] for c in reached}
-        return self._context_rates
+            self._context_rates[features] = {c: [a / n if n else 0.0 for a, n in zip(accepted[c], reached[c])]
+                                             for c in reached}
+        return self._context_rates[features]
 
     def position_rates(self, slice_: str, option: Option) -> list[float]:
         """Conditional acceptance per draft position (accepted_j / reached_j) of ``option`` over the greedy

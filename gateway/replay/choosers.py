@@ -107,8 +107,10 @@ class Prices:
             lens, runs = drawn_positions(rates, n, run.rng)
             matches = [0] * n
         seed = random.Random(f"controller:{run.seed}:{i}").getrandbits(63)
+        informed = option.strategy == "informed"
         return Walker(self.costs_of(run.worker_of), len(r.prompt_ids), n, r.sampling.max_new_tokens, option,
-                      lens, runs, matches, seed, self.book.context_rates() if option.strategy == "informed" else None)
+                      lens, runs, matches, seed, self.book.context_rates(option.features) if informed else None,
+                      self.book.feature_keys(i, option.features) if informed else None)
 
 
 class RunState:

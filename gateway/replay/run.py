@@ -22,7 +22,7 @@ from gateway.replay.sim import Load, Served, Simulation
 
 MIXES = ("interleaved", "by-slice")
 _ARM = re.compile(r"^(?P<proposer>ngram|suffix|draft(?P<layers>\d+)?)-k(?P<k>\d+)"
-                  r"(?:-(?P<strategy>beta|sglang|vllm|oracle|informed)(?:=(?P<table>[0-9:,-]+))?)?$")
+                  r"(?:-(?P<strategy>beta|sglang|vllm|oracle|informed)(?:=(?P<table>[0-9:,-]+)|=(?P<features>[a-z+]+))?)?$")
 
 
 @dataclass(frozen=True)
@@ -44,15 +44,18 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
     controller (backends/engine/adaptive.py): ``ngram-k8-beta`` (specgate's), ``ngram-k7-sglang`` (SGLang's
     --speculative-adaptive), ``ngram-k8-vllm=1:8,4:4,16:2`` (vLLM's per-batch-size table, LO:K or LO-HI:K);
     ``ngram-k16-oracle`` and ``ngram-k16-informed`` are replay's references (gateway/replay/walk.Clairvoyant: one
-    knows every round's accepted run, the other the trace's acceptance by match context), for n-gram only."""
+    knows every round's accepted run, the other the trace's acceptance by match context), for n-gram only;
+    ``ngram-k16-informed=request+match`` keys the rates by other features known before a round is verified
+    (book.FEATURES, joined by +)."""
     if name == "plain":
         return Contender(name, PLAIN)
     match = _ARM.match(name)
-    if match is None or not 1 <= int(match["k"]) <= 16 or (match["table"] is None) != (match["strategy"] != "vllm"):
+    if (match is None or not 1 <= int(match["k"]) <= 16 or (match["table"] is None) != (match["strategy"] != "vllm")
+            or (match["features"] is not None and match["strategy"] != "informed")):
         raise ValueError(f"--arms: {name!r} is not an arm; use plain, ngram-kN, suffix-kN, draft-kN or draftL-kN "
                          "(L layers of the self-draft), N in 1..16, optionally with a per-round controller: "
                          "-beta, -sglang, -vllm=TABLE (e.g. ngram-k8-vllm=1:8,4:4,16:2), or a reference: -oracle or "
-                         "-informed (n-gram only)")
+                         "-informed[=FEATURES] (n-gram only, e.g. ngram-k16-informed=request+match)")
     k, proposer = int(match["k"]), match["proposer"]
     strategy = match["strategy"] or ""
     table = ()
@@ -64,7 +67,10 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
         raise ValueError(f"--arms {name}: the references (-oracle, -informed) replay n-gram drafts only "
                          f"(ngram-kN-{strategy})")
     if proposer in ("ngram", "suffix"):
-        option = Option(proposer, k, strategy=strategy, table=table)
+        features = match["features"] or ""
+        if features:
+            book.check_features(features)
+        option = Option(proposer, k, strategy=strategy, table=table, features=features)
         book.check(option)
         return Contender(name, option)
     pairs = {v: p for v, p in book.trace.header.pairs.items() if p.draft.kind == "layer_truncated"}

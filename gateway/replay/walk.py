@@ -36,12 +36,13 @@ class Walker:
 
     def __init__(self, costs, prompt_len: int, output_len: int, max_new: int, option: Option,
                  lens: list[int], runs: list[int], matches: list[int], seed: int,
-                 rates: dict[int, list[float]] | None = None) -> None:
-        """``rates``: the trace's rates by match context (RoundBook.context_rates), for ``informed``."""
+                 rates: dict[tuple, list[float]] | None = None, keys: list[tuple] | None = None) -> None:
+        """``rates``: the trace's rates by feature key (RoundBook.context_rates), for ``informed``; ``keys``: this
+        request's key at each output position (RoundBook.feature_keys)."""
         self.costs, self.option = costs, option
         self.prompt_len, self.output_len, self.max_new = prompt_len, output_len, max_new
         self.lens, self.runs, self.matches = lens, runs, matches
-        self.seed, self.rates = seed, rates
+        self.seed, self.rates, self.keys = seed, rates, keys
         self.prefix = option.proposer == "ngram"  # drafts first, the controller picks k knowing them (engine)
         self.serial: list[float] = []
         self.draft_total = self.verify_total = 0.0
@@ -129,7 +130,8 @@ class Clairvoyant:
       its gains are 1 for every draft that will be accepted and 0 after: perfect prediction;
     - ``informed`` knows the trace's own acceptance rate of every draft position in every n-gram match context
       (RoundBook.context_rates: in-sample, no learning, no sampling): its gains are their running products, the
-      best any controller predicting from the match context alone can know.
+      best any controller predicting from the match context alone can know; keyed by other features
+      (``informed=request+match``, book.FEATURES), the best a predictor from those features can know.
     A round alone drafts the k with the best committed tokens per second of the step it joins (``best_k`` on
     those gains); in a step with other per-round sequences the simulator plans them together (``plan_step``),
     so each step gets the best allocation of drafts for that step. References, not upper bounds: they are
@@ -146,7 +148,7 @@ class Clairvoyant:
             run = min(cap, w.runs[w.done])
             return [1.0] * run + [0.0] * (cap - run)
         gains, survive = [], 1.0
-        for rate in self.rates.get(match_context(w.matches[w.done]), ())[:cap]:
+        for rate in self.rates.get(w.keys[w.done], ())[:cap]:
             survive *= rate
             gains.append(survive)
         return gains + [0.0] * (cap - len(gains))

@@ -239,21 +239,54 @@ def test_the_informed_reference_knows_the_traces_rates_by_match_context():
     book = prices.book
     positions = [p for i in range(3) for p in zip(*book.positions(i, Option("ngram", 8)))]
     rates = book.context_rates()
-    assert set(rates) == {match_context(m) for _, _, m in positions}
-    for context, by_position in rates.items():
+    assert set(rates) == {(match_context(m),) for _, _, m in positions}
+    for (context,), by_position in rates.items():
         for j in range(4):
             reached = [run for length, run, m in positions if match_context(m) == context and length > j and run >= j]
             assert by_position[j] == (sum(run > j for run in reached) / len(reached) if reached else 0.0)
-    assert rates[8][0] > 0.9 and rates[1][0] < 0.3  # long matches copy; one-token matches in novel text do not
+    assert rates[(8,)][0] > 0.9 and rates[(1,)][0] < 0.3  # long matches copy; one-token matches in novel text do not
     walker = prices.walker(2, Option("ngram", 8, strategy="informed"), RunState(0))
     walker.bind({})
     walker.done = 30
     lens, runs, matches = book.positions(2, Option("ngram", 8))
     want, survive = [], 1.0
-    for rate in rates[match_context(matches[30])][:min(8, lens[30])]:
+    for rate in rates[(match_context(matches[30]),)][:min(8, lens[30])]:
         survive *= rate
         want.append(survive)
     assert walker.gains() == pytest.approx(want + [0.0] * (min(8, lens[30]) - len(want)), rel=0, abs=0)
+
+
+def test_informed_keyed_by_other_features_counts_each_key_apart():
+    """informed=request+found: rates per (request, drafts found), counted as context_rates defines them; a request's
+    walker looks its own key up; unknown or repeated features, and features on another strategy, are refused."""
+    from gateway.replay.choosers import RunState
+
+    prices = prices_of(copying("a", 1), novel("b", 2), repetitive("c", 3))
+    book = prices.book
+    rates = book.context_rates("request+found")
+    positions = {i: list(zip(*book.positions(i, Option("ngram", 8)))) for i in range(3)}
+    assert set(rates) == {(i, length) for i in range(3) for length, _, _ in positions[i]}
+    for (i, found), by_position in rates.items():
+        for j in range(4):
+            reached = [run for length, run, _ in positions[i] if length == found and length > j and run >= j]
+            assert by_position[j] == (sum(run > j for run in reached) / len(reached) if reached else 0.0)
+    assert book.feature_keys(1, "slice+position+exact+repeat")[20] == (
+        book.requests[1].slice, 1, positions[1][20][2], min(9, int(10 * book.requests[1].features.prompt_repeat)))
+    option = parse_arm("ngram-k8-informed=request+found", book).option
+    assert option == Option("ngram", 8, strategy="informed", features="request+found")
+    assert option.label == "ngram-k8-informed=request+found"
+    walker = prices.walker(0, option, RunState(0))
+    walker.bind({})
+    walker.done = 12
+    found = positions[0][12][0]
+    want, survive = [], 1.0
+    for rate in rates[(0, found)][:min(8, found)]:
+        survive *= rate
+        want.append(survive)
+    assert walker.gains() == want + [0.0] * (min(8, found) - len(want))
+    for bad in ("ngram-k8-informed=match+match", "ngram-k8-informed=prompt", "ngram-k8-beta=match"):
+        with pytest.raises(ValueError, match="informed|not an arm"):
+            parse_arm(bad, book)
 
 
 def test_on_a_bimodal_mix_perfect_prediction_beats_every_contender():
