@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the run's n-gram rule: docs/runs/full ran at 0c93c07, whose proposer took the latest "
                              "occurrence of n in 1..4 (issue 32 changed it to the earliest, n in 1..12)")
     parser.add_argument("--json", type=Path, default=None, help="write the table as JSON")
+    parser.add_argument("--orders", type=int, default=0,
+                        help="also replay the arms over this many seeded interleaved orders (specgate replay's "
+                             "mix) for the paired ratios")
     parser.add_argument("--fit-serving", action="store_true",
                         help="set the cost model's serving_s (seconds each streamed round adds through the HTTP "
                              "stack) from the run's plain c1 requests alone, then predict every other cell with it")
@@ -127,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{min(ratios):.3f}-{max(ratios):.3f}, within {sum(r['within'] for r in rows if r['load'] == load)}"
                   f"/{len(ratios)}")
     relative(rows, loads)
+    seeded = None
+    if args.orders:  # the same arms over seeded interleaved orders, as specgate replay serves a mix
+        seeded = sweep(prices, contenders, loads, args.orders, "interleaved",
+                       max_running=run["settings"]["max_running_requests"], max_total_tokens=65536,
+                       processes=args.processes)
+    paired(run, results, seeded, dict(zip(arms, (c.name for c in contenders))), loads, trace, args.orders)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
@@ -215,6 +225,44 @@ def relative(rows: list[dict], loads: list[str]) -> None:
             inside = sum(abs(x - 1) <= tolerance(load) for x in xs)
             print(f"{load}: ratio to plain, predicted / measured: median {statistics.median(xs):.3f}, range "
                   f"{min(xs):.3f}-{max(xs):.3f}, within the bar {inside}/{len(xs)}")
+
+
+def paired(run: dict, results: dict, seeded: dict | None, names: dict[str, str], loads: list[str], trace,
+           orders: int) -> None:
+    """Each arm against plain and each pair of the other arms: geometric mean over requests of their TPOT ratio
+    (a request's replicates averaged geometrically first), measured beside replayed in the run's order (and
+    over ``orders`` seeded interleaved orders): what a policy comparison in replay rests on."""
+    measured: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for r in run["requests"]:
+        if r["ok"] and r["tpot_s"] and r["arm"] in names:
+            measured.setdefault((r["arm"], r["load"]), {}).setdefault(r["item"], []).append(math.log(r["tpot_s"]))
+
+    def geomean(a: dict[str, float], b: dict[str, float]) -> float | None:
+        xs = [a[i] - b[i] for i in a if i in b]
+        return math.exp(sum(xs) / len(xs)) if xs else None
+
+    def replayed(served) -> dict[str, float]:
+        return {trace.requests[s.index].id: math.log(s.tpot) for s in served if s.tpot}
+
+    arms = list(names)
+    pairs = [(a, "plain") for a in arms if a != "plain" and "plain" in names]
+    pairs += [(a, b) for i, a in enumerate(arms) for b in arms[i + 1:] if "plain" not in (a, b)]
+    print("\n| load | pair | measured (paired geomean TPOT) | replayed, the run's order |"
+          + (f" replayed, {orders} seeded orders |" if seeded else ""))
+    print("|---|---|---|---|" + ("---|" if seeded else ""))
+    for load in loads:
+        for a, b in pairs:
+            mine = {arm: {i: sum(v) / len(v) for i, v in measured.get((arm, load), {}).items()} for arm in (a, b)}
+            real = geomean(mine[a], mine[b])
+            ours = geomean(replayed(results[(names[a], load, 0)]), replayed(results[(names[b], load, 0)]))
+            if real is None or ours is None:
+                continue
+            line = f"| {load} | {a} / {b} | {real:.3f} | {ours:.3f} |"
+            if seeded:
+                logs = [math.log(geomean(replayed(seeded[(names[a], load, s)]), replayed(seeded[(names[b], load, s)])))
+                        for s in range(orders)]
+                line += f" {math.exp(sum(logs) / len(logs)):.3f} |"
+            print(line)
 
 
 if __name__ == "__main__":

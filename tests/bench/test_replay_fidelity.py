@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 
 import pytest
 
@@ -103,6 +104,10 @@ def test_interleaved_run_cells_per_slice_against_measured(files, capsys):
                 for line in out.split("target forwards")[1].splitlines() if line.startswith("| ngram-k4")}
     assert relative == {("ngram-k4", "c1", "code"): f"{1.05 / 1.2:.3f}", ("ngram-k4", "c1", "prose"): f"{1.05:.3f}",
                         ("ngram-k4", "c1", "mixed"): relative[("ngram-k4", "c1", "mixed")]}
+    # paired: geomean over the 4 requests of ngram-k4's TPOT over plain's (each request's replicates alike)
+    code, prose = CODE_NGRAM_TPOT / PLAIN_TPOT, PROSE_NGRAM_TPOT / PLAIN_TPOT
+    measured = math.sqrt(code * 1.2 / 1.05 * prose / 1.05)
+    assert f"| c1 | ngram-k4 / plain | {measured:.3f} | {math.sqrt(code * prose):.3f} |" in out
 
 
 def test_a_trace_without_the_runs_requests_is_refused(files, tmp_path, capsys):
