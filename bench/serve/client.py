@@ -31,6 +31,7 @@ class Result:
     tpot_s: float | None = None
     e2e_s: float | None = None
     completion_tokens: int = 0
+    prompt_tokens: int | None = None  # the usage's (the model's tokens of the chat-templated prompt)
     text: str = ""
     rule: str | None = None
     reason: str | None = None  # the gateway's decision reason (why this pool and k, or why plain)
@@ -104,6 +105,7 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, result: Result) 
                     pieces.append(text)
                 if chunk.get("usage"):
                     result.completion_tokens = chunk["usage"].get("completion_tokens") or 0
+                    result.prompt_tokens = chunk["usage"].get("prompt_tokens")
                 if chunk.get("specgate"):
                     _take_info(result, chunk["specgate"])
     except httpx.HTTPError as exc:

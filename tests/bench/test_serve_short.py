@@ -67,6 +67,11 @@ def test_result_file_structure(run):
             assert c["slo_met"] in (0, 1, 2) and c["goodput_rps"] == pytest.approx(c["slo_met"] / c["wall_s"], rel=1e-3)
     assert result["warmup"] == [] and result["learning_cost"] is None
     assert len(result["requests"]) == 8 and all(r["ok"] and r["text"] for r in result["requests"])
+    # the usage's prompt tokens: the same prompt has the same count under every arm and replicate
+    counts = {}
+    for r in result["requests"]:
+        counts.setdefault(r["item"], set()).add(r["prompt_tokens"])
+    assert all(len(c) == 1 and next(iter(c)) > 8 for c in counts.values()), counts
     served = sorted((r["arm"], r["slice"], r["rep"]) for r in result["requests"])
     assert served == sorted((a, s, rep) for a in ("plain", "ngram-k4") for s in SLICES for rep in (0, 1))
     reasons = {r["arm"]: r["reason"] for r in result["requests"]}

@@ -1,0 +1,140 @@
+"""The serving path's cost per streamed round (``serving_s``), measured on this machine, into a cost model.
+
+    python -m bench.serving_cost --costs costs.json [--out costs-serving.json] [--requests 12] [--max-tokens 64]
+
+``specgate trace calibrate`` times the engine alone. Through the serving stack every round is also streamed by
+the worker's HTTP thread, relayed by the gateway and read by the client, on the same cores as the forwards; the
+cost model holds that as ``serving_s``, seconds per streamed round (policies/costmodel.py). Until now it was
+fitted on a serving benchmark's plain c1 requests (``bench.replay_fidelity --fit-serving``); this measures it
+directly: a real worker and a real gateway (plain decoding, ``deploy/policies/bench/plain.yaml``) on free
+loopback ports, one streaming client sending ``--requests`` greedy requests one after another (prompts cut
+from real text, several lengths), and per request its measured TPOT against replay's TPOT of the same request
+on the cost model without ``serving_s`` (the same prompt and output lengths, plain rounds as
+gateway/replay/profile.py prices them). ``serving_s`` is the median of the differences; the cost model is
+written to ``--out`` with it (the rest unchanged). Run it on the machine and in the hour of the calibration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+LENGTHS = (300, 1200, 3000, 6000)  # prompt characters, cycled: short prose to a long document
+
+
+def prompts(text: str, count: int) -> list[str]:
+    """``count`` prompts cut from ``text`` at different offsets, their lengths cycling through LENGTHS."""
+    out = []
+    for n in range(count):
+        length = LENGTHS[n % len(LENGTHS)]
+        start = (n * 2477) % max(1, len(text) - length)
+        out.append("Continue this text:\n\n" + text[start:start + length])
+    return out
+
+
+def replayed_tpot(costs, prompt_tokens: int, output_tokens: int) -> float:
+    """TPOT of a plain request alone, as replay prices it: its rounds after the first (the first token is the
+    TTFT), each a one-token forward at its cached context plus the per-round seconds outside it."""
+    from gateway.replay.book import PLAIN
+    from gateway.replay.profile import profile
+
+    rounds = ((0,) * output_tokens,) * 3
+    p = profile(costs, prompt_tokens, output_tokens, PLAIN, rounds)
+    return sum(p.serial[1:] + p.alone[1:]) / (output_tokens - 1)
+
+
+def fit(costs, measured: list[tuple[int, int, float]]) -> tuple[float, list[float]]:
+    """(serving_s, each request's gap): ``measured`` holds (prompt tokens, output tokens, TPOT seconds) per request;
+    the gap is measured TPOT minus replay's on ``costs`` without serving_s (one streamed round per plain token)."""
+    from msgspec import structs
+
+    base = structs.replace(costs, serving_s=0.0)
+    gaps = [tpot - replayed_tpot(base, prompt, output) for prompt, output, tpot in measured if output >= 2]
+    if not gaps:
+        raise ValueError("no request produced two tokens or more: nothing to measure TPOT on")
+    return max(0.0, statistics.median(gaps)), gaps
+
+
+async def _serve(url: str, model: str, texts: list[str], max_tokens: int) -> list:
+    import httpx
+
+    from bench.serve.client import Result, send
+
+    results = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+        for n, text in enumerate(texts):
+            body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            result = await send(client, f"{url}/v1/chat/completions", body,
+                                Result(arm="plain", load="c1", slice="-", item=f"p{n}", start_s=0.0))
+            if not result.ok:
+                raise RuntimeError(f"request {n}: {result.error}")
+            results.append(result)
+    return results
+
+
+def measure(texts: list[str], max_tokens: int, log_dir: Path) -> list[tuple[int, int, float]]:
+    """(prompt tokens, output tokens, TPOT) of each text served plain, streamed, one at a time, through a fresh
+    worker and gateway (started here, always stopped)."""
+    import httpx
+
+    from backends.engine.model_store import load_prepared
+    from bench.serve.arms import ARMS, served_policy
+    from bench.serve.stack import gateway, worker
+
+    with worker(log_dir, [], "serving-cost") as (worker_url, _):
+        policy = served_policy(ARMS["plain"], worker_url, load_prepared().revision, log_dir)
+        with gateway(policy, log_dir, "serving-cost") as url:
+            model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+            asyncio.run(_serve(url, model, texts[:1], 8))  # warm-up, not counted
+            results = asyncio.run(_serve(url, model, texts, max_tokens))
+    return [(r.prompt_tokens, r.completion_tokens, r.tpot_s) for r in results if r.tpot_s is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.serving_cost", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--costs", type=Path, required=True, help="this machine's cost model (trace calibrate)")
+    parser.add_argument("--out", type=Path, default=None, help="where to write it with serving_s (default: --costs)")
+    parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--text", type=Path, default=None, help="a text file to cut prompts from (default: "
+                        "Python's argparse source, as trace calibrate)")
+    args = parser.parse_args(argv)
+    if args.requests < 1 or args.max_tokens < 2:
+        parser.error("--requests must be >= 1 and --max-tokens >= 2")
+
+    from backends.engine.calibrate import default_text
+    from backends.engine.model_store import load_prepared
+    from policies.costmodel import CostModelError, load_cost_model, write_cost_model
+
+    try:
+        costs = load_cost_model(args.costs, revision=load_prepared().revision)
+    except CostModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = args.text.read_text(encoding="utf-8") if args.text else default_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        measured = measure(prompts(text, args.requests), args.max_tokens, Path(tmp))
+    serving, gaps = fit(costs, measured)
+    print("| request | prompt tokens | output tokens | TPOT measured ms | replayed without serving_s | gap ms |")
+    print("|---|---|---|---|---|---|")
+    for n, ((prompt, output, tpot), gap) in enumerate(zip(measured, gaps)):
+        print(f"| p{n} | {prompt} | {output} | {tpot * 1e3:.1f} | {(tpot - gap) * 1e3:.1f} | {gap * 1e3:.1f} |")
+    ordered = sorted(gaps)
+    print(f"\nserving_s = {serving * 1e3:.2f} ms per streamed round (median of {len(gaps)} gaps; p10-p90 "
+          f"{ordered[len(ordered) // 10] * 1e3:.1f}-{ordered[9 * len(ordered) // 10] * 1e3:.1f} ms; was "
+          f"{costs.serving_s * 1e3:.2f} ms)")
+    from msgspec import structs
+
+    out = args.out or args.costs
+    write_cost_model(out, structs.replace(costs, serving_s=round(serving, 6)))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

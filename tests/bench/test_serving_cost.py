@@ -1,0 +1,61 @@
+"""bench.serving_cost: replay's TPOT of a plain request (the synthetic cost model of test_replay_cli, whose plain
+TPOT is computed there by hand), serving_s as the median gap, the prompts it cuts, and the cost model it writes
+(only serving_s changed); the measurement itself, which starts a real worker and gateway, stubbed."""
+
+from __future__ import annotations
+
+import pytest
+
+import bench.serving_cost as serving_cost
+from policies.costmodel import load_cost_model, write_cost_model
+from tests.gateway.test_replay_cli import PLAIN_TPOT, REVISION, costs
+
+
+def test_replayed_tpot_is_replays_plain_tpot():
+    # 18 prompt tokens, 12 output tokens: test_replay_cli's requests, plain
+    assert serving_cost.replayed_tpot(costs(), 18, 12) == pytest.approx(PLAIN_TPOT, rel=1e-12)
+
+
+def test_serving_s_is_the_median_gap_and_never_negative():
+    measured = [(18, 12, PLAIN_TPOT + 0.004), (18, 12, PLAIN_TPOT + 0.010), (18, 12, PLAIN_TPOT + 0.005),
+                (18, 1, 9.0)]  # one token: no TPOT, left out
+    serving, gaps = serving_cost.fit(costs(), measured)
+    assert gaps == pytest.approx([0.004, 0.010, 0.005], abs=1e-12)
+    assert serving == pytest.approx(0.005, abs=1e-12)
+    assert serving_cost.fit(costs(), [(18, 12, PLAIN_TPOT - 0.002)])[0] == 0.0
+    with pytest.raises(ValueError, match="two tokens"):
+        serving_cost.fit(costs(), [(18, 1, 0.1)])
+
+
+def test_prompts_cycle_through_the_lengths():
+    text = "".join(chr(65 + i % 26) for i in range(20_000))
+    out = serving_cost.prompts(text, 6)
+    head = "Continue this text:\n\n"
+    assert [len(p) - len(head) for p in out] == [300, 1200, 3000, 6000, 300, 1200]
+    assert all(p.startswith(head) and p[len(head):] in text for p in out)
+
+
+def test_main_writes_the_cost_model_with_serving_s(tmp_path, monkeypatch, capsys):
+    path, out = tmp_path / "costs.json", tmp_path / "with-serving.json"
+    write_cost_model(path, costs())
+    monkeypatch.setattr(serving_cost, "measure", lambda texts, max_tokens, log_dir: [
+        (18, 12, PLAIN_TPOT + gap) for gap in (0.003, 0.006, 0.004)])
+    monkeypatch.setattr("backends.engine.model_store.load_prepared", lambda: type("P", (), {"revision": REVISION}))
+    assert serving_cost.main(["--costs", str(path), "--out", str(out), "--requests", "3"]) == 0
+    written = load_cost_model(out)
+    assert written.serving_s == pytest.approx(0.004, abs=1e-9)
+    assert written.forward == costs().forward and written.overhead_s == costs().overhead_s
+    text = capsys.readouterr().out
+    assert "serving_s = 4.00 ms per streamed round (median of 3 gaps" in text
+    assert f"| p0 | 18 | 12 | {PLAIN_TPOT * 1e3 + 3:.1f} | {PLAIN_TPOT * 1e3:.1f} | 3.0 |" in text
+
+
+def test_a_cost_model_of_other_weights_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    from tests.gateway.test_replay_cli import OTHER
+
+    path = tmp_path / "costs.json"
+    write_cost_model(path, costs(revision=OTHER))
+    monkeypatch.setattr(serving_cost, "measure", lambda *a: pytest.fail("nothing may start"))
+    monkeypatch.setattr("backends.engine.model_store.load_prepared", lambda: type("P", (), {"revision": REVISION}))
+    assert serving_cost.main(["--costs", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {path}")
