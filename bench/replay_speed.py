@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--loads", nargs="+", default=["c1", "c16", "p0.5"])
     parser.add_argument("--arms", nargs="+", default=list(ARMS))
-    parser.add_argument("--policy", type=Path, default=REPO / "deploy/policies/default.yaml")
+    parser.add_argument("--policy", default=str(REPO / "deploy/policies/default.yaml"),
+                        help="the policy contender's file; none: the arms alone")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
 
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     book = RoundBook(trace)
     prices = Prices(book, load_cost_model(args.costs, revision=trace.header.revision))
     contenders = [parse_arm(a, book) for a in args.arms]
-    contenders.append(Contender("default", policy=load_policy(args.policy)))
+    if args.policy != "none":
+        contenders.append(Contender(Path(args.policy).stem, policy=load_policy(args.policy)))
     simulated, per = 0, []
     for contender in contenders:  # one sweep each: its time per simulated request is printed
         started = time.perf_counter()
