@@ -77,22 +77,24 @@ class _Rounds:
 
 def replay_request(proposer: SequenceProposer | None, record: Recorded, k: int) -> Replayed:
     """The rounds ``proposer`` (None: plain decoding) would run on ``record`` with draft length ``k``."""
-    prompt, output = list(record.prompt), list(record.output)
+    output = list(record.output)
+    context = list(record.prompt)  # grows by the committed tokens, as the engine's sequence does (proposers read it)
     rounds = _Rounds()
     generator = torch.Generator()
     done = 0
     while done < len(output):
-        context = prompt + output[:done]
         budget = min(k, record.max_new_tokens - done - 1) if proposer is not None else 0
         drafts = proposer.propose(context, budget, GREEDY, None, generator).tokens if budget > 0 else []
         accepted = 0
         while accepted < len(drafts) and done + accepted < len(output) and drafts[accepted] == output[done + accepted]:
             accepted += 1
-        done = min(len(output), done + accepted + 1)
+        committed = min(len(output), done + accepted + 1)
+        context += output[done:committed]
+        done = committed
         rounds.drafted.append(len(drafts))
         rounds.accepted.append(accepted)
         if proposer is not None:
-            proposer.observe(len(drafts), accepted, prompt + output[:done])
+            proposer.observe(len(drafts), accepted, context)
     if proposer is not None:
         proposer.release()
     return Replayed(tuple(rounds.drafted), tuple(rounds.accepted))
