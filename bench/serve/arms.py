@@ -11,9 +11,12 @@ SGLang's); both keep engine-wide state in the shared worker for the whole run (t
 n-gram match length; SGLang's EMA), as a production worker would. vLLM's per-batch-size table, tuned on this
 machine with ``python -m bench.replay_adaptive``, is k = 2 at every batch size: the ``ngram-k2`` arm.
 
-``suffix`` (suffix decoding, k = 8) is the one arm whose proposer keeps state across requests: its global
-tree of earlier outputs lives in the worker for the whole run, so a later load point or repeat drafts from
-the same prompts' earlier answers (see ``deploy/policies/bench/suffix.yaml``).
+``suffix`` (suffix decoding, k = 8) is the one arm whose proposer keeps state across requests: a global tree
+of earlier outputs per scope, which the gateway sets to the request's route. Every cell of the run (load point,
+slice, replicate) serves the same prompts again, so in one scope a later cell would draft from the earlier
+cells' answers to them. The arm's served policy therefore has a route per cell (:func:`served_policy`, a key
+file each) and the client sends each cell's key: every cell starts from an empty tree, as on a fresh worker and
+in replay, and its requests still draft from each other's outputs.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ class Arm:
     name: str
     policy: Path
     warm: bool = False  # run a warm-up pass on the same gateway before measuring
+    cell_scopes: bool = False  # each cell (load, slice, replicate) its own route, so its own suffix scope
 
 
 ARMS: dict[str, Arm] = {
-    **{name: Arm(name, BENCH_POLICIES / f"{name}.yaml")
+    **{name: Arm(name, BENCH_POLICIES / f"{name}.yaml", cell_scopes=name == "suffix")
        for name in ("plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4",
                     "ngram-k16-beta", "ngram-k7-sglang")},
     "adaptive": Arm("adaptive", DEFAULT_POLICY),
@@ -72,13 +76,29 @@ def without_gates(text: str) -> str:
     return _GATE_RULE.sub("", _GATES.sub("", ended + "#\n")[:-2])  # "#": a line for the lookahead at the end
 
 
-def served_policy(arm: Arm, worker_url: str, revision: str, out_dir: Path) -> Path:
+def served_policy(arm: Arm, worker_url: str, revision: str, out_dir: Path, cells: list[str] = ()) -> Path:
     """Write the arm's policy pointed at ``worker_url`` with ``revision``, without its ``gates:``; returns the
-    copy's path."""
+    copy's path. ``cells``: one route per cell, ``cell-N`` for ``cells[N]``, its key (:func:`cell_key`) in a
+    file beside the copy, and the default route for requests without a key."""
     text = without_gates(arm.policy.read_text(encoding="utf-8"))
     if POLICY_WORKER not in text:
         raise ValueError(f"{arm.policy}: expected worker URL {POLICY_WORKER} to replace with the bench worker")
     text = _REVISION.sub(f'revision: "{revision}"', text.replace(POLICY_WORKER, worker_url))
+    if cells:
+        if re.search(r"^routes:", text, re.M):
+            raise ValueError(f"{arm.policy}: a per-cell arm's policy must not have routes of its own")
+        lines = ["", "routes:  # one per benchmark cell (bench/serve/arms.py): each cell its own suffix scope"]
+        for n, cell in enumerate(cells):
+            key_file = out_dir / f"policy-{arm.name}-cell-{n}.keys"
+            key_file.write_text(f"# {cell}\n{cell_key(arm.name, n)}\n", encoding="utf-8")
+            lines.append(f"  - {{name: cell-{n}, api_keys_file: {key_file.name}}}")
+        lines.append("  - {name: default}")
+        text = text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
     path = out_dir / f"policy-{arm.name}.yaml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def cell_key(arm: str, n: int) -> str:
+    """The API key of an arm's cell route (loopback only, for one run)."""
+    return f"bench-{arm}-cell-{n}"

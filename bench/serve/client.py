@@ -41,6 +41,7 @@ class Result:
     proposer: str | None = None
     draft_tokens: int | None = None
     gateway_slice: str | None = None
+    route: str | None = None  # the gateway's route for it (the suffix arm: its cell's own, bench/serve/arms.py)
     fallback: bool | None = None
     verify_rounds: int | None = None
     accept_length: float | None = None
@@ -80,14 +81,16 @@ def _take_info(result: Result, info: dict) -> None:
     result.fallback, result.verify_rounds = info.get("fallback"), info.get("verify_rounds")
     result.accept_length, result.explored = info.get("accept_length"), info.get("explored")
     result.exploration = info.get("exploration")
+    result.route = info.get("route")
 
 
-async def send(client: httpx.AsyncClient, url: str, body: dict, result: Result) -> Result:
+async def send(client: httpx.AsyncClient, url: str, body: dict, result: Result,
+               headers: dict[str, str] | None = None) -> Result:
     """Send ``body`` to ``url`` (streaming); fill ``result``. Errors are recorded, not raised."""
     t0 = time.perf_counter()
     pieces: list[str] = []
     try:
-        async with client.stream("POST", url, json=body) as response:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
                 return result

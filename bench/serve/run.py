@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.serve.arms import DEFAULT_POLICY, REPO, Arm, parse_arms, served_policy
+from bench.serve.arms import DEFAULT_POLICY, REPO, Arm, cell_key, parse_arms, served_policy
 from bench.serve.client import Result, request_body, send, slo_met
 from bench.serve.load import LoadPoint, drive
 from bench.serve.report import markdown, plots
@@ -54,8 +54,10 @@ class Bench:
         self.plain: dict[str, dict[str, str]] = {}  # load -> item -> text
 
     async def _batch(self, gateway_url: str, arm: str, load: LoadPoint, items: list[WorkItem], model: str,
-                     out: list[Result], advance, rep: int = 0) -> float:
+                     out: list[Result], advance, rep: int = 0, key: str | None = None) -> float:
+        """Serve ``items`` at ``load``; ``key``: the API key of the cell's own route (an arm with cell scopes)."""
         url = f"{gateway_url}/v1/chat/completions"
+        headers = {"Authorization": f"Bearer {key}"} if key else None
         # idle connections expire before the gateway's uvicorn closes them (5 s), or a request sent on
         # one just as it closes fails (docs/reliability.md, "Found later")
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=256, keepalive_expiry=4.0)
@@ -63,12 +65,17 @@ class Bench:
             async def one(item: WorkItem, start: float) -> None:
                 r = Result(arm=arm, load=load.label, slice=item.slice, item=item.id, start_s=round(start, 3), rep=rep,
                            workload_slice=item.meta.get(MIX_SLICE))
-                await send(client, url, request_body(item, model, self.args.max_tokens), r)
+                await send(client, url, request_body(item, model, self.args.max_tokens), r, headers)
                 r.slo_met = slo_met(r, self.slo["ttft_ms"], self.slo["tpot_ms"])
                 out.append(r)
                 advance()
 
             return await drive(load, items, one, self.args.seed)
+
+    def cells(self) -> list[str]:
+        """Every cell of the run in serving order: (load point, slice, replicate), as ``run_arms`` serves them."""
+        return [cell_name(load, slice_, rep) for load in self.loads for slice_ in self.slices
+                for rep in range(self.args.repeats)]
 
     def worker_flags(self) -> list[str]:
         flags = ["--max-running-requests", str(self.args.max_running_requests)]
@@ -87,7 +94,8 @@ class Bench:
             stacks: dict[str, tuple[str, RssSampler, str]] = {}
             for arm in arms:
                 worker_url, rss = shared or stack.enter_context(worker(log_dir, self.worker_flags(), arm.name))
-                policy = served_policy(arm, worker_url, self.revision, log_dir)
+                policy = served_policy(arm, worker_url, self.revision, log_dir,
+                                       self.cells() if arm.cell_scopes else [])
                 url = stack.enter_context(gateway(policy, log_dir, arm.name))
                 model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
                 stacks[arm.name] = (url, rss, model)
@@ -113,8 +121,10 @@ class Bench:
                             label(f"{load.label} {slice_} {arm.name}" + (f" rep {rep + 1}" if rep else ""))
                             rss.take_peak()
                             done, offset = len(batches[arm.name]), walls[arm.name]
+                            key = (cell_key(arm.name, self.cells().index(cell_name(load, slice_, rep)))
+                                   if arm.cell_scopes else None)
                             walls[arm.name] += asyncio.run(self._batch(url, arm.name, load, group, model,
-                                                                       batches[arm.name], advance, rep))
+                                                                       batches[arm.name], advance, rep, key))
                             for r in batches[arm.name][done:]:  # start_s counts the arm's own serving time
                                 r.start_s = round(r.start_s + offset, 3)
                             peaks[arm.name] = max(peaks[arm.name], rss.take_peak())
@@ -142,6 +152,10 @@ def turns(load: LoadPoint, items: list[WorkItem], arms: list[Arm], start: int = 
     lead, its answers are compared once the cell is done."""
     groups = [[i] for i in items] if load.concurrency == 1 else [items]
     return [(arms[(start + j + n) % len(arms)], group) for j, group in enumerate(groups) for n in range(len(arms))]
+
+
+def cell_name(load: LoadPoint, slice_: str, rep: int) -> str:
+    return f"{load.label} {slice_} rep {rep}"
 
 
 MIXED = "mixed"  # the one slice label of an interleaved run's cells

@@ -91,3 +91,42 @@ def test_without_gates_keeps_the_keys_after_the_section_and_leaves_a_policy_with
     for arm in ARMS.values():
         if "\ngates:" not in (plain := arm.policy.read_text(encoding="utf-8")):
             assert without_gates(plain) == plain
+
+
+def test_the_suffix_arm_gets_a_route_per_cell_and_each_cells_key_maps_to_it(tmp_path):
+    """Suffix decoding's tree is per scope = route: every cell (load, slice, replicate) its own route, with its key
+    in a file beside the served policy, so no cell drafts from another cell's answers to the same prompts. The
+    gateway's own KeyRing maps each key to its route, and a request without a key to the default route."""
+    from gateway.auth import KeyRing
+
+    from bench.serve.arms import cell_key
+
+    assert [a.name for a in ARMS.values() if a.cell_scopes] == ["suffix"]
+    cells = ["c1 code rep 0", "c1 code rep 1", "c4 code rep 0"]
+    path = served_policy(ARMS["suffix"], "http://127.0.0.1:31234", "sha256:abc", tmp_path, cells)
+    served = load_policy_file(path)
+    assert [(r.name, r.api_keys_file) for r in served.routes] == [
+        ("cell-0", "policy-suffix-cell-0.keys"), ("cell-1", "policy-suffix-cell-1.keys"),
+        ("cell-2", "policy-suffix-cell-2.keys"), ("default", None)]
+    assert (tmp_path / "policy-suffix-cell-1.keys").read_text() == "# c1 code rep 1\nbench-suffix-cell-1\n"
+    ring = KeyRing(served, base_dir=path.parent, environ={})
+    assert ring.problems == []
+    assert [ring.route_for(f"Bearer {cell_key('suffix', n)}") for n in range(3)] == ["cell-0", "cell-1", "cell-2"]
+    assert ring.route_for(None) == "default"
+    # everything else is the arm's policy as before
+    plain = load_policy_file(served_policy(ARMS["suffix"], "http://127.0.0.1:31234", "sha256:abc", tmp_path))
+    assert (served.pools, served.rules, served.slices) == (plain.pools, plain.rules, plain.slices)
+
+
+def test_the_cells_are_listed_in_the_order_the_run_serves_them():
+    import argparse
+
+    from bench.serve.run import Bench
+    from bench.workloads import WorkItem
+
+    items = [WorkItem(id=f"{s}-1", slice=s, source="x", messages=[{"role": "user", "content": "hi"}])
+             for s in ("code", "prose")]
+    args = argparse.Namespace(loads=["c1", "p0.5"], slices=["code", "prose"], repeats=2)
+    assert Bench(args, items, [], "sha256:abc", {}).cells() == [
+        "c1 code rep 0", "c1 code rep 1", "c1 prose rep 0", "c1 prose rep 1",
+        "p0.5 code rep 0", "p0.5 code rep 1", "p0.5 prose rep 0", "p0.5 prose rep 1"]

@@ -1,7 +1,7 @@
-"""The serving benchmark end to end, small: real worker and gateways, real workload prompts, two arms
-(plain and fixed n-gram k = 4), two slices, one request each served twice (``--repeats 2``), 8 tokens, one
-load point. Runs in
-`make test` so the harness cannot rot; the full run is `specgate bench serve --preset full`."""
+"""The serving benchmark end to end, small: real worker and gateways, real workload prompts, three arms
+(plain, fixed n-gram k = 4, suffix decoding with a route per cell), two slices, one request each served twice
+(``--repeats 2``), 8 tokens, one load point. Runs in `make test` so the harness cannot rot; the full run is
+`specgate bench serve --preset full`."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ CELL_KEYS = {"requests", "ok", "errors", "wall_s", "ttft_ms", "tpot_ms", "output
              "slo_met", "slo_attainment", "goodput_rps", "accept_length", "decisions_by_rule", "choices",
              "gateway_slices", "peak_rss_mb", "identical_to_plain", "compared_to_plain", "not_identical"}
 SLICES = ["code_edit", "prose"]
+ARMS = ["plain", "ngram-k4", "suffix"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def run(tmp_path_factory, prepared_model):
     if not DEFAULT_ROOT.is_dir():
         missing(f"shared workloads not found at {DEFAULT_ROOT}; set SPECGATE_WORKLOADS")
     out = tmp_path_factory.mktemp("serve")
-    argv = ["bench", "serve", "--arms", "plain", "ngram-k4", "--slices", *SLICES, "--per-slice", "1",
+    argv = ["bench", "serve", "--arms", "plain", "ngram-k4", "suffix", "--slices", *SLICES, "--per-slice", "1",
             "--max-tokens", "8", "--repeats", "2", "--loads", "c1", "--restart", "gateway", "--num-threads", "1",
             "--out", str(out)]
     proc = subprocess.run([sys.executable, "-c", CLI, *argv], capture_output=True, text=True, timeout=300)
@@ -49,13 +50,13 @@ def test_result_file_structure(run):
     assert set(result) == {"meta", "settings", "workloads", "arms", "warmup", "learning_cost", "requests"}
     assert set(result["meta"]) == {"command", "date", "cpu", "cores", "python", "torch", "transformers",
                                    "commit", "slo", "wall_s"}
-    assert result["meta"]["command"].startswith("specgate bench serve --arms plain ngram-k4")
+    assert result["meta"]["command"].startswith("specgate bench serve --arms plain ngram-k4 suffix")
     assert result["meta"]["slo"] == {"ttft_ms": 2000.0, "tpot_ms": 150.0}  # deploy/policies/default.yaml
-    assert result["settings"]["arms"] == ["plain", "ngram-k4"]
+    assert result["settings"]["arms"] == ARMS
     assert result["settings"]["loads"] == ["c1"] and result["settings"]["slices"] == SLICES
     assert result["settings"]["repeats"] == 2
     assert [len(result["workloads"][s]) for s in SLICES] == [1, 1]
-    assert list(result["arms"]) == ["plain", "ngram-k4"]
+    assert list(result["arms"]) == ARMS
     for arm in result["arms"].values():
         assert list(arm["cells"]) == ["c1"] and list(arm["cells"]["c1"]) == SLICES
         for c in arm["cells"]["c1"].values():
@@ -66,22 +67,29 @@ def test_result_file_structure(run):
             assert c["peak_rss_mb"] > 100  # the real model is loaded in the worker
             assert c["slo_met"] in (0, 1, 2) and c["goodput_rps"] == pytest.approx(c["slo_met"] / c["wall_s"], rel=1e-3)
     assert result["warmup"] == [] and result["learning_cost"] is None
-    assert len(result["requests"]) == 8 and all(r["ok"] and r["text"] for r in result["requests"])
+    assert len(result["requests"]) == 12 and all(r["ok"] and r["text"] for r in result["requests"])
     # the usage's prompt tokens: the same prompt has the same count under every arm and replicate
     counts = {}
     for r in result["requests"]:
         counts.setdefault(r["item"], set()).add(r["prompt_tokens"])
     assert all(len(c) == 1 and next(iter(c)) > 8 for c in counts.values()), counts
     served = sorted((r["arm"], r["slice"], r["rep"]) for r in result["requests"])
-    assert served == sorted((a, s, rep) for a in ("plain", "ngram-k4") for s in SLICES for rep in (0, 1))
+    assert served == sorted((a, s, rep) for a in ARMS for s in SLICES for rep in (0, 1))
     reasons = {r["arm"]: r["reason"] for r in result["requests"]}
     assert reasons["plain"] == "rule 'bench-plain' (catch-all) bypasses speculation"
     assert reasons["ngram-k4"] == "rule 'bench-ngram-k4' (catch-all) pins pool 'ngram' with k=4"
+    assert reasons["suffix"] == "rule 'bench-suffix' (catch-all) pins pool 'suffix' with k=8"
+    # suffix: every cell (load, slice, replicate) on its own route, so its own tree; the other arms on the default
+    routes = {(r["arm"], r["slice"], r["rep"]): r["route"] for r in result["requests"]}
+    cells = [(s, rep) for s in SLICES for rep in (0, 1)]
+    assert [routes[("suffix", *c)] for c in cells] == ["cell-0", "cell-1", "cell-2", "cell-3"]
+    assert {routes[(a, *c)] for a in ("plain", "ngram-k4") for c in cells} == {"default"}
 
 
 def test_every_arm_is_identical_to_plain_and_decisions_are_counted(run):
     _, result = run
-    for name, rule, choice in (("plain", "bench-plain", "plain:0"), ("ngram-k4", "bench-ngram-k4", "ngram:4")):
+    for name, rule, choice in (("plain", "bench-plain", "plain:0"), ("ngram-k4", "bench-ngram-k4", "ngram:4"),
+                               ("suffix", "bench-suffix", "suffix:8")):
         for c in result["arms"][name]["cells"]["c1"].values():
             # both replicates, plain's second one included, answer as plain's first did
             assert (c["identical_to_plain"], c["compared_to_plain"], c["not_identical"]) == (2, 2, [])
@@ -226,7 +234,7 @@ def test_merge_joins_one_run_per_load_point_and_refuses_runs_of_other_commands(r
     assert proc.returncode == 0, proc.stderr[-3000:]
     merged = json.loads((merged_dir / "serve.json").read_text())
     assert merged["settings"] == dict(result["settings"], loads=["c1", "c2"])
-    assert [list(a["cells"]) for a in merged["arms"].values()] == [["c1", "c2"], ["c1", "c2"]]
+    assert [list(a["cells"]) for a in merged["arms"].values()] == [["c1", "c2"]] * len(ARMS)
     assert merged["arms"]["plain"]["cells"]["c2"] == result["arms"]["plain"]["cells"]["c1"]
     assert len(merged["requests"]) == 2 * len(result["requests"])
     assert [p["dir"] for p in merged["meta"]["parts"]] == [str(out), str(other)]
