@@ -11,8 +11,9 @@ worker with the run's ``--max-running-requests``, one block per slice in the ben
 with the benchmark's own seeded gaps), and p50 TPOT and TTFT per (arm, load, slice) are printed beside the
 measured ones (an interleaved run: its ``mixed`` cell, then each request's own slice over all replicates).
 The trace of an interleaved run is built with the run's ``--per-slice``, ``--max-tokens`` (as
-``--max-new-tokens``), ``--seed`` and ``--max-prompt-chars``: the sample is the same, only its order differs. The issue's bar (issue 25): predicted p50 TPOT within +-10%
-of the measured cell at c1 and within +-20% at other loads.
+``--max-new-tokens``), ``--seed`` and ``--max-prompt-chars``: the sample is the same, only its order differs.
+The issue's bar (issue 25): predicted p50 TPOT within +-10% of the measured cell at c1 and within +-20% at
+other loads.
 """
 
 from __future__ import annotations
@@ -182,23 +183,23 @@ def measured_cells(run: dict, arm: str, load: str) -> dict[str, tuple[float, flo
 
 def fit_serving(run: dict, book: RoundBook, costs):
     """The cost model with ``serving_s`` = the median, over the run's plain requests at c1, of measured TPOT
-    minus the TPOT replayed without it (a plain round commits one token, so the difference is per round).
-    Only those requests are used: every other cell (other arms, other loads) is a prediction."""
+    minus the TPOT replayed without it (a plain round commits one token, so the difference is per round;
+    ``bench.serving_cost.fit``, which measures the same gap on requests of its own). Only those requests are
+    used: every other cell (other arms, other loads) is a prediction."""
     from msgspec import structs
 
-    base = structs.replace(costs, serving_s=0.0)
-    prices = Prices(book, base)
-    plain = parse_arm("plain", book)
-    served = sweep(prices, [plain], ["c1"], 1, "by-slice", max_running=run["settings"]["max_running_requests"],
-                   max_total_tokens=65536, order=run_order(run, book.trace))[("plain", "c1", 0)]
-    predicted = {book.requests[s.index].id: s.tpot for s in served if s.tpot}
-    gaps = [r["tpot_s"] - predicted[r["item"]] for r in run["requests"]
-            if r["arm"] == "plain" and r["load"] == "c1" and r["ok"] and r["tpot_s"] and r["item"] in predicted]
-    if not gaps:
+    from bench.serving_cost import fit
+
+    request = {r.id: r for r in book.requests}
+    measured = [(len(request[r["item"]].prompt_ids), len(request[r["item"]].output_ids), r["tpot_s"])
+                for r in run["requests"]
+                if r["arm"] == "plain" and r["load"] == "c1" and r["ok"] and r["tpot_s"] and r["item"] in request]
+    if not measured:
         return None
-    serving = max(0.0, statistics.median(gaps))
+    serving, gaps = fit(costs, measured)
+    gaps.sort()
     print(f"serving_s fitted on {len(gaps)} plain c1 requests: {serving * 1e3:.1f} ms per round "
-          f"(gaps p10-p90 {1e3 * sorted(gaps)[len(gaps) // 10]:.1f}-{1e3 * sorted(gaps)[9 * len(gaps) // 10]:.1f} ms)\n")
+          f"(gaps p10-p90 {1e3 * gaps[len(gaps) // 10]:.1f}-{1e3 * gaps[9 * len(gaps) // 10]:.1f} ms)\n")
     return structs.replace(costs, serving_s=serving)
 
 

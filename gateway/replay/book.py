@@ -80,6 +80,7 @@ class RoundBook:
         self._rates: dict[tuple[str, Option], list[float]] = {}
         self._ngram: dict[int, tuple[list[int], list[int], list[int]]] = {}
         self._context_rates: dict[str, dict] = {}
+        self._keys: dict[tuple[int, str], list[tuple]] = {}
 
     def check(self, option: Option) -> None:
         """Refuse an option the trace cannot replay, naming what to rebuild."""
@@ -238,6 +239,9 @@ class RoundBook:
         "" is ``match``) that ``informed`` looks its rates up by."""
         from backends.engine.adaptive import match_context
 
+        hit = self._keys.get((i, features))
+        if hit is not None:  # every walker of the request asks again, at every load and seed
+            return hit
         names = self.check_features(features)
         lens, _, matches = self._ngram_positions(i)
         r = self.requests[i]
@@ -247,6 +251,7 @@ class RoundBook:
         for p, (length, match) in enumerate(zip(lens, matches)):
             values.update(match=match_context(match), exact=match, found=length, position=p // 16)
             keys.append(tuple(values[n] for n in names))
+        self._keys[(i, features)] = keys
         return keys
 
     def context_rates(self, features: str = "") -> dict[tuple, list[float]]:
