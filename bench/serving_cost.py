@@ -12,6 +12,11 @@ from real text, several lengths), and per request its measured TPOT against repl
 on the cost model without ``serving_s`` (the same prompt and output lengths, plain rounds as
 gateway/replay/profile.py prices them). ``serving_s`` is the median of the differences; the cost model is
 written to ``--out`` with it (the rest unchanged). Run it on the machine and in the hour of the calibration.
+
+``--idle-s S`` measures instead whether a request served after the stack sat idle runs slower than one sent as
+the previous answer ends (as at c1): every prompt is served twice, once straight after the previous request and
+once after S seconds idle, which of the two comes first alternating by prompt; prints each pair's TPOT and the
+geometric mean of after-idle over back-to-back. Writes nothing.
 """
 
 from __future__ import annotations
@@ -59,7 +64,18 @@ def fit(costs, measured: list[tuple[int, int, float]]) -> tuple[float, list[floa
     return max(0.0, statistics.median(gaps)), gaps
 
 
-async def _serve(url: str, model: str, texts: list[str], max_tokens: int) -> list:
+def idle_schedule(count: int) -> list[tuple[int, bool]]:
+    """(prompt, after idle) in serving order for ``count`` prompts, each served back-to-back and after idle,
+    the after-idle one first for odd prompts (a drift over the run then falls on both sides equally)."""
+    order = []
+    for n in range(count):
+        pair = [(n, False), (n, True)]
+        order += pair[::-1] if n % 2 else pair
+    return order
+
+
+async def _serve(url: str, model: str, texts: list[str], max_tokens: int, idle: list[float] | None = None) -> list:
+    """Serve ``texts`` one after another, streamed; ``idle[n]``: seconds to wait before text n (none: none)."""
     import httpx
 
     from bench.serve.client import Result, send
@@ -67,6 +83,8 @@ async def _serve(url: str, model: str, texts: list[str], max_tokens: int) -> lis
     results = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         for n, text in enumerate(texts):
+            if idle and idle[n] > 0:
+                await asyncio.sleep(idle[n])
             body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
                     "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
             result = await send(client, f"{url}/v1/chat/completions", body,
@@ -77,9 +95,10 @@ async def _serve(url: str, model: str, texts: list[str], max_tokens: int) -> lis
     return results
 
 
-def measure(texts: list[str], max_tokens: int, log_dir: Path) -> list[tuple[int, int, float]]:
+def measure(texts: list[str], max_tokens: int, log_dir: Path,
+            idle: list[float] | None = None) -> list[tuple[int, int, float]]:
     """(prompt tokens, output tokens, TPOT) of each text served plain, streamed, one at a time, through a fresh
-    worker and gateway (started here, always stopped)."""
+    worker and gateway (started here, always stopped); ``idle``: as _serve's."""
     import httpx
 
     from backends.engine.model_store import load_prepared
@@ -91,7 +110,7 @@ def measure(texts: list[str], max_tokens: int, log_dir: Path) -> list[tuple[int,
         with gateway(policy, log_dir, "serving-cost") as url:
             model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
             asyncio.run(_serve(url, model, texts[:1], 8))  # warm-up, not counted
-            results = asyncio.run(_serve(url, model, texts, max_tokens))
+            results = asyncio.run(_serve(url, model, texts, max_tokens, idle))
     return [(r.prompt_tokens, r.completion_tokens, r.tpot_s) for r in results if r.tpot_s is not None]
 
 
@@ -103,9 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--text", type=Path, default=None, help="a text file to cut prompts from (default: "
                         "Python's argparse source, as trace calibrate)")
+    parser.add_argument("--idle-s", type=float, default=None,
+                        help="measure the after-idle effect instead (module docstring); writes nothing")
     args = parser.parse_args(argv)
     if args.requests < 1 or args.max_tokens < 2:
         parser.error("--requests must be >= 1 and --max-tokens >= 2")
+    if args.idle_s is not None and args.idle_s <= 0:
+        parser.error("--idle-s must be > 0")
 
     from backends.engine.calibrate import default_text
     from backends.engine.model_store import load_prepared
@@ -117,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     text = args.text.read_text(encoding="utf-8") if args.text else default_text()
+    if args.idle_s is not None:
+        return idle_effect(prompts(text, args.requests), args.max_tokens, args.idle_s)
     with tempfile.TemporaryDirectory() as tmp:
         measured = measure(prompts(text, args.requests), args.max_tokens, Path(tmp))
     serving, gaps = fit(costs, measured)
@@ -133,6 +158,35 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.costs
     write_cost_model(out, structs.replace(costs, serving_s=round(serving, 6)))
     print(f"wrote {out}")
+    return 0
+
+
+def idle_effect(texts: list[str], max_tokens: int, idle_s: float) -> int:
+    """Serve every text back-to-back and after ``idle_s`` idle (:func:`idle_schedule`); print the pairs."""
+    import math
+
+    order = idle_schedule(len(texts))
+    with tempfile.TemporaryDirectory() as tmp:
+        measured = measure([texts[n] for n, _ in order], max_tokens, Path(tmp),
+                           idle=[idle_s if after else 0.0 for _, after in order])
+    if len(measured) != len(order):
+        print("error: a request produced fewer than two tokens: no TPOT to compare", file=sys.stderr)
+        return 1
+    tpot: dict[tuple[int, bool], tuple[int, float]] = {}
+    for (n, after), (prompt, _, seconds) in zip(order, measured):
+        tpot[(n, after)] = (prompt, seconds)
+    print(f"| prompt | prompt tokens | TPOT back-to-back ms | TPOT after {idle_s:g} s idle ms | ratio | served first |")
+    print("|---|---|---|---|---|---|")
+    logs = []
+    for n in range(len(texts)):
+        (prompt, busy), (_, idle) = tpot[(n, False)], tpot[(n, True)]
+        logs.append(math.log(idle / busy))
+        print(f"| p{n} | {prompt} | {busy * 1e3:.1f} | {idle * 1e3:.1f} | {idle / busy:.3f} | "
+              f"{'after idle' if n % 2 else 'back-to-back'} |")
+    mean = statistics.fmean(logs)
+    half = 1.96 * statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else float("nan")
+    print(f"\nafter idle / back-to-back, geometric mean over {len(logs)} prompts: {math.exp(mean):.3f} "
+          f"[{math.exp(mean - half):.3f}, {math.exp(mean + half):.3f}] (95%, normal over prompts)")
     return 0
 
 
