@@ -59,3 +59,33 @@ def test_a_cost_model_of_other_weights_is_refused_before_anything_starts(tmp_pat
     monkeypatch.setattr("backends.engine.model_store.load_prepared", lambda: type("P", (), {"revision": REVISION}))
     assert serving_cost.main(["--costs", str(path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {path}")
+
+
+def test_idle_schedule_serves_every_prompt_back_to_back_and_after_idle_alternating_which_first():
+    assert serving_cost.idle_schedule(3) == [(0, False), (0, True), (1, True), (1, False), (2, False), (2, True)]
+
+
+def test_idle_effect_pairs_each_prompts_tpot_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "costs.json"
+    write_cost_model(path, costs())
+    before = path.read_bytes()
+    seen = {}
+
+    def measure(texts, max_tokens, log_dir, idle=None):
+        seen.update(texts=texts, idle=idle)
+        # prompt n's TPOT: 40 ms back-to-back, 44 ms after idle (ratio 1.1); prompt tokens = 100 + n
+        return [(100 + int(t[-1]), 12, 0.044 if wait else 0.040) for t, wait in zip(texts, idle)]
+
+    monkeypatch.setattr(serving_cost, "measure", measure)
+    monkeypatch.setattr(serving_cost, "prompts", lambda text, count: [f"text {n}" for n in range(count)])
+    monkeypatch.setattr("backends.engine.model_store.load_prepared", lambda: type("P", (), {"revision": REVISION}))
+    assert serving_cost.main(["--costs", str(path), "--requests", "2", "--idle-s", "3"]) == 0
+    assert seen == {"texts": ["text 0", "text 0", "text 1", "text 1"], "idle": [0.0, 3.0, 3.0, 0.0]}
+    out = capsys.readouterr().out
+    assert "| p0 | 100 | 40.0 | 44.0 | 1.100 | back-to-back |" in out
+    assert "| p1 | 101 | 40.0 | 44.0 | 1.100 | after idle |" in out
+    assert "geometric mean over 2 prompts: 1.100 [1.100, 1.100]" in out
+    assert path.read_bytes() == before
+    with pytest.raises(SystemExit):
+        serving_cost.main(["--costs", str(path), "--idle-s", "0"])
+    assert "--idle-s must be > 0" in capsys.readouterr().err
