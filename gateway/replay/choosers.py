@@ -56,8 +56,10 @@ class Prices:
         self.prefill_chunk, self.context_length = prefill_chunk, context_length
         self.max_batch_tokens = max_batch_tokens
         self._memo: dict[tuple[int, Option, int], Profile] = {}
-        # suffix rounds of a fixed arm, by the stream order that filled its tree (RunState.order)
-        self._suffix: dict[tuple, object] = {}
+        # suffix profiles of a fixed arm under the stream order that filled its tree (RunState.order), for the
+        # last order only: a sweep runs one seed's loads together (run.sweep), and older orders are not asked again
+        self._suffix: dict[tuple, Profile] = {}
+        self._suffix_order: object = None
 
     def costs_of(self, worker: str):
         """The cost model of a worker (``--costs URL=FILE``), else the default one."""
@@ -77,12 +79,17 @@ class Prices:
         if estimated and option.proposer != "none":
             rounds = self.book.estimated_rounds(i, option, run.rng)
         elif option.proposer == "suffix":
-            key = (run.order, run.worker_of, i, option)
-            rounds = self._suffix.get(key) if run.order is not None else None
-            if rounds is None:
+            if run.order != self._suffix_order:
+                self._suffix.clear()
+                self._suffix_order = run.order
+            key = (run.worker_of, i, option)
+            hit = self._suffix.get(key) if run.order is not None else None
+            if hit is None:
                 rounds = self.book.suffix_rounds(i, option, run.suffix_store(run.worker_of))
+                hit = profile(costs, len(r.prompt_ids), len(r.output_ids), option, rounds)
                 if run.order is not None:
-                    self._suffix[key] = rounds
+                    self._suffix[key] = hit
+            return hit, estimated
         else:
             key = (i, option, id(costs))
             hit = self._memo.get(key)
