@@ -61,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit-serving", action="store_true",
                         help="set the cost model's serving_s (seconds each streamed round adds through the HTTP "
                              "stack) from the run's plain c1 requests alone, then predict every other cell with it")
+    parser.add_argument("--fit-serving-concurrent", default=None, metavar="LOAD",
+                        help="fit the cost model's serving_concurrent_s (per streamed round when a step streams two "
+                             "or more sequences) so replay's plain TPOT p50 at LOAD (e.g. c2) is the run's; every "
+                             "other cell stays a prediction")
+    parser.add_argument("--serving-concurrent-s", type=float, default=None,
+                        help="set the cost model's serving_concurrent_s to this (e.g. fitted on another run)")
     parser.add_argument("--serving-s", type=float, default=None,
                         help="set the cost model's serving_s to this (seconds per streamed round), e.g. a value "
                              "fitted with --fit-serving on another run of the same machine")
@@ -83,11 +89,21 @@ def main(argv: list[str] | None = None) -> int:
         from msgspec import structs
 
         costs = structs.replace(costs, serving_s=args.serving_s)
+    if args.serving_concurrent_s is not None:
+        from msgspec import structs
+
+        costs = structs.replace(costs, serving_concurrent_s=args.serving_concurrent_s)
     if args.fit_serving:
         costs = fit_serving(run, book, costs)
         if costs is None:
             print("error: --fit-serving: the run has no plain c1 requests to fit serving_s on; give --serving-s "
                   "(fitted on another run of this machine) instead", file=sys.stderr)
+            return 2
+    if args.fit_serving_concurrent:
+        costs = fit_serving_concurrent(run, book, costs, args.fit_serving_concurrent, order)
+        if costs is None:
+            print(f"error: --fit-serving-concurrent: the run has no plain requests at "
+                  f"{args.fit_serving_concurrent}", file=sys.stderr)
             return 2
     prices = Prices(book, costs)
     results = sweep(prices, contenders, loads, 1, "by-slice", max_running=run["settings"]["max_running_requests"],
@@ -201,6 +217,35 @@ def fit_serving(run: dict, book: RoundBook, costs):
     print(f"serving_s fitted on {len(gaps)} plain c1 requests: {serving * 1e3:.1f} ms per round "
           f"(gaps p10-p90 {1e3 * gaps[len(gaps) // 10]:.1f}-{1e3 * gaps[9 * len(gaps) // 10]:.1f} ms)\n")
     return structs.replace(costs, serving_s=serving)
+
+
+def fit_serving_concurrent(run: dict, book: RoundBook, costs, load: str, order, steps: int = 40):
+    """The cost model with ``serving_concurrent_s`` set so that replay's plain TPOT p50 at ``load`` (the run's
+    order) equals the measured p50 of the run's plain requests there: bisection between 0 and 1 s (replay's TPOT
+    grows with it); None when the run has no plain requests at ``load``."""
+    from msgspec import structs
+
+    measured = [r["tpot_s"] for r in run["requests"]
+                if r["arm"] == "plain" and r["load"] == load and r["ok"] and r["tpot_s"]]
+    if not measured:
+        return None
+    target = percentile(measured, 50)
+    plain = parse_arm("plain", book)
+
+    def replayed(value: float) -> float:
+        trial = structs.replace(costs, serving_concurrent_s=value)
+        served = sweep(Prices(book, trial), [plain], [load], 1, "by-slice", max_running=16,
+                       max_total_tokens=65536, processes=1, order=order)[(plain.name, load, 0)]
+        return percentile([s.tpot for s in served if s.tpot], 50)
+
+    low, high = 0.0, 1.0
+    for _ in range(steps):
+        middle = (low + high) / 2
+        low, high = (middle, high) if replayed(middle) < target else (low, middle)
+    value = round((low + high) / 2, 6)
+    print(f"serving_concurrent_s fitted on {len(measured)} plain {load} requests: {value * 1e3:.1f} ms per round "
+          f"(replayed TPOT p50 {replayed(value) * 1e3:.1f} ms, measured {target * 1e3:.1f} ms)\n")
+    return structs.replace(costs, serving_concurrent_s=value)
 
 
 def relative(rows: list[dict], loads: list[str]) -> None:

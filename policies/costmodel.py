@@ -153,7 +153,10 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     machine (the worker's HTTP thread, the gateway, the client): not in the engine's own rounds (``round_s``
     and calibrate's self-check leave it out), measured by serving: on 2 CPU cores ~29 ms per round, fitted on
     plain decoding at c1 (``bench/replay_fidelity.py --fit-serving``, docs/replay.md); 0 where the serving
-    path runs on other cores than the model (a GPU pool)."""
+    path runs on other cores than the model (a GPU pool). ``serving_concurrent_s``: the same per round when the
+    step streams two or more sequences (None: ``serving_s``). They differ on 2 cores: one stream's serving work
+    partly fits beside the engine's single-threaded Python, several do not (measured per stream: ~6 ms at c1,
+    11-13 ms at c2, c4 and c16; docs/replay.md, "Where the p0.25 gap is")."""
 
     format: Literal[1]
     model: str
@@ -167,6 +170,7 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     draft: dict[str, DraftCost] = {}
     overhead_s: float = 0.0
     serving_s: float = 0.0
+    serving_concurrent_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.revision:
@@ -180,6 +184,8 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
             raise ValueError("field draft.none: proposer none drafts nothing; remove the entry")
         _seconds("overhead_s", self.overhead_s, zero=True)
         _seconds("serving_s", self.serving_s, zero=True)
+        if self.serving_concurrent_s is not None:
+            _seconds("serving_concurrent_s", self.serving_concurrent_s, zero=True)
 
     def forward_s(self, tokens: int, context: int, batch: int = 1) -> float:
         """One target forward of ``batch`` sequences, each feeding ``tokens`` after ``context`` cached ones.

@@ -23,10 +23,13 @@ class CachedCosts:
     option of a request, and a lookup interpolates in Python (~3 us) where a dict hit costs ~0.1 us. At most
     (widths x contexts x batch sizes) entries."""
 
-    __slots__ = ("costs", "overhead_s", "serving_s", "_forward", "_draft", "_prefill", "_rounds")
+    __slots__ = ("costs", "overhead_s", "serving_s", "serving_extra", "_forward", "_draft", "_prefill", "_rounds")
 
     def __init__(self, costs) -> None:
         self.costs, self.overhead_s, self.serving_s = costs, costs.overhead_s, costs.serving_s
+        # what each round of a step streaming two or more sequences costs on top of serving_s (the profile's)
+        concurrent = getattr(costs, "serving_concurrent_s", None)
+        self.serving_extra = 0.0 if concurrent is None else concurrent - costs.serving_s
         self._forward: dict[tuple[int, int, int], float] = {}
         self._draft: dict[tuple[str, int, int], float] = {}
         self._prefill: dict[tuple[int, int], float] = {}

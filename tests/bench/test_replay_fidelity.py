@@ -118,3 +118,22 @@ def test_a_trace_without_the_runs_requests_is_refused(files, tmp_path, capsys):
     path.write_text(json.dumps(run))
     assert replay_fidelity.main(["--trace", str(trace), "--costs", str(cost_file), "--run", str(path)]) == 1
     assert "the trace does not hold the run's requests" in capsys.readouterr().err
+
+
+def test_serving_concurrent_s_is_fitted_so_replays_plain_p50_at_the_load_is_the_runs(files, capsys):
+    from msgspec import structs
+
+    trace = read_trace(files[0])
+    book = RoundBook(trace)
+    order = [[3, 0, 1, 2]]
+    truth = structs.replace(costs(), serving_concurrent_s=0.0123)
+    plain = parse_arm("plain", book)
+    served = sweep(Prices(book, truth), [plain], ["c2"], 1, "by-slice", max_running=16, max_total_tokens=65536,
+                   order=order)[("plain", "c2", 0)]
+    run = serving_run()
+    run["requests"] += [{"arm": "plain", "load": "c2", "ok": True, "tpot_s": s.tpot} for s in served]
+    fitted = replay_fidelity.fit_serving_concurrent(run, book, costs(), "c2", order)
+    assert fitted.serving_concurrent_s == pytest.approx(0.0123, abs=2e-6)
+    assert structs.replace(fitted, serving_concurrent_s=None) == costs()  # nothing else changed
+    assert "serving_concurrent_s fitted on 4 plain c2 requests: 12.3 ms per round" in capsys.readouterr().out
+    assert replay_fidelity.fit_serving_concurrent(run, book, costs(), "c4", order) is None

@@ -135,6 +135,27 @@ def test_two_requests_share_every_step_and_end_with_it():
     assert served[0].tpot == pytest.approx(sum(steps[2:4]) / 2, rel=TIGHT)
 
 
+def test_a_step_streaming_two_or_more_sequences_charges_serving_concurrent_s_a_round():
+    import msgspec
+
+    serving, concurrent = 0.004, 0.011
+    costs = msgspec.structs.replace(COSTS, serving_s=serving, serving_concurrent_s=concurrent)
+    requests = (request(10, 3, rid="a"), request(20, 5, rid="b"))
+    served = simulate(Prices(RoundBook(Trace(HEADER, list(requests))), costs), "c2", [[0, 1]])
+    base, _, _ = two_side_by_side()
+    # steps 2-4 stream a round of each (2 x concurrent), steps 5-6 b's alone (serving_s), step 1 prefills
+    steps = base[:1] + [t + 2 * concurrent for t in base[1:4]] + [t + serving for t in base[4:]]
+    assert served[0].e2e == pytest.approx(sum(steps[:4]), rel=TIGHT)
+    assert served[1].e2e == pytest.approx(sum(steps), rel=TIGHT)
+    assert served[0].tpot == pytest.approx(sum(steps[2:4]) / 2, rel=TIGHT)
+    # a request alone pays serving_s only; without serving_concurrent_s every round pays serving_s
+    alone = simulate(Prices(RoundBook(Trace(HEADER, [requests[1]])), costs), "c1", [[0]])[0]
+    assert alone.e2e == pytest.approx(sum(plain_units(20, 5)) + 5 * serving, rel=TIGHT)
+    flat = msgspec.structs.replace(costs, serving_concurrent_s=None)
+    served = simulate(Prices(RoundBook(Trace(HEADER, list(requests))), flat), "c2", [[0, 1]])
+    assert served[1].e2e == pytest.approx(sum(base) + 8 * serving, rel=TIGHT)
+
+
 def test_the_worker_reports_each_rounds_whole_step_as_its_forward():
     prices = prices_of(request(10, 3, rid="a"), request(20, 5, rid="b"))
     chooser = FixedChooser(PLAIN, prices, 0)

@@ -198,3 +198,6 @@ def test_construction_in_python_checks_too():
         model(overhead_s=float("nan"))
     with pytest.raises(ValueError, match=r"^field serving_s: -0.01; seconds must be finite and >= 0 \(remeasure it\)$"):
         model(serving_s=-0.01)
+    with pytest.raises(ValueError, match=r"^field serving_concurrent_s: -0.01; seconds must be finite and >= 0"):
+        model(serving_concurrent_s=-0.01)
+    assert model().serving_concurrent_s is None and model(serving_concurrent_s=0.012).serving_concurrent_s == 0.012
