@@ -13,6 +13,12 @@ on the cost model without ``serving_s`` (the same prompt and output lengths, pla
 gateway/replay/profile.py prices them). ``serving_s`` is the median of the differences; the cost model is
 written to ``--out`` with it (the rest unchanged). Run it on the machine and in the hour of the calibration.
 
+``--concurrency N`` (N >= 2) measures ``serving_concurrent_s`` instead, what each round costs when a step
+streams two or more sequences: N clients stream the requests closed-loop, and ``serving_concurrent_s`` is set
+so that replay's plain TPOT p50 of the same requests at cN (prompt and output lengths as served, ``serving_s``
+from the cost model) equals the measured p50 (``bench.replay_fidelity.fit_serving_concurrent``). Run it after
+the c1 measurement, which sets ``serving_s``.
+
 ``--idle-s S`` measures instead whether a request served after the stack sat idle runs slower than one sent as
 the previous answer ends (as at c1): every prompt is served twice, once straight after the previous request and
 once after S seconds idle, which of the two comes first alternating by prompt; prints each pair's TPOT and the
@@ -74,12 +80,33 @@ def idle_schedule(count: int) -> list[tuple[int, bool]]:
     return order
 
 
-async def _serve(url: str, model: str, texts: list[str], max_tokens: int, idle: list[float] | None = None) -> list:
-    """Serve ``texts`` one after another, streamed; ``idle[n]``: seconds to wait before text n (none: none)."""
+async def _serve(url: str, model: str, texts: list[str], max_tokens: int, idle: list[float] | None = None,
+                 clients: int = 1) -> list:
+    """Serve ``texts`` in order, streamed, by ``clients`` closed-loop clients (each sends the next text when its
+    answer ends); ``idle[n]``: seconds to wait before text n (one client). Results in the texts' order."""
     import httpx
 
     from bench.serve.client import Result, send
 
+    if clients > 1:
+        results: list = [None] * len(texts)
+        queue = list(range(len(texts)))
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+
+            async def loop() -> None:
+                while queue:
+                    n = queue.pop(0)
+                    body = {"model": model, "messages": [{"role": "user", "content": texts[n]}],
+                            "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}}
+                    results[n] = await send(client, f"{url}/v1/chat/completions", body,
+                                            Result(arm="plain", load=f"c{clients}", slice="-", item=f"p{n}",
+                                                   start_s=0.0))
+                    if not results[n].ok:
+                        raise RuntimeError(f"request {n}: {results[n].error}")
+
+            await asyncio.gather(*(loop() for _ in range(clients)))
+        return results
     results = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         for n, text in enumerate(texts):
@@ -96,9 +123,9 @@ async def _serve(url: str, model: str, texts: list[str], max_tokens: int, idle: 
 
 
 def measure(texts: list[str], max_tokens: int, log_dir: Path,
-            idle: list[float] | None = None) -> list[tuple[int, int, float]]:
-    """(prompt tokens, output tokens, TPOT) of each text served plain, streamed, one at a time, through a fresh
-    worker and gateway (started here, always stopped); ``idle``: as _serve's."""
+            idle: list[float] | None = None, clients: int = 1) -> list[tuple[int, int, float]]:
+    """(prompt tokens, output tokens, TPOT) of each text served plain, streamed, through a fresh worker and
+    gateway (started here, always stopped); ``idle`` and ``clients``: as _serve's."""
     import httpx
 
     from backends.engine.model_store import load_prepared
@@ -110,7 +137,7 @@ def measure(texts: list[str], max_tokens: int, log_dir: Path,
         with gateway(policy, log_dir, "serving-cost") as url:
             model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
             asyncio.run(_serve(url, model, texts[:1], 8))  # warm-up, not counted
-            results = asyncio.run(_serve(url, model, texts, max_tokens, idle))
+            results = asyncio.run(_serve(url, model, texts, max_tokens, idle, clients))
     return [(r.prompt_tokens, r.completion_tokens, r.tpot_s) for r in results if r.tpot_s is not None]
 
 
@@ -122,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--text", type=Path, default=None, help="a text file to cut prompts from (default: "
                         "Python's argparse source, as trace calibrate)")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="N >= 2: measure serving_concurrent_s with N closed-loop clients (module docstring)")
     parser.add_argument("--idle-s", type=float, default=None,
                         help="measure the after-idle effect instead (module docstring); writes nothing")
     args = parser.parse_args(argv)
@@ -129,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests must be >= 1 and --max-tokens >= 2")
     if args.idle_s is not None and args.idle_s <= 0:
         parser.error("--idle-s must be > 0")
+    if args.concurrency < 1:
+        parser.error("--concurrency must be >= 1")
 
     from backends.engine.calibrate import default_text
     from backends.engine.model_store import load_prepared
@@ -142,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     text = args.text.read_text(encoding="utf-8") if args.text else default_text()
     if args.idle_s is not None:
         return idle_effect(prompts(text, args.requests), args.max_tokens, args.idle_s)
+    if args.concurrency > 1:
+        return concurrent(costs, prompts(text, args.requests), args.max_tokens, args.concurrency,
+                          args.out or args.costs)
     with tempfile.TemporaryDirectory() as tmp:
         measured = measure(prompts(text, args.requests), args.max_tokens, Path(tmp))
     serving, gaps = fit(costs, measured)
@@ -158,6 +192,52 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.costs
     write_cost_model(out, structs.replace(costs, serving_s=round(serving, 6)))
     print(f"wrote {out}")
+    return 0
+
+
+def fit_concurrent(costs, measured: list[tuple[int, int, float]], clients: int):
+    """``costs`` with ``serving_concurrent_s`` fitted on ``measured`` ((prompt tokens, output tokens, TPOT) per
+    request, in the order the ``clients`` closed-loop clients took them): replay's plain requests of those
+    lengths at c``clients``, in that order, matched at the TPOT p50."""
+    from bench.replay_fidelity import fit_serving_concurrent
+
+    load = f"c{clients}"
+    book = plain_book(costs, [(prompt, output) for prompt, output, _ in measured])
+    run = {"requests": [{"arm": "plain", "load": load, "ok": True, "tpot_s": tpot} for _, _, tpot in measured]}
+    return fit_serving_concurrent(run, book, costs, load, [list(range(len(measured)))])
+
+
+def plain_book(costs, lengths: list[tuple[int, int]]):
+    """A RoundBook of greedy requests of these (prompt tokens, output tokens), for replaying them plain (plain
+    rounds depend on the lengths alone; the ids are placeholders), on ``costs``' model revision."""
+    from gateway.replay.book import RoundBook
+    from policies.features import RequestFeatures
+    from policies.trace import FORMAT, Header, Sampling, Served, Trace, TraceRequest
+
+    requests = [TraceRequest(id=f"p{n}", arrival_s=float(n), route="default", slice="-",
+                             features=RequestFeatures(prompt_tokens=prompt, max_tokens=output),
+                             sampling=Sampling(temperature=0.0, max_new_tokens=output),
+                             served=Served(proposer="none", draft_tokens=0, finish="length"),
+                             prompt_ids=[1] * prompt, output_ids=[2] * output)
+                for n, (prompt, output) in enumerate(lengths)]
+    return RoundBook(Trace(Header(format=FORMAT, model=costs.model, revision=costs.revision, tokenizer="-"),
+                           requests))
+
+
+def concurrent(costs, texts: list[str], max_tokens: int, clients: int, out: Path) -> int:
+    """Measure at c``clients`` and write ``serving_concurrent_s`` into ``out`` (module docstring)."""
+    from policies.costmodel import write_cost_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        measured = measure(texts, max_tokens, Path(tmp), clients=clients)
+    measured = [m for m in measured if m[1] >= 2]
+    if not measured:
+        print("error: no request produced two tokens or more: nothing to measure TPOT on", file=sys.stderr)
+        return 1
+    fitted = fit_concurrent(costs, measured, clients)
+    write_cost_model(out, fitted)
+    print(f"serving_concurrent_s = {fitted.serving_concurrent_s * 1e3:.2f} ms per streamed round at c{clients} "
+          f"(serving_s {costs.serving_s * 1e3:.2f} ms); wrote {out}")
     return 0
 
 

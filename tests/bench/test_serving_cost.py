@@ -89,3 +89,38 @@ def test_idle_effect_pairs_each_prompts_tpot_and_writes_nothing(tmp_path, monkey
     with pytest.raises(SystemExit):
         serving_cost.main(["--costs", str(path), "--idle-s", "0"])
     assert "--idle-s must be > 0" in capsys.readouterr().err
+
+
+def test_concurrency_fits_serving_concurrent_s_on_replays_plain_requests_of_the_served_lengths(tmp_path, monkeypatch,
+                                                                                              capsys):
+    from msgspec import structs
+
+    from gateway.replay.choosers import Prices
+    from gateway.replay.run import parse_arm, sweep
+
+    lengths = [(18, 12), (30, 8), (12, 12), (25, 10)]
+    truth = structs.replace(costs(), serving_s=0.003, serving_concurrent_s=0.0071)
+    # what replay serves at c2 with the true value: the "measured" TPOTs, in the clients' order
+
+    def replayed(model) -> list[float]:
+        book = serving_cost.plain_book(model, lengths)
+        served = sweep(Prices(book, model), [parse_arm("plain", book)], ["c2"], 1, "by-slice", max_running=16,
+                       max_total_tokens=65536, order=[[0, 1, 2, 3]])[("plain", "c2", 0)]
+        return [s.tpot for s in sorted(served, key=lambda s: s.index)]
+
+    measured = [(p, o, t) for (p, o), t in zip(lengths, replayed(truth))]
+    base = structs.replace(truth, serving_concurrent_s=None)
+    fitted = serving_cost.fit_concurrent(base, measured, 2)
+    assert fitted.serving_concurrent_s == pytest.approx(0.0071, abs=2e-6)
+    assert structs.replace(fitted, serving_concurrent_s=None) == base
+
+    path, out = tmp_path / "costs.json", tmp_path / "out.json"
+    write_cost_model(path, base)
+    calls = []
+    monkeypatch.setattr(serving_cost, "measure", lambda texts, max_tokens, log_dir, idle=None, clients=1: (
+        calls.append(clients) or measured))
+    monkeypatch.setattr("backends.engine.model_store.load_prepared", lambda: type("P", (), {"revision": REVISION}))
+    assert serving_cost.main(["--costs", str(path), "--out", str(out), "--concurrency", "2", "--requests", "4"]) == 0
+    assert calls == [2]
+    assert load_cost_model(out).serving_concurrent_s == pytest.approx(0.0071, abs=2e-6)
+    assert "serving_concurrent_s = 7.10 ms per streamed round at c2 (serving_s 3.00 ms)" in capsys.readouterr().out
