@@ -19,7 +19,6 @@ import argparse
 import gzip
 import json
 import math
-import random
 import statistics
 import sys
 import time
@@ -30,32 +29,29 @@ from gateway.replay.sim import Load
 
 
 def arrivals(load: Load, count: int, seed: int) -> list[float] | None:
-    """Offsets (s) of ``count`` arrivals of Poisson ``load``, drawn as bench serve and replay draw them (per
-    cell, from ``f"{seed}:{label}"``); None for a closed loop."""
-    if load.rate is None:
-        return None
-    rng, at, out = random.Random(f"{seed}:{load.label}"), 0.0, []
-    for _ in range(count):
-        out.append(at)
-        at += rng.expovariate(load.rate)
-    return out
+    """Offsets (s) of ``count`` arrivals of Poisson ``load``, as bench serve and replay draw them
+    (``Load.arrivals``); None for a closed loop."""
+    return None if load.rate is None else load.arrivals(count, seed)
+
+
+def request(r, rid: str, spec, max_new: int):
+    """The engine's request for trace request ``r``: its prompt ids, greedy, ``max_new`` tokens at most."""
+    from backends.engine.types import GenerateRequest, SamplingParams
+
+    return GenerateRequest(rid=rid, input_ids=tuple(r.prompt_ids), speculation=spec,
+                           sampling=SamplingParams(max_new_tokens=max_new, temperature=0.0))
 
 
 def serve(engine, requests: list, load: Load, seed: int, spec) -> list[float | None]:
     """Each request's engine TPOT (s) under ``load``, in order: Poisson at :func:`arrivals`' offsets, or
     ``load.concurrency`` in flight (the next submitted as one finishes)."""
-    from backends.engine.types import GenerateRequest, SamplingParams
-
     times = arrivals(load, len(requests), seed)
     finished: dict[int, object] = {}
     submitted = 0
 
     def submit(i: int) -> None:
         r = requests[i]
-        engine.submit(GenerateRequest(rid=f"{load.label}-{i}-{time.monotonic_ns()}", input_ids=tuple(r.prompt_ids),
-                                      speculation=spec,
-                                      sampling=SamplingParams(max_new_tokens=r.sampling.max_new_tokens,
-                                                              temperature=0.0)),
+        engine.submit(request(r, f"{load.label}-{i}-{time.monotonic_ns()}", spec, r.sampling.max_new_tokens),
                       lambda out, i=i: finished.__setitem__(i, out) if out.finished else None)
 
     start = time.perf_counter()
@@ -121,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     requests = [trace.requests[i] for i in order[0]]
     prepared = load_prepared()
     engine = Engine(EngineConfig(model_path=str(prepared.path), dtype="float32", max_running_requests=16))
-    engine.generate(engine_request(requests[0]))  # warm-up, not counted
+    engine.generate(request(requests[0], "warm-up", ENGINE_ARMS["engine-plain"], 4))  # warm-up, not counted
     print(f"{len(requests)} requests in the run's order; engine TPOT in process, replay without serving_s")
     print("| arm | load | requests | engine TPOT p50 ms | replayed p50 ms | replayed / engine, p50 | geomean [95%] |")
     print("|---|---|---|---|---|---|---|")
@@ -138,13 +134,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{math.exp(mean):.3f} [{math.exp(mean - half):.3f}, {math.exp(mean + half):.3f}] |", flush=True)
     engine.shutdown()
     return 0
-
-
-def engine_request(r):
-    from backends.engine.types import GenerateRequest, SamplingParams
-
-    return GenerateRequest(rid="warm-up", input_ids=tuple(r.prompt_ids),
-                           sampling=SamplingParams(max_new_tokens=4, temperature=0.0))
 
 
 if __name__ == "__main__":

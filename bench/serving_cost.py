@@ -82,43 +82,28 @@ def idle_schedule(count: int) -> list[tuple[int, bool]]:
 
 async def _serve(url: str, model: str, texts: list[str], max_tokens: int, idle: list[float] | None = None,
                  clients: int = 1) -> list:
-    """Serve ``texts`` in order, streamed, by ``clients`` closed-loop clients (each sends the next text when its
-    answer ends); ``idle[n]``: seconds to wait before text n (one client). Results in the texts' order."""
+    """Serve ``texts`` in order, streamed, by ``clients`` closed-loop clients (bench/serve/load.drive: each sends
+    the next text when its answer ends); ``idle[n]``: seconds to wait before text n (one client). Results in the
+    texts' order."""
     import httpx
 
     from bench.serve.client import Result, send
+    from bench.serve.load import LoadPoint, drive
 
-    if clients > 1:
-        results: list = [None] * len(texts)
-        queue = list(range(len(texts)))
-        async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
-
-            async def loop() -> None:
-                while queue:
-                    n = queue.pop(0)
-                    body = {"model": model, "messages": [{"role": "user", "content": texts[n]}],
-                            "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                            "stream_options": {"include_usage": True}}
-                    results[n] = await send(client, f"{url}/v1/chat/completions", body,
-                                            Result(arm="plain", load=f"c{clients}", slice="-", item=f"p{n}",
-                                                   start_s=0.0))
-                    if not results[n].ok:
-                        raise RuntimeError(f"request {n}: {results[n].error}")
-
-            await asyncio.gather(*(loop() for _ in range(clients)))
-        return results
-    results = []
+    results: list = [None] * len(texts)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
-        for n, text in enumerate(texts):
+
+        async def one(n: int, _offset: float) -> None:
             if idle and idle[n] > 0:
                 await asyncio.sleep(idle[n])
-            body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            body = {"model": model, "messages": [{"role": "user", "content": texts[n]}], "max_tokens": max_tokens,
                     "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-            result = await send(client, f"{url}/v1/chat/completions", body,
-                                Result(arm="plain", load="c1", slice="-", item=f"p{n}", start_s=0.0))
-            if not result.ok:
-                raise RuntimeError(f"request {n}: {result.error}")
-            results.append(result)
+            results[n] = await send(client, f"{url}/v1/chat/completions", body,
+                                    Result(arm="plain", load=f"c{clients}", slice="-", item=f"p{n}", start_s=0.0))
+            if not results[n].ok:
+                raise RuntimeError(f"request {n}: {results[n].error}")
+
+        await drive(LoadPoint.parse(f"c{clients}"), list(range(len(texts))), one, seed=0)
     return results
 
 
@@ -160,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--idle-s must be > 0")
     if args.concurrency < 1:
         parser.error("--concurrency must be >= 1")
+    if args.idle_s is not None and args.concurrency > 1:
+        parser.error("--idle-s measures one client at a time: leave out --concurrency")
 
     from backends.engine.calibrate import default_text
     from backends.engine.model_store import load_prepared

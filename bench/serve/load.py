@@ -5,7 +5,6 @@ exponential gaps, each request sent at its time whatever is still in flight)."""
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Awaitable, Callable
 from bench.workloads import WorkItem
@@ -45,13 +44,11 @@ async def drive(point: LoadPoint, items: list[WorkItem], send: Send, seed: int) 
 
         await asyncio.gather(*(client() for _ in range(min(point.concurrency, len(items)))))
     else:
-        rng = random.Random(f"{seed}:{point.label}")
-        at, tasks = 0.0, []
-        for item in items:
+        tasks = []
+        for item, at in zip(items, point.arrivals(len(items), seed)):
             delay = t0 + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(send(item, time.perf_counter() - t0)))
-            at += rng.expovariate(point.rate)
         await asyncio.gather(*tasks)
     return time.perf_counter() - t0

@@ -28,7 +28,7 @@ class CachedCosts:
     def __init__(self, costs) -> None:
         self.costs, self.overhead_s, self.serving_s = costs, costs.overhead_s, costs.serving_s
         # what each round of a step streaming two or more sequences costs on top of serving_s (the profile's)
-        concurrent = getattr(costs, "serving_concurrent_s", None)
+        concurrent = costs.serving_concurrent_s
         self.serving_extra = 0.0 if concurrent is None else concurrent - costs.serving_s
         self._forward: dict[tuple[int, int, int], float] = {}
         self._draft: dict[tuple[str, int, int], float] = {}

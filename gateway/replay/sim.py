@@ -58,6 +58,16 @@ class Load:
         raise ValueError(f"--loads: {text!r} is not a load; use cN (N closed-loop clients, e.g. c4), pR (Poisson "
                          "arrivals at R requests/s, e.g. p0.5) or trace (the trace's own arrival times)")
 
+    def arrivals(self, count: int, seed: int, start: float = 0.0) -> list[float]:
+        """Times of ``count`` Poisson arrivals from ``start``: the seeded exponential gaps of one cell, drawn from
+        ``f"{seed}:{label}"``, the same in replay and in the serving benchmark (bench/serve/load.py), so a replay
+        reproduces a benchmark cell."""
+        rng, at, out = random.Random(f"{seed}:{self.label}"), start, []
+        for _ in range(count):
+            out.append(at)
+            at += rng.expovariate(self.rate)
+        return out
+
 
 @dataclass(slots=True)
 class Flight:
@@ -180,11 +190,8 @@ class Simulation:
             for i in block:
                 self._push(start + self.arrival_of(i) - first, ARRIVAL, i)
             return
-        rng = random.Random(f"{self.seed}:{load.label}")  # the serving benchmark's draw, per cell
-        at = start
-        for i in block:
+        for i, at in zip(block, load.arrivals(len(block), self.seed, start)):  # the serving benchmark's draw
             self._push(at, ARRIVAL, i)
-            at += rng.expovariate(load.rate)
 
     def _drain(self) -> None:
         events = self._events

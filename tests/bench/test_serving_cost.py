@@ -89,6 +89,9 @@ def test_idle_effect_pairs_each_prompts_tpot_and_writes_nothing(tmp_path, monkey
     with pytest.raises(SystemExit):
         serving_cost.main(["--costs", str(path), "--idle-s", "0"])
     assert "--idle-s must be > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serving_cost.main(["--costs", str(path), "--idle-s", "3", "--concurrency", "2"])
+    assert "--idle-s measures one client at a time" in capsys.readouterr().err
 
 
 def test_concurrency_fits_serving_concurrent_s_on_replays_plain_requests_of_the_served_lengths(tmp_path, monkeypatch,
