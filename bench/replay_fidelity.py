@@ -231,10 +231,11 @@ def fit_serving_concurrent(run: dict, book: RoundBook, costs, load: str, order, 
         return None
     target = percentile(measured, 50)
     plain = parse_arm("plain", book)
+    max_running = run.get("settings", {}).get("max_running_requests", 16)  # the worker's flag, as main replays
 
     def replayed(value: float) -> float:
         trial = structs.replace(costs, serving_concurrent_s=value)
-        served = sweep(Prices(book, trial), [plain], [load], 1, "by-slice", max_running=16,
+        served = sweep(Prices(book, trial), [plain], [load], 1, "by-slice", max_running=max_running,
                        max_total_tokens=65536, processes=1, order=order)[(plain.name, load, 0)]
         return percentile([s.tpot for s in served if s.tpot], 50)
 
