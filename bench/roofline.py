@@ -4,10 +4,11 @@ weight-streaming bandwidth and GEMM throughput (issue 27: why a batching target 
     .venv/bin/python -m bench.roofline --repeats 5 [--before REV]
 
 For each shape (sequences x tokens each, after a 200-token cached prefix): the whole forward
-(``ModelRunner.forward_batch``) and its linear layers alone (the same fused weight matrices, every layer, and
-the LM head on one row per sequence), median of ``--repeats``; beside it the same linear layers on a copy of
-the weights in the ``[out, in]`` layout that ``F.linear`` (and the runner before 2026-12-03) multiplies, the
-two interleaved call by call; with ``--before REV``, that commit's runner's whole forward beside this one's (its
+(``ModelRunner.forward_batch``) and its linear layers alone (the same weights in the form the runner multiplies,
+every layer, and the LM head on one row per sequence), median of ``--repeats``; beside it the same linear layers
+as MKL's ``x @ W`` on the runner's ``[in, out]`` matrices (the runner's form before oneDNN's prepacked weights,
+2026-12-05) and on a copy in the ``[out, in]`` layout that ``F.linear`` (and the runner before 2026-12-03)
+multiplies, the three interleaved call by call; with ``--before REV``, that commit's runner's whole forward beside this one's (its
 own copy of the model, calls interleaved), e.g. ``--before da8dff0`` for the runner before the layout change.
 Weights are 4 bytes a parameter (fp32); a linear layer's FLOPs are 2 x rows x parameters. GB/s = weight bytes /
 linear seconds (what a memory-bound step reaches); GFLOP/s = linear FLOPs / linear seconds (what a compute-bound
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 from backends.engine.model_store import load_prepared
-from backends.engine.runner import NEVER_WIDE, Feed, ModelRunner, _mm, load_model, probe_gemm_forms, wide_rows_from
+from backends.engine.runner import Feed, ModelRunner, _mm, load_model
 from bench.engine_vs import import_before
 
 SHAPES = ((1, 1), (1, 3), (1, 5), (4, 1), (8, 1), (16, 1), (8, 5), (16, 5), (1, 64), (1, 256))
@@ -60,32 +61,15 @@ def _rss_mb() -> dict[str, float]:
     return values
 
 
-def probe_report(runner: ModelRunner, probes: int) -> int:
-    """The probe the runner ran at load (runner.measure_wide_rows), ``probes`` times more in this process."""
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; at load: "
-          f"{'never' if runner.wide_rows == NEVER_WIDE else f'from {runner.wide_rows} rows'}")
-    for n in range(probes):
-        medians = probe_gemm_forms(runner._layers[0])
-        line = wide_rows_from(medians)
-        ratios = "  ".join(f"{rows}: {wide / plain:.2f}" for rows, (plain, wide) in sorted(medians.items()))
-        print(f"probe {n + 1}: transposed / x @ W  {ratios}  -> {'never' if line == NEVER_WIDE else f'from {line} rows'}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--before", default=None,
                         help="an earlier commit: its runner's forward too, on its own copy of the model, interleaved")
-    parser.add_argument("--probes", type=int, default=0,
-                        help="only repeat the runner's GEMM-form probe N times: transposed / x @ W time per row count, "
-                             "and the line each probe chooses")
     args = parser.parse_args(argv)
     path = str(load_prepared().path)
     runner = ModelRunner(load_model(path, "float32"))
-    if args.probes:
-        return probe_report(runner, args.probes)
     gc.collect()
     loaded = _rss_mb()  # before --before's copy of the model
     before = None
@@ -93,21 +77,22 @@ def main(argv: list[str] | None = None) -> int:
         old = importlib.import_module(import_before(args.before, Path(tempfile.mkdtemp()))[0].__package__ + ".runner")
         before = (old.ModelRunner(old.load_model(path, "float32")), old.Feed)
     layers = runner._layers
-    mats = [w for layer in layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    mats = [w for layer in layers for w in layer.weights]
+    forms = [w for layer in layers for w in (layer.packed or layer.weights)]  # what the runner multiplies
+    head_form = runner._packed_head if runner._packed_head is not None else runner.lm_head
     layer_params = sum(w.numel() for w in mats)
     head_params = runner.lm_head.numel()
     print(f"command: python -m bench.roofline {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; decoder linear params "
           f"{layer_params / 1e6:.1f} M, LM head {head_params / 1e6:.1f} M, fp32 weights "
-          f"{4 * (layer_params + head_params) / 1e6:.0f} MB; transposed GEMM form from "
-          f"{'never' if runner.wide_rows == NEVER_WIDE else f'{runner.wide_rows} rows'} (measured at load)")
+          f"{4 * (layer_params + head_params) / 1e6:.0f} MB; the runner's GEMM: {runner.gemm}")
     print(f"process after loading the runner: VmRSS {loaded['VmRSS']:.0f} MB, of it file-backed {loaded['RssFile']:.0f} MB")
     flipped = [w.T.contiguous() for w in mats]  # the [out, in] layout F.linear uses (this benchmark's copy)
     head_flipped = runner.lm_head.T.contiguous()
     extra = f" forward ms, {args.before} | this / {args.before} |" if before else ""
     print("| seqs x tokens | rows | forward ms | linear ms | other ms | GB/s (weights) | GFLOP/s (linear) "
-          "| linear ms, [out, in] |" + extra)
-    print("|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else ""))
+          "| linear ms, x @ W | linear ms, [out, in] |" + extra)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else ""))
     prefix = list(range(100, 100 + args.context))
     for seqs, tokens in SHAPES:
         caches = [runner.new_cache() for _ in range(seqs)]
@@ -132,9 +117,15 @@ def main(argv: list[str] | None = None) -> int:
 
         @torch.inference_mode()
         def linear() -> None:
+            for w, form in zip(mats, forms):
+                _mm(wide[w.shape[0]] if w.shape[0] != x.shape[1] else x, form)
+            _mm(head_in, head_form)
+
+        @torch.inference_mode()
+        def linear_mkl() -> None:
             for w in mats:
-                _mm(wide[w.shape[0]] if w.shape[0] != x.shape[1] else x, w, runner.wide_rows)
-            _mm(head_in, runner.lm_head, runner.wide_rows)
+                (wide[w.shape[0]] if w.shape[0] != x.shape[1] else x) @ w
+            head_in @ runner.lm_head
 
         @torch.inference_mode()
         def linear_flipped() -> None:
@@ -143,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
             head_in @ head_flipped.T
 
         total, *old_total = _medians_s(forwards, args.repeats)
-        lin, lin_flipped = _medians_s([linear, linear_flipped], args.repeats)
+        lin, lin_mkl, lin_flipped = _medians_s([linear, linear_mkl, linear_flipped], args.repeats)
         flops = 2 * (rows * layer_params + seqs * head_params)
         print(f"| {seqs} x {tokens} | {rows} | {1000 * total:.1f} | {1000 * lin:.1f} | {1000 * (total - lin):.1f} "
               f"| {4 * (layer_params + head_params) / lin / 1e9:.1f} | {flops / lin / 1e9:.0f} "
-              f"| {1000 * lin_flipped:.1f} |"
+              f"| {1000 * lin_mkl:.1f} | {1000 * lin_flipped:.1f} |"
               + (f" {1000 * old_total[0]:.1f} | {total / old_total[0]:.2f} |" if old_total else ""))
     return 0
 

@@ -9,13 +9,15 @@ allocated once and the model's projections are re-pointed at views of them), and
 stays the reference this one is tested against (tests/engine/test_runner.py: fp32 logits within 1e-4).
 
 The linear weights (and the LM head; a tied embedding reads its rows as the head's columns) are stored
-transposed, ``[in, out]`` contiguous, and multiplied as ``x @ W``, or as ``(W.T @ x.T).T`` from
-``wide_rows`` rows on (:func:`_mm`): the same product, for which torch's CPU GEMM (MKL) picks different kernels,
-and which one is faster depends on the CPU. On an AVX2 EPYC the ``[in, out]`` layout took 0.75-0.86x the time of
-the ``[out, in]`` one that ``F.linear`` multiplies at 1-3 rows, and the transposed form was 10-28% faster from 16
-rows on; on an AVX-512 Xeon the transposed form is 1.7-2x SLOWER from 2 to 128 rows (docs/benchmarks.md,
-"Weight layout"). So the runner measures the line on its own layer-0 matrices when it loads
-(:func:`measure_wide_rows`, ~0.1-0.3 s), and never uses the transposed form where it does not win.
+transposed, ``[in, out]`` contiguous: transformers' modules keep ``[out, in]`` views of them, so its forward,
+the reference, runs on the same tensors. The runner multiplies them through oneDNN with weights prepacked once at
+load (``torch.ops.mkldnn._reorder_linear_weight``, the form torch's own CPU compiler freezes linear layers into;
+:func:`_mm`), not through ``x @ W``: torch's MKL GEMM packs its operand on every call, and at the 2-17 rows of a
+verify round or a small batch it streamed the weights at a third of the one-row speed and varied by up to 1.4x
+from one process to the next (a forward of 5 tokens: 63-87 ms in eight fresh processes on an AVX-512 EPYC,
+against 34-37 ms for one token). Prepacked, a forward of 1-17 tokens took 29-49 ms against 36-101 (docs/engine.md,
+"The GEMM"). The packed copy costs one more copy of the weights in memory (~540 MB for the fp32 135M model).
+``gemm="mkl"`` multiplies ``x @ W`` instead (and is what a torch without oneDNN gets).
 
 KV cache (``KVCache``, one per sequence and model): a preallocated tensor per model, grown by doubling
 when a sequence outgrows it (amortised; the scheduler has already reserved its worst case against
@@ -27,7 +29,6 @@ drafts are never attended to by a later step (positions past ``length`` are over
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -37,9 +38,8 @@ from transformers import PreTrainedModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MIN_CAPACITY = 64  # positions a new cache holds before its first growth
-NEVER_WIDE = 1 << 30  # a wide_rows no forward reaches: always x @ W
-PROBE_ROWS = (8, 16, 32, 64, 128, 256)  # row counts measure_wide_rows times both forms at
-WIDE_WIN = 0.95  # the transposed form wins at <= this share of x @ W's time, loses at > its inverse (a tie between)
+GEMMS = ("onednn", "mkl")  # how linear layers multiply: prepacked oneDNN weights, or MKL's x @ W
+PACK_ROWS = 16  # the row count oneDNN's packed layout is chosen for (16 was faster than 1 at 1-17 rows here)
 
 
 class KVCache:
@@ -97,7 +97,7 @@ class BatchResult:
 class _Layer:
     """One decoder layer's weights, each linear one stored transposed, ``[in, out]`` contiguous (module docstring)."""
 
-    __slots__ = ("qkv", "o", "gate_up", "down", "norm_in", "norm_post")
+    __slots__ = ("qkv", "o", "gate_up", "down", "norm_in", "norm_post", "packed")
 
     def __init__(self, layer) -> None:
         attn, mlp = layer.self_attn, layer.mlp
@@ -107,6 +107,15 @@ class _Layer:
         self.down = _fuse(mlp.down_proj)
         self.norm_in = layer.input_layernorm.weight
         self.norm_post = layer.post_attention_layernorm.weight
+        self.packed: tuple[torch.Tensor, ...] | None = None  # oneDNN's copies of qkv, o, gate_up, down
+
+    @property
+    def weights(self) -> tuple[torch.Tensor, ...]:
+        return self.qkv, self.o, self.gate_up, self.down
+
+    def pack(self) -> None:
+        if self.packed is None:
+            self.packed = tuple(_packed(w) for w in self.weights)
 
 
 def _fuse(*linears) -> torch.Tensor:
@@ -146,11 +155,11 @@ class ModelRunner:
     """Packed forward passes over per-sequence caches. Holds no scheduling state.
 
     ``layers`` < the model's depth gives the layer-truncated self-draft: the first N decoder layers +
-    final norm + LM head, sharing this runner's tensors (``truncated``). ``wide_rows``: the row count from which
-    linear layers multiply in the transposed form (``NEVER_WIDE``: never); None measures it on this CPU."""
+    final norm + LM head, sharing this runner's tensors (``truncated``). ``gemm``: how linear layers multiply, one
+    of ``GEMMS`` (module docstring); None: the runner it shares with's, else oneDNN wherever torch has it."""
 
     def __init__(self, model: PreTrainedModel, *, _shared: ModelRunner | None = None, layers: int | None = None,
-                 wide_rows: int | None = None):
+                 gemm: str | None = None):
         config = model.config
         if getattr(config, "model_type", None) not in ("llama",):
             raise ValueError(f"the embedded engine runs Llama-architecture models; got model_type "
@@ -182,13 +191,23 @@ class ModelRunner:
             emb = torch.cat((freqs, freqs), dim=-1)
             self._cos = (emb.cos() * rotary.attention_scaling).to(self.dtype)
             self._sin = (emb.sin() * rotary.attention_scaling).to(self.dtype)
-            self.wide_rows = measure_wide_rows(self._layers[0]) if wide_rows is None else wide_rows
+            self.gemm = gemm or ("onednn" if torch.backends.mkldnn.is_available() else "mkl")
+            self._packed_head: torch.Tensor | None = None
             model.__dict__["_specgate_runner"] = self
         else:
             self._layers = _shared._layers
             self.embed, self.norm, self.lm_head = _shared.embed, _shared.norm, _shared.lm_head
             self._cos, self._sin = _shared._cos, _shared._sin
-            self.wide_rows = _shared.wide_rows if wide_rows is None else wide_rows
+            self.gemm = gemm or _shared.gemm
+        if self.gemm not in GEMMS:
+            raise ValueError(f"gemm must be one of {', '.join(GEMMS)}, got {self.gemm!r}")
+        if self.gemm == "onednn":  # packed once per model, whichever runner wraps it first
+            base = model.__dict__["_specgate_runner"]
+            for layer in self._layers:
+                layer.pack()
+            if base._packed_head is None:
+                base._packed_head = _packed(self.lm_head)
+        self._packed_head = model.__dict__["_specgate_runner"]._packed_head if self.gemm == "onednn" else None
         self.layers = len(self._layers) if layers is None else layers
         if not 1 <= self.layers <= len(self._layers):
             raise ValueError(f"layers must be in 1..{len(self._layers)}, got {layers}")
@@ -248,10 +267,11 @@ class ModelRunner:
         h = self.embed[torch.tensor(ids, dtype=torch.long)]
         total, heads, kv_heads, dim = len(ids), self.heads, self.kv_heads, self.head_dim
         rep, q_width, kv_width = heads // kv_heads, heads * dim, kv_heads * dim
-        wide = self.wide_rows
+        packed = self.gemm == "onednn"
         for index in range(self.layers):
             layer = self._layers[index]
-            qkv = _mm(self._norm(h, layer.norm_in), layer.qkv, wide)
+            w_qkv, w_o, w_gate_up, w_down = layer.packed if packed else layer.weights
+            qkv = _mm(self._norm(h, layer.norm_in), w_qkv)
             qk = _rope(qkv[:, :q_width + kv_width].reshape(total, heads + kv_heads, dim), cos, sin)
             q = qk[:, :heads] * self.scale  # [T, H, d]
             kv = torch.stack((qk[:, heads:], qkv[:, q_width + kv_width:].reshape(total, kv_heads, dim)), dim=1)
@@ -267,68 +287,29 @@ class ModelRunner:
                 out = torch.softmax(scores, dim=-1) @ cached[1, :, :s + n]  # [G, rep * n, d]
                 outs.append(out.view(kv_heads, rep, n, dim).permute(2, 0, 1, 3).reshape(n, q_width))
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
-            h = h + _mm(attn, layer.o, wide)
-            gate, up = _mm(self._norm(h, layer.norm_post), layer.gate_up, wide).chunk(2, dim=-1)
-            h = h + _mm(F.silu(gate).mul_(up), layer.down, wide)
+            h = h + _mm(attn, w_o)
+            gate, up = _mm(self._norm(h, layer.norm_post), w_gate_up).chunk(2, dim=-1)
+            h = h + _mm(F.silu(gate).mul_(up), w_down)
         for feed, (a, b) in zip(feeds, spans):
             feed.cache.length += b - a
         rows = torch.cat([torch.arange(b - feed.keep, b) for feed, (a, b) in zip(feeds, spans)])
-        logits = _mm(self._norm(h[rows], self.norm), self.lm_head, wide).float()
+        logits = _mm(self._norm(h[rows], self.norm), self._packed_head if packed else self.lm_head).float()
         return BatchResult(logits=list(logits.split([feed.keep for feed in feeds])),
                            seconds=time.perf_counter() - start, tokens=total)
 
 
-def _mm(x: torch.Tensor, weight: torch.Tensor, wide_rows: int) -> torch.Tensor:
-    """``x @ weight`` for a weight stored ``[in, out]``; from ``wide_rows`` rows on computed as
-    ``(weight.T @ x.T).T``, the same product through another GEMM kernel (module docstring)."""
-    if x.shape[0] < wide_rows:
-        return x @ weight
-    return (weight.T @ x.T).T
+def _mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ W`` for a weight stored ``[in, out]``, or the same product through oneDNN for its prepacked copy
+    (:func:`_packed`)."""
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+    return x @ weight
 
 
-def measure_wide_rows(layer: _Layer, repeats: int = 5) -> int:
-    """Where this CPU's GEMM is faster in the transposed form: :func:`wide_rows_from` of :func:`probe_gemm_forms`."""
-    return wide_rows_from(probe_gemm_forms(layer, repeats))
-
-
-def probe_gemm_forms(layer: _Layer, repeats: int = 5) -> dict[int, tuple[float, float]]:
-    """Both GEMM forms timed over one decoder layer's four matrices at each of ``PROBE_ROWS``: row count ->
-    (median seconds of ``x @ W``, of ``(W.T @ x.T).T``) over ``repeats`` interleaved calls."""
-    weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
-    inputs = {w.shape[0] for w in weights}
-    medians = {}
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's prepacked copy of a weight stored ``[in, out]`` (it takes the ``[out, in]`` view)."""
     with torch.inference_mode():
-        for rows in PROBE_ROWS:
-            x = {n: torch.full((rows, n), 0.5, dtype=layer.qkv.dtype) for n in inputs}  # values do not matter
-            forms = (lambda: [x[w.shape[0]] @ w for w in weights],
-                     lambda: [(w.T @ x[w.shape[0]].T).T for w in weights])
-            times: list[list[float]] = [[], []]
-            for repeat in range(repeats + 1):  # the first pair warms up and is not counted
-                for i in ((0, 1) if repeat % 2 == 0 else (1, 0)):
-                    start = time.perf_counter()
-                    forms[i]()
-                    if repeat:
-                        times[i].append(time.perf_counter() - start)
-            medians[rows] = (statistics.median(times[0]), statistics.median(times[1]))
-    return medians
-
-
-def wide_rows_from(medians: dict[int, tuple[float, float]]) -> int:
-    """``medians``: row count -> (seconds of ``x @ W``, seconds of ``(W.T @ x.T).T``). The smallest row count at
-    which the transposed form wins (takes at most ``WIDE_WIN`` of the other's time) and from which it loses at no
-    larger one (takes more than 1 / ``WIDE_WIN`` of it); ``NEVER_WIDE`` if it wins nowhere above its largest loss.
-    A near-tie between the two is neither: it does not start the transposed range, and it does not end one,
-    because either form is as good there. (Ending the range at a tie made the choice flip between processes on an
-    AVX-512 EPYC, where the transposed form wins by 8-25% at 16-128 rows and ties at 256: 0.93-1.02 in four
-    probes, so "from 16 rows" or "never" by the noise of one median.)"""
-    chosen = NEVER_WIDE
-    for rows in sorted(medians, reverse=True):
-        plain, wide = medians[rows]
-        if wide * WIDE_WIN > plain:
-            break
-        if wide <= WIDE_WIN * plain:
-            chosen = rows
-    return chosen
+        return torch.ops.mkldnn._reorder_linear_weight(weight.T, PACK_ROWS)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

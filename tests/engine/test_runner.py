@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from backends.engine.proposers.draft_model import layer_truncated_draft
-from backends.engine.runner import (MIN_CAPACITY, NEVER_WIDE, PROBE_ROWS, WIDE_WIN, Feed, ModelRunner,
-                                    load_model, measure_wide_rows, wide_rows_from)
+from backends.engine.runner import GEMMS, MIN_CAPACITY, Feed, ModelRunner, load_model
 from tests.engine.engine_helpers import assert_cache_matches_fresh_prefill, tiny_llama
 
 VOCAB = 512
@@ -129,12 +128,13 @@ def test_packed_feeds_equal_transformers_and_themselves_alone(model, runner, n):
     assert max(packing) <= PACKING_ATOL, f"alone vs packed, per sequence: {packing}"
 
 
-@pytest.mark.parametrize("wide_rows", [1, 16, NEVER_WIDE])
-def test_either_gemm_form_equals_transformers(model, runner, wide_rows):
-    """The transposed form from 1 row, from 16 (16 of the step's 47 rows: each layer sees the same packed rows, so
-    the whole step takes one form; the LM head's 3 rows the other), and never."""
-    forced = ModelRunner(model, wide_rows=wide_rows)
-    assert forced.lm_head is runner.lm_head and forced.wide_rows == wide_rows  # the same tensors, another form
+@pytest.mark.parametrize("gemm", GEMMS)
+def test_either_gemm_equals_transformers(model, runner, gemm):
+    """Prepacked oneDNN weights and MKL's x @ W: the same tensors, the same product (the step's 47 rows and the
+    LM head's 3 both go through the form)."""
+    forced = ModelRunner(model, gemm=gemm)
+    assert forced.lm_head is runner.lm_head and forced.gemm == gemm
+    assert (forced._packed_head is not None) == (gemm == "onednn")
     shapes = [(20, 30), (0, 7), (5, 10)]
     sequences = [token_ids(cached + fed, seed=77 + i) for i, (cached, fed) in enumerate(shapes)]
     caches = [prefilled(forced, ids[:cached]) for ids, (cached, _) in zip(sequences, shapes)]
@@ -142,29 +142,19 @@ def test_either_gemm_form_equals_transformers(model, runner, wide_rows):
                                    zip(caches, sequences, shapes)])
     for i, (ids, logits) in enumerate(zip(sequences, result.logits)):
         diff = max_diff(logits, reference(model, ids)[-1:])
-        assert diff <= LOGIT_ATOL, f"wide_rows={wide_rows}, sequence {i}: {diff}"
+        assert diff <= LOGIT_ATOL, f"gemm={gemm}, sequence {i}: {diff}"
 
 
-@pytest.mark.parametrize("profile, expected", [
-    ({8: (1.0, 2.1), 16: (1.0, 1.7), 64: (1.0, 1.7), 256: (1.0, 1.1)}, NEVER_WIDE),  # Xeon: never faster
-    ({8: (1.0, 3.0), 16: (1.0, 0.9), 64: (1.0, 0.8), 256: (1.0, 0.85)}, 16),  # EPYC: from 16 rows on
-    ({8: (1.0, 0.5), 16: (1.0, 0.7), 32: (1.0, 1.2), 64: (1.0, 0.8), 256: (1.0, 0.8)}, 64),  # wins must hold above
-    ({8: (1.0, 0.97), 64: (1.0, 0.97), 256: (1.0, 0.97)}, NEVER_WIDE),  # a near-tie keeps x @ W
-    ({8: (2.0, 3.0), 64: (2.0, 2.0 * WIDE_WIN)}, 64),  # at exactly WIDE_WIN it counts as a win
-    # an AVX-512 EPYC's probe (session 14): wins at 16-128, a tie at 256 (1.02) does not end the range
-    ({8: (1.0, 4.61), 16: (1.0, 0.80), 32: (1.0, 0.80), 64: (1.0, 0.86), 128: (1.0, 0.92), 256: (1.0, 1.02)}, 16),
-    ({8: (1.0, 3.0), 16: (1.0, 0.97), 64: (1.0, 0.8)}, 64),  # nor does a tie start it
-    ({16: (1.0, 0.8), 64: (1.0, 1.04), 256: (1.0, 0.8)}, 16),  # a tie inside a winning range keeps it
-    ({16: (1.0, 0.8), 64: (1.0, 1.06), 256: (1.0, 0.8)}, 256),  # a clear loss (> 1 / WIDE_WIN) ends it
-])
-def test_wide_rows_from_chooses_the_transposed_form_only_where_it_wins_and_never_loses_above(profile, expected):
-    assert wide_rows_from(profile) == expected
-
-
-def test_measured_wide_rows_is_a_probed_count_and_drafts_share_it(runner):
-    assert measure_wide_rows(runner._layers[0], repeats=1) in (*PROBE_ROWS, NEVER_WIDE)
-    assert runner.wide_rows in (*PROBE_ROWS, NEVER_WIDE)
-    assert runner.truncated(1).wide_rows == runner.wide_rows
+def test_weights_are_packed_once_per_model_and_drafts_share_them(model, runner):
+    assert runner.gemm == "onednn"  # the default where torch has oneDNN (the pinned CPU wheel does)
+    packed = [layer.packed for layer in runner._layers]
+    assert all(p is not None and len(p) == 4 and all(w.is_mkldnn for w in p) for p in packed)
+    draft = runner.truncated(1)
+    assert draft.gemm == "onednn" and draft._packed_head is runner._packed_head
+    again = ModelRunner(model)
+    assert [layer.packed for layer in again._layers] == packed and again._packed_head is runner._packed_head
+    with pytest.raises(ValueError, match="gemm must be one of onednn, mkl, got 'blas'"):
+        ModelRunner(model, gemm="blas")
 
 
 def _file_mappings(path) -> list[str]:
