@@ -7,7 +7,8 @@ falls on both), which loads the model, grows one cache to ``--context`` tokens o
 Python's argparse module, as ``specgate trace calibrate`` uses) and times a forward of each width in
 ``--widths`` (the last committed token plus k drafts: what a verify round feeds), widths interleaved,
 ``--repeats`` times after one warm-up pass. Prints each process's medians, then per form and width the range over
-processes and max / min: the spread a cost model calibrated in one process carries into another.
+processes and max / min, and the range of each width's time relative to the first width's in the same process:
+the spread a cost model calibrated in one process carries into another.
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {gemm}: " + ", ".join(
             f"{w} tokens {1e3 * min(r[w] for r in runs):.1f}-{1e3 * max(r[w] for r in runs):.1f} "
             f"({max(r[w] for r in runs) / min(r[w] for r in runs):.2f})" for w in args.widths))
+    first = args.widths[0]
+    print(f"each width's time / {first} token(s)' in the same process, range over processes (what a cost model's "
+          "shape carries; drift of the whole machine cancels):")
+    for gemm, runs in found.items():
+        print(f"  {gemm}: " + ", ".join(
+            f"{w} tokens {min(r[w] / r[first] for r in runs):.2f}-{max(r[w] / r[first] for r in runs):.2f}"
+            for w in args.widths[1:]))
     return 0
 
 

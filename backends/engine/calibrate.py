@@ -329,14 +329,21 @@ class CheckArm:
 
 def self_check(engine, round_s: Callable[[str, int, int], float], call_s: Mapping[str, float],
                token_ids: Sequence[int], *, prompt_tokens: int = 384, max_new_tokens: int = 32,
-               k: int = 4) -> list[CheckArm]:
-    """Real rounds of a plain and an ngram (k drafts) request on one prompt beside the model's
-    ``round_s(proposer, k, context)``; ``call_s``: seconds per propose call of each proposer the model has."""
+               k: int = 4, repeats: int = 3) -> list[CheckArm]:
+    """Real rounds of plain and ngram (k drafts) requests on one prompt beside the model's
+    ``round_s(proposer, k, context)``; ``call_s``: seconds per propose call of each proposer the model has.
+    Each arm serves ``repeats`` requests, the arms alternating in ABBA order, so that load which comes and goes
+    falls on both alike (one request each put the two arms 15% apart on a noisy machine, and not the next time)."""
     prompt = stream(token_ids, min(prompt_tokens, engine.runner.context_length - max_new_tokens - k - 1))
     arms = [("plain", "none")] + ([(f"ngram-k{k}", "ngram")] if "ngram" in call_s else [])
+    served: dict[str, list[MeasuredRound]] = {arm: [] for arm, _ in arms}
+    for repeat in range(repeats):
+        for arm, proposer in (arms if repeat % 2 == 0 else arms[::-1]):
+            request = greedy_request(f"calibrate-check-{arm}-{repeat}", prompt, max_new_tokens, proposer, k)
+            served[arm] += run_rounds(engine, request)[1:]  # the first round: a warm-up
     out = []
     for arm, proposer in arms:
-        rounds = run_rounds(engine, greedy_request(f"calibrate-check-{arm}", prompt, max_new_tokens, proposer, k))[1:]
+        rounds = served[arm]
         # a call that found nothing (k = 0) still cost a call: draft_s counts no call for k = 0
         missed = call_s[proposer] if proposer != "none" else 0.0
         predicted = [round_s(proposer, r.k, r.context) + (missed if r.k == 0 else 0.0) for r in rounds]
