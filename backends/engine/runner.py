@@ -12,12 +12,13 @@ The linear weights (and the LM head; a tied embedding reads its rows as the head
 transposed, ``[in, out]`` contiguous: transformers' modules keep ``[out, in]`` views of them, so its forward,
 the reference, runs on the same tensors. The runner multiplies them through oneDNN with weights prepacked once at
 load (``torch.ops.mkldnn._reorder_linear_weight``, the form torch's own CPU compiler freezes linear layers into;
-:func:`_mm`), not through ``x @ W``: torch's MKL GEMM packs its operand on every call, and at the 2-17 rows of a
-verify round or a small batch it streamed the weights at a third of the one-row speed and varied by up to 1.4x
-from one process to the next (a forward of 5 tokens: 63-87 ms in eight fresh processes on an AVX-512 EPYC,
-against 34-37 ms for one token). Prepacked, a forward of 1-17 tokens took 29-49 ms against 36-101 (docs/engine.md,
-"The GEMM"). The packed copy costs one more copy of the weights in memory (~540 MB for the fp32 135M model).
-``gemm="mkl"`` multiplies ``x @ W`` instead (and is what a torch without oneDNN gets).
+:func:`_mm`), not through ``x @ W``: at the 2-17 rows of a verify round or a small batch torch's MKL GEMM streamed
+the weights at a third of the one-row speed (likely its per-call packing of an operand, which prepacking does
+once), by an amount that changed from one process to the next (a forward of 5 tokens cost 1.79-2.29x one of 1 token in eight fresh processes on an
+AVX-512 EPYC). Prepacked, 0.94-0.98x, and a forward of 1-17 tokens took 30-51 ms against 37-123 ms
+(``python -m bench.gemm_processes``; docs/engine.md, "The GEMM"). The packed copy costs one more copy of the
+weights in memory (~540 MB for the fp32 135M model). ``gemm="mkl"`` multiplies ``x @ W`` instead (and is what a
+torch without oneDNN gets).
 
 KV cache (``KVCache``, one per sequence and model): a preallocated tensor per model, grown by doubling
 when a sequence outgrows it (amortised; the scheduler has already reserved its worst case against
