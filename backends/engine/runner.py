@@ -193,7 +193,7 @@ class ModelRunner:
             self._cos = (emb.cos() * rotary.attention_scaling).to(self.dtype)
             self._sin = (emb.sin() * rotary.attention_scaling).to(self.dtype)
             self.gemm = gemm or ("onednn" if torch.backends.mkldnn.is_available() else "mkl")
-            self._packed_head: torch.Tensor | None = None
+            self._packed_head: torch.Tensor | None = None  # oneDNN's copy of lm_head, once any runner packs
             model.__dict__["_specgate_runner"] = self
         else:
             self._layers = _shared._layers
@@ -202,13 +202,15 @@ class ModelRunner:
             self.gemm = gemm or _shared.gemm
         if self.gemm not in GEMMS:
             raise ValueError(f"gemm must be one of {', '.join(GEMMS)}, got {self.gemm!r}")
-        if self.gemm == "onednn":  # packed once per model, whichever runner wraps it first
+        packed_head = None
+        if self.gemm == "onednn":  # packed once per model (on its first runner), whichever runner asks first
             base = model.__dict__["_specgate_runner"]
             for layer in self._layers:
                 layer.pack()
             if base._packed_head is None:
                 base._packed_head = _packed(self.lm_head)
-        self._packed_head = model.__dict__["_specgate_runner"]._packed_head if self.gemm == "onednn" else None
+            packed_head = base._packed_head
+        self._packed_head = packed_head
         self.layers = len(self._layers) if layers is None else layers
         if not 1 <= self.layers <= len(self._layers):
             raise ValueError(f"layers must be in 1..{len(self._layers)}, got {layers}")
