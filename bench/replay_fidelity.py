@@ -219,11 +219,20 @@ def fit_serving(run: dict, book: RoundBook, costs):
     return structs.replace(costs, serving_s=serving)
 
 
-def fit_serving_concurrent(run: dict, book: RoundBook, costs, load: str, order, steps: int = 40):
+def fit_serving_concurrent(run: dict, book: RoundBook, costs, load: str, order, steps: int = 40,
+                           streams: int | None = None):
     """The cost model with ``serving_concurrent_s`` set so that replay's plain TPOT p50 at ``load`` (the run's
     order) equals the measured p50 of the run's plain requests there: bisection between 0 and 1 s (replay's TPOT
-    grows with it); None when the run has no plain requests at ``load``."""
+    grows with it); None when the run has no plain requests at ``load``. ``streams``: set the ``serving_streams``
+    table's entry at that stream count instead (added, or replaced; the other entries kept)."""
     from msgspec import structs
+
+    def with_value(value: float):
+        if streams is None:
+            return structs.replace(costs, serving_concurrent_s=value)
+        table = dict(zip(costs.serving_streams, costs.serving_streams_s)) | {streams: value}
+        counts = sorted(table)
+        return structs.replace(costs, serving_streams=counts, serving_streams_s=[table[n] for n in counts])
 
     measured = [r["tpot_s"] for r in run["requests"]
                 if r["arm"] == "plain" and r["load"] == load and r["ok"] and r["tpot_s"]]
@@ -234,7 +243,7 @@ def fit_serving_concurrent(run: dict, book: RoundBook, costs, load: str, order, 
     max_running = run.get("settings", {}).get("max_running_requests", 16)  # the worker's flag, as main replays
 
     def replayed(value: float) -> float:
-        trial = structs.replace(costs, serving_concurrent_s=value)
+        trial = with_value(value)
         served = sweep(Prices(book, trial), [plain], [load], 1, "by-slice", max_running=max_running,
                        max_total_tokens=65536, processes=1, order=order)[(plain.name, load, 0)]
         return percentile([s.tpot for s in served if s.tpot], 50)
@@ -244,9 +253,10 @@ def fit_serving_concurrent(run: dict, book: RoundBook, costs, load: str, order, 
         middle = (low + high) / 2
         low, high = (middle, high) if replayed(middle) < target else (low, middle)
     value = round((low + high) / 2, 6)
-    print(f"serving_concurrent_s fitted on {len(measured)} plain {load} requests: {value * 1e3:.1f} ms per round "
+    name = "serving_concurrent_s" if streams is None else f"serving_streams_s at {streams} streams"
+    print(f"{name} fitted on {len(measured)} plain {load} requests: {value * 1e3:.1f} ms per round "
           f"(replayed TPOT p50 {replayed(value) * 1e3:.1f} ms, measured {target * 1e3:.1f} ms)\n")
-    return structs.replace(costs, serving_concurrent_s=value)
+    return with_value(value)
 
 
 def relative(rows: list[dict], loads: list[str]) -> None:

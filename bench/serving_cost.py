@@ -13,11 +13,14 @@ on the cost model without ``serving_s`` (the same prompt and output lengths, pla
 gateway/replay/profile.py prices them). ``serving_s`` is the median of the differences; the cost model is
 written to ``--out`` with it (the rest unchanged). Run it on the machine and in the hour of the calibration.
 
-``--concurrency N`` (N >= 2) measures ``serving_concurrent_s`` instead, what each round costs when a step
-streams two or more sequences: N clients stream the requests closed-loop, and ``serving_concurrent_s`` is set
-so that replay's plain TPOT p50 of the same requests at cN (prompt and output lengths as served, ``serving_s``
-from the cost model) equals the measured p50 (``bench.replay_fidelity.fit_serving_concurrent``). Run it after
-the c1 measurement, which sets ``serving_s``.
+``--concurrency N [N ...]`` (each >= 2) measures instead what each round costs when a step streams N
+sequences: N clients stream the requests closed-loop (``--requests`` per concurrency, at least 2N), and the
+cost model's ``serving_streams`` table gets an entry at N set so that replay's plain TPOT p50 of the same
+requests at cN (prompt and output lengths as served, ``serving_s`` and the smaller counts' entries from the cost
+model) equals the measured p50 (``bench.replay_fidelity.fit_serving_concurrent``). The counts are measured and
+fitted in ascending order, each in a fresh worker and gateway. Run it after the c1 measurement, which sets
+``serving_s``. The cost per stream is not a constant of the machine (policies/costmodel.py: on the oneDNN
+engine ~10 ms per stream at c2 and well under 1 ms at c16), hence one entry per count a pool serves.
 
 ``--idle-s S`` measures instead whether a request served after the stack sat idle runs slower than one sent as
 the previous answer ends (as at c1): every prompt is served twice, once straight after the previous request and
@@ -134,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--text", type=Path, default=None, help="a text file to cut prompts from (default: "
                         "Python's argparse source, as trace calibrate)")
-    parser.add_argument("--concurrency", type=int, default=1,
-                        help="N >= 2: measure serving_concurrent_s with N closed-loop clients (module docstring)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1], metavar="N",
+                        help="each N >= 2: measure the serving cost per stream with N closed-loop clients, into the "
+                             "cost model's serving_streams table (module docstring)")
     parser.add_argument("--idle-s", type=float, default=None,
                         help="measure the after-idle effect instead (module docstring); writes nothing")
     args = parser.parse_args(argv)
@@ -143,9 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests must be >= 1 and --max-tokens >= 2")
     if args.idle_s is not None and args.idle_s <= 0:
         parser.error("--idle-s must be > 0")
-    if args.concurrency < 1:
-        parser.error("--concurrency must be >= 1")
-    if args.idle_s is not None and args.concurrency > 1:
+    several = args.concurrency != [1]
+    if several and min(args.concurrency) < 2:
+        parser.error("--concurrency: each N must be >= 2 (c1 is measured without --concurrency)")
+    if several and args.requests < 2 * max(args.concurrency):
+        parser.error(f"--requests {args.requests}: give at least 2 x the largest --concurrency "
+                     f"({2 * max(args.concurrency)}), so most steps stream that many sequences")
+    if args.idle_s is not None and several:
         parser.error("--idle-s measures one client at a time: leave out --concurrency")
 
     from backends.engine.calibrate import default_text
@@ -160,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     text = args.text.read_text(encoding="utf-8") if args.text else default_text()
     if args.idle_s is not None:
         return idle_effect(prompts(text, args.requests), args.max_tokens, args.idle_s)
-    if args.concurrency > 1:
-        return concurrent(costs, prompts(text, args.requests), args.max_tokens, args.concurrency,
+    if several:
+        return concurrent(costs, prompts(text, args.requests), args.max_tokens, sorted(set(args.concurrency)),
                           args.out or args.costs)
     with tempfile.TemporaryDirectory() as tmp:
         measured = measure(prompts(text, args.requests), args.max_tokens, Path(tmp))
@@ -183,15 +191,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def fit_concurrent(costs, measured: list[tuple[int, int, float]], clients: int):
-    """``costs`` with ``serving_concurrent_s`` fitted on ``measured`` ((prompt tokens, output tokens, TPOT) per
-    request, in the order the ``clients`` closed-loop clients took them): replay's plain requests of those
-    lengths at c``clients``, in that order, matched at the TPOT p50."""
+    """``costs`` with the ``serving_streams`` entry at ``clients`` fitted on ``measured`` ((prompt tokens, output
+    tokens, TPOT) per request, in the order the ``clients`` closed-loop clients took them): replay's plain
+    requests of those lengths at c``clients``, in that order, matched at the TPOT p50."""
     from bench.replay_fidelity import fit_serving_concurrent
 
     load = f"c{clients}"
     book = plain_book(costs, [(prompt, output) for prompt, output, _ in measured])
     run = {"requests": [{"arm": "plain", "load": load, "ok": True, "tpot_s": tpot} for _, _, tpot in measured]}
-    return fit_serving_concurrent(run, book, costs, load, [list(range(len(measured)))])
+    return fit_serving_concurrent(run, book, costs, load, [list(range(len(measured)))], streams=clients)
 
 
 def plain_book(costs, lengths: list[tuple[int, int]]):
@@ -211,20 +219,23 @@ def plain_book(costs, lengths: list[tuple[int, int]]):
                            requests))
 
 
-def concurrent(costs, texts: list[str], max_tokens: int, clients: int, out: Path) -> int:
-    """Measure at c``clients`` and write ``serving_concurrent_s`` into ``out`` (module docstring)."""
+def concurrent(costs, texts: list[str], max_tokens: int, counts: list[int], out: Path) -> int:
+    """Measure at c``N`` for each of ``counts`` (ascending) and write the fitted ``serving_streams`` table into
+    ``out`` once all are measured (module docstring)."""
     from policies.costmodel import write_cost_model
 
-    with tempfile.TemporaryDirectory() as tmp:
-        measured = measure(texts, max_tokens, Path(tmp), clients=clients)
-    measured = [m for m in measured if m[1] >= 2]
-    if not measured:
-        print("error: no request produced two tokens or more: nothing to measure TPOT on", file=sys.stderr)
-        return 1
-    fitted = fit_concurrent(costs, measured, clients)
+    fitted = costs
+    for clients in counts:
+        with tempfile.TemporaryDirectory() as tmp:
+            measured = [m for m in measure(texts, max_tokens, Path(tmp), clients=clients) if m[1] >= 2]
+        if not measured:
+            print(f"error: c{clients}: no request produced two tokens or more: nothing to measure TPOT on",
+                  file=sys.stderr)
+            return 1
+        fitted = fit_concurrent(fitted, measured, clients)
     write_cost_model(out, fitted)
-    print(f"serving_concurrent_s = {fitted.serving_concurrent_s * 1e3:.2f} ms per streamed round at c{clients} "
-          f"(serving_s {costs.serving_s * 1e3:.2f} ms); wrote {out}")
+    table = ", ".join(f"c{n} {s * 1e3:.2f} ms" for n, s in zip(fitted.serving_streams, fitted.serving_streams_s))
+    print(f"serving per stream and round: {table} (serving_s {costs.serving_s * 1e3:.2f} ms at c1); wrote {out}")
     return 0
 
 

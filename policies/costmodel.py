@@ -154,9 +154,13 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     and calibrate's self-check leave it out), measured by serving: on 2 CPU cores ~29 ms per round, fitted on
     plain decoding at c1 (``bench/replay_fidelity.py --fit-serving``, docs/replay.md); 0 where the serving
     path runs on other cores than the model (a GPU pool). ``serving_concurrent_s``: the same per round when the
-    step streams two or more sequences (None: ``serving_s``). They differ on 2 cores: one stream's serving work
-    partly fits beside the engine's single-threaded Python, several do not (measured per stream: ~6 ms at c1,
-    11-13 ms at c2, c4 and c16; docs/replay.md, "Where the p0.25 gap is")."""
+    step streams two or more sequences (None: ``serving_s``). ``serving_streams`` / ``serving_streams_s``, when
+    given, replace that constant by a table: per stream and round when a step streams that many sequences,
+    linear between the measured counts and the nearest count's value outside them (``serving_round_s``). On 2
+    cores the cost is not a constant of the machine: on the MKL engine it was ~6 ms at c1 and 11-13 ms per
+    stream at c2-c16, on the oneDNN engine 15 ms at c1, ~10 ms per stream at c2 and well under 1 ms per stream
+    at c16 (docs/replay.md, "The serving path per stream count"), so measure it at the stream counts a pool
+    serves (``python -m bench.serving_cost --concurrency 2 4 8 16``)."""
 
     format: Literal[1]
     model: str
@@ -171,6 +175,8 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     overhead_s: float = 0.0
     serving_s: float = 0.0
     serving_concurrent_s: float | None = None
+    serving_streams: list[int] = []
+    serving_streams_s: list[float] = []
 
     def __post_init__(self) -> None:
         if not self.revision:
@@ -186,6 +192,25 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
         _seconds("serving_s", self.serving_s, zero=True)
         if self.serving_concurrent_s is not None:
             _seconds("serving_concurrent_s", self.serving_concurrent_s, zero=True)
+        if self.serving_streams or self.serving_streams_s:
+            _ascending("serving_streams", self.serving_streams, 2, "stream counts")
+            if len(self.serving_streams_s) != len(self.serving_streams):
+                raise ValueError(f"field serving_streams_s: {len(self.serving_streams_s)} values for "
+                                 f"{len(self.serving_streams)} stream counts {self.serving_streams}; give one "
+                                 "per entry of serving_streams")
+            for i, value in enumerate(self.serving_streams_s):
+                _seconds(f"serving_streams_s[{i}]", value, zero=True)
+
+    def serving_round_s(self, streams: int) -> float:
+        """Seconds the serving path adds to each round of a step that streams ``streams`` sequences: ``serving_s``
+        for one; for more, the ``serving_streams`` table (linear between its counts, the nearest count's value
+        outside them), else ``serving_concurrent_s``, else ``serving_s``."""
+        if streams <= 1:
+            return self.serving_s
+        counts = self.serving_streams
+        if counts:
+            return _line(counts, self.serving_streams_s, min(max(streams, counts[0]), counts[-1]))
+        return self.serving_s if self.serving_concurrent_s is None else self.serving_concurrent_s
 
     def forward_s(self, tokens: int, context: int, batch: int = 1) -> float:
         """One target forward of ``batch`` sequences, each feeding ``tokens`` after ``context`` cached ones.

@@ -23,17 +23,23 @@ class CachedCosts:
     option of a request, and a lookup interpolates in Python (~3 us) where a dict hit costs ~0.1 us. At most
     (widths x contexts x batch sizes) entries."""
 
-    __slots__ = ("costs", "overhead_s", "serving_s", "serving_extra", "_forward", "_draft", "_prefill", "_rounds")
+    __slots__ = ("costs", "overhead_s", "serving_s", "_extra", "_forward", "_draft", "_prefill", "_rounds")
 
     def __init__(self, costs) -> None:
         self.costs, self.overhead_s, self.serving_s = costs, costs.overhead_s, costs.serving_s
-        # what each round of a step streaming two or more sequences costs on top of serving_s (the profile's)
-        concurrent = costs.serving_concurrent_s
-        self.serving_extra = 0.0 if concurrent is None else concurrent - costs.serving_s
+        self._extra: list[float] = []
         self._forward: dict[tuple[int, int, int], float] = {}
         self._draft: dict[tuple[str, int, int], float] = {}
         self._prefill: dict[tuple[int, int], float] = {}
         self._rounds: dict[tuple[str, int, int, int], tuple[float, ...]] = {}
+
+    def serving_extra(self, streams: int) -> float:
+        """What each round of a step streaming ``streams`` sequences costs on top of ``serving_s`` (which every
+        profile's rounds already hold): CostModel.serving_round_s less serving_s."""
+        extra = self._extra
+        while len(extra) <= streams:
+            extra.append(self.costs.serving_round_s(len(extra)) - self.serving_s)
+        return extra[streams]
 
     def forward_s(self, tokens: int, context: int, batch: int = 1) -> float:
         key = (tokens, context, batch)

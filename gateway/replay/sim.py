@@ -260,7 +260,7 @@ class Simulation:
                     base += 1
         gains = [flight.walker.gains() for flight in joint]
         context = round(sum(flight.walker.prompt_len - 1 + flight.walker.done for flight in joint) / len(joint))
-        outside = batch * (costs.overhead_s + costs.serving_s + costs.serving_extra)  # batch >= 2 here
+        outside = batch * (costs.overhead_s + costs.serving_s + costs.serving_extra(batch))  # batch >= 2 here
 
         def step_s(w: int) -> float:
             # the grid is linear in tokens between its (integer) rows, so between two integer widths too: priced
@@ -310,8 +310,8 @@ class Simulation:
                 left -= end - flight.prefilled
                 flight.prefilled = end
         forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
-        if len(rounds) > 1:  # the serving path streams several sequences: serving_concurrent_s a round
-            serial += len(rounds) * costs.serving_extra
+        if len(rounds) > 1:  # the serving path streams several sequences: serving_round_s(n) a round
+            serial += len(rounds) * costs.serving_extra(len(rounds))
         t += serial + forward
         finished = False
         if self.plain_estimates:  # the worker's plain counterfactual (Engine._verify): each round's

@@ -94,36 +94,48 @@ def test_idle_effect_pairs_each_prompts_tpot_and_writes_nothing(tmp_path, monkey
     assert "--idle-s measures one client at a time" in capsys.readouterr().err
 
 
-def test_concurrency_fits_serving_concurrent_s_on_replays_plain_requests_of_the_served_lengths(tmp_path, monkeypatch,
-                                                                                              capsys):
+def test_concurrency_fits_the_serving_streams_table_count_by_count_on_replays_plain_requests(tmp_path, monkeypatch,
+                                                                                          capsys):
     from msgspec import structs
 
     from gateway.replay.choosers import Prices
     from gateway.replay.run import parse_arm, sweep
 
-    lengths = [(18, 12), (30, 8), (12, 12), (25, 10)]
-    truth = structs.replace(costs(), serving_s=0.003, serving_concurrent_s=0.0071)
-    # what replay serves at c2 with the true value: the "measured" TPOTs, in the clients' order
+    lengths = [(18, 12), (30, 8), (12, 12), (25, 10), (40, 9), (16, 12), (22, 11), (35, 10)]
+    truth = structs.replace(costs(), serving_s=0.003, serving_streams=[2, 4], serving_streams_s=[0.0071, 0.0024])
+    # what replay serves at c2 and at c4 with the true table: the "measured" TPOTs, in the clients' order
 
-    def replayed(model) -> list[float]:
+    def replayed(model, clients: int) -> list[float]:
         book = serving_cost.plain_book(model, lengths)
-        served = sweep(Prices(book, model), [parse_arm("plain", book)], ["c2"], 1, "by-slice", max_running=16,
-                       max_total_tokens=65536, order=[[0, 1, 2, 3]])[("plain", "c2", 0)]
+        load = f"c{clients}"
+        served = sweep(Prices(book, model), [parse_arm("plain", book)], [load], 1, "by-slice", max_running=16,
+                       max_total_tokens=65536, order=[list(range(len(lengths)))])[("plain", load, 0)]
         return [s.tpot for s in sorted(served, key=lambda s: s.index)]
 
-    measured = [(p, o, t) for (p, o), t in zip(lengths, replayed(truth))]
-    base = structs.replace(truth, serving_concurrent_s=None)
-    fitted = serving_cost.fit_concurrent(base, measured, 2)
-    assert fitted.serving_concurrent_s == pytest.approx(0.0071, abs=2e-6)
-    assert structs.replace(fitted, serving_concurrent_s=None) == base
+    measured = {n: [(p, o, t) for (p, o), t in zip(lengths, replayed(truth, n))] for n in (2, 4)}
+    assert measured[2] != measured[4]  # the two counts' entries both matter to what is measured
+    base = structs.replace(truth, serving_streams=[], serving_streams_s=[])
+    fitted = serving_cost.fit_concurrent(base, measured[2], 2)
+    assert fitted.serving_streams == [2] and fitted.serving_streams_s == [pytest.approx(0.0071, abs=2e-6)]
+    assert structs.replace(fitted, serving_streams=[], serving_streams_s=[]) == base
 
     path, out = tmp_path / "costs.json", tmp_path / "out.json"
     write_cost_model(path, base)
     calls = []
     monkeypatch.setattr(serving_cost, "measure", lambda texts, max_tokens, log_dir, idle=None, clients=1: (
-        calls.append(clients) or measured))
+        calls.append(clients) or measured[clients]))
     monkeypatch.setattr("backends.engine.model_store.load_prepared", lambda: type("P", (), {"revision": REVISION}))
-    assert serving_cost.main(["--costs", str(path), "--out", str(out), "--concurrency", "2", "--requests", "4"]) == 0
-    assert calls == [2]
-    assert load_cost_model(out).serving_concurrent_s == pytest.approx(0.0071, abs=2e-6)
-    assert "serving_concurrent_s = 7.10 ms per streamed round at c2 (serving_s 3.00 ms)" in capsys.readouterr().out
+    args = ["--costs", str(path), "--out", str(out), "--concurrency", "4", "2", "--requests", "8"]
+    assert serving_cost.main(args) == 0
+    assert calls == [2, 4]  # ascending: c4's entry is fitted with c2's in place
+    written = load_cost_model(out)
+    assert written.serving_streams == [2, 4]
+    assert written.serving_streams_s == [pytest.approx(0.0071, abs=2e-6), pytest.approx(0.0024, abs=2e-6)]
+    assert written.serving_concurrent_s is None
+    assert "serving per stream and round: c2 7.10 ms, c4 2.40 ms (serving_s 3.00 ms at c1)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        serving_cost.main(["--costs", str(path), "--concurrency", "4", "--requests", "7"])
+    assert "--requests 7: give at least 2 x the largest --concurrency (8)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serving_cost.main(["--costs", str(path), "--concurrency", "1", "4", "--requests", "8"])
+    assert "--concurrency: each N must be >= 2" in capsys.readouterr().err

@@ -135,7 +135,7 @@ def test_two_requests_share_every_step_and_end_with_it():
     assert served[0].tpot == pytest.approx(sum(steps[2:4]) / 2, rel=TIGHT)
 
 
-def test_a_step_streaming_two_or_more_sequences_charges_serving_concurrent_s_a_round():
+def test_a_step_streaming_two_or_more_sequences_charges_the_serving_cost_at_its_stream_count_a_round():
     import msgspec
 
     serving, concurrent = 0.004, 0.011
@@ -154,6 +154,12 @@ def test_a_step_streaming_two_or_more_sequences_charges_serving_concurrent_s_a_r
     flat = msgspec.structs.replace(costs, serving_concurrent_s=None)
     served = simulate(Prices(RoundBook(Trace(HEADER, list(requests))), flat), "c2", [[0, 1]])
     assert served[1].e2e == pytest.approx(sum(base) + 8 * serving, rel=TIGHT)
+    # a serving_streams table is looked up at the step's stream count: 2 here (4's entry would add 3 x 0.5 s),
+    # and below its smallest count takes that count's value
+    for counts in ([2, 4], [3, 4]):
+        table = msgspec.structs.replace(flat, serving_streams=counts, serving_streams_s=[concurrent, 0.5])
+        served = simulate(Prices(RoundBook(Trace(HEADER, list(requests))), table), "c2", [[0, 1]])
+        assert served[1].e2e == pytest.approx(sum(steps), rel=TIGHT)
 
 
 def test_the_worker_reports_each_rounds_whole_step_as_its_forward():

@@ -201,3 +201,29 @@ def test_construction_in_python_checks_too():
     with pytest.raises(ValueError, match=r"^field serving_concurrent_s: -0.01; seconds must be finite and >= 0"):
         model(serving_concurrent_s=-0.01)
     assert model().serving_concurrent_s is None and model(serving_concurrent_s=0.012).serving_concurrent_s == 0.012
+    with pytest.raises(ValueError, match=r"^field serving_streams\[0\]: 1; stream counts must be >= 2"):
+        model(serving_streams=[1], serving_streams_s=[0.01])
+    with pytest.raises(ValueError, match=r"^field serving_streams\[1\]: 2 after 4; list stream counts in ascending"):
+        model(serving_streams=[4, 2], serving_streams_s=[0.01, 0.02])
+    with pytest.raises(ValueError, match=r"^field serving_streams_s: 1 values for 2 stream counts \[2, 4\]; give one"):
+        model(serving_streams=[2, 4], serving_streams_s=[0.01])
+    with pytest.raises(ValueError, match=r"^field serving_streams: empty; give at least one stream count"):
+        model(serving_streams_s=[0.01])
+    with pytest.raises(ValueError, match=r"^field serving_streams_s\[1\]: -0.02; seconds must be finite and >= 0"):
+        model(serving_streams=[2, 4], serving_streams_s=[0.01, -0.02])
+
+
+def test_the_serving_cost_per_round_follows_the_stream_count():
+    flat = model(serving_s=0.015)
+    assert [flat.serving_round_s(n) for n in (0, 1, 2, 16)] == [0.015] * 4
+    constant = model(serving_s=0.015, serving_concurrent_s=0.01)
+    assert [constant.serving_round_s(n) for n in (1, 2, 16)] == [0.015, 0.01, 0.01]
+    # a table wins over serving_concurrent_s: linear between its counts, the nearest count's value outside them
+    table = model(serving_s=0.015, serving_concurrent_s=0.01, serving_streams=[2, 4, 16],
+                  serving_streams_s=[0.01, 0.004, 0.0004])
+    assert table.serving_round_s(1) == 0.015
+    assert table.serving_round_s(2) == pytest.approx(0.01)
+    assert table.serving_round_s(3) == pytest.approx(0.007)
+    assert table.serving_round_s(10) == pytest.approx(0.0022)
+    assert table.serving_round_s(16) == table.serving_round_s(64) == pytest.approx(0.0004)
+    assert model(serving_s=0.015, serving_streams=[4], serving_streams_s=[0.003]).serving_round_s(2) == 0.003
