@@ -31,6 +31,7 @@ from gateway.replay.book import RoundBook
 from gateway.replay.choosers import Prices
 from gateway.replay.report import percentile
 from gateway.replay.run import parse_arm, sweep
+from gateway.replay.sim import Load
 from policies.costmodel import load_cost_model
 from policies.trace import read_trace
 
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="fit the cost model's serving_concurrent_s (per streamed round when a step streams two "
                              "or more sequences) so replay's plain TPOT p50 at LOAD (e.g. c2) is the run's; every "
                              "other cell stays a prediction")
+    parser.add_argument("--fit-serving-streams", nargs="+", default=None, metavar="LOAD",
+                        help="fit the cost model's serving_streams table instead: an entry per closed-loop LOAD (c4 "
+                             "c16: entries at 4 and 16 streams), in ascending order, so replay's plain TPOT p50 at "
+                             "each is the run's; every other cell stays a prediction")
     parser.add_argument("--serving-concurrent-s", type=float, default=None,
                         help="set the cost model's serving_concurrent_s to this (e.g. fitted on another run)")
     parser.add_argument("--serving-s", type=float, default=None,
@@ -105,6 +110,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --fit-serving-concurrent: the run has no plain requests at "
                   f"{args.fit_serving_concurrent}", file=sys.stderr)
             return 2
+    if args.fit_serving_streams:
+        counts = sorted({Load.parse(label).concurrency or 0 for label in args.fit_serving_streams})
+        if counts[0] < 2:
+            print("error: --fit-serving-streams: give closed-loop loads of 2 or more clients (c2, c4, c16)",
+                  file=sys.stderr)
+            return 2
+        for count in counts:
+            fitted = fit_serving_concurrent(run, book, costs, f"c{count}", order, streams=count)
+            if fitted is None:
+                print(f"error: --fit-serving-streams: the run has no plain requests at c{count}", file=sys.stderr)
+                return 2
+            costs = fitted
     prices = Prices(book, costs)
     results = sweep(prices, contenders, loads, 1, "by-slice", max_running=run["settings"]["max_running_requests"],
                     max_total_tokens=65536, processes=args.processes, order=order)

@@ -120,7 +120,10 @@ def measure(texts: list[str], max_tokens: int, log_dir: Path,
     from bench.serve.arms import ARMS, served_policy
     from bench.serve.stack import gateway, worker
 
-    with worker(log_dir, [], "serving-cost") as (worker_url, _):
+    # the worker admits every client's request (its default cap is 8 running): a step streams ``clients`` of them,
+    # as fit_concurrent replays them
+    flags = ["--max-running-requests", str(max(clients, 8))]
+    with worker(log_dir, flags, "serving-cost") as (worker_url, _):
         policy = served_policy(ARMS["plain"], worker_url, load_prepared().revision, log_dir)
         with gateway(policy, log_dir, "serving-cost") as url:
             model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
@@ -198,7 +201,8 @@ def fit_concurrent(costs, measured: list[tuple[int, int, float]], clients: int):
 
     load = f"c{clients}"
     book = plain_book(costs, [(prompt, output) for prompt, output, _ in measured])
-    run = {"requests": [{"arm": "plain", "load": load, "ok": True, "tpot_s": tpot} for _, _, tpot in measured]}
+    run = {"requests": [{"arm": "plain", "load": load, "ok": True, "tpot_s": tpot} for _, _, tpot in measured],
+           "settings": {"max_running_requests": max(clients, 8)}}  # the worker's, as measure starts it
     return fit_serving_concurrent(run, book, costs, load, [list(range(len(measured)))], streams=clients)
 
 

@@ -137,3 +137,34 @@ def test_serving_concurrent_s_is_fitted_so_replays_plain_p50_at_the_load_is_the_
     assert structs.replace(fitted, serving_concurrent_s=None) == costs()  # nothing else changed
     assert "serving_concurrent_s fitted on 4 plain c2 requests: 12.3 ms per round" in capsys.readouterr().out
     assert replay_fidelity.fit_serving_concurrent(run, book, costs(), "c4", order) is None
+
+
+def test_fit_serving_streams_fits_a_table_entry_per_closed_load_and_refuses_other_loads(files, capsys, tmp_path):
+    from msgspec import structs
+
+    trace_file, cost_file, _ = files
+    book = RoundBook(read_trace(trace_file))
+    order = [[3, 0, 1, 2]]
+    truth = structs.replace(costs(), serving_streams=[2, 3], serving_streams_s=[0.0123, 0.004])
+    plain = parse_arm("plain", book)
+    run = serving_run()
+    for load in ("c2", "c3"):
+        served = sweep(Prices(book, truth), [plain], [load], 1, "by-slice", max_running=4, max_total_tokens=65536,
+                       order=order)[("plain", load, 0)]
+        run["requests"] += [{"arm": "plain", "load": load, "ok": True, "tpot_s": s.tpot, "item": f"x{s.index}"}
+                            for s in served]
+    fitted = replay_fidelity.fit_serving_concurrent(run, book, costs(), "c2", order, streams=2)
+    fitted = replay_fidelity.fit_serving_concurrent(run, book, fitted, "c3", order, streams=3)
+    assert fitted.serving_streams == [2, 3] and fitted.serving_concurrent_s is None
+    assert fitted.serving_streams_s == [pytest.approx(0.0123, abs=2e-6), pytest.approx(0.004, abs=2e-6)]
+    out = capsys.readouterr().out
+    assert "serving_streams_s at 3 streams fitted on 4 plain c3 requests: 4.0 ms per round" in out
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    args = ["--trace", str(trace_file), "--costs", str(cost_file), "--run", str(path), "--loads", "c1"]
+    assert replay_fidelity.main([*args, "--fit-serving-streams", "c3", "c2"]) == 0
+    assert "serving_streams_s at 2 streams" in capsys.readouterr().out  # c2 first: ascending
+    assert replay_fidelity.main([*args, "--fit-serving-streams", "p0.5"]) == 2
+    assert "--fit-serving-streams: give closed-loop loads of 2 or more clients" in capsys.readouterr().err
+    assert replay_fidelity.main([*args, "--fit-serving-streams", "c8"]) == 2
+    assert "--fit-serving-streams: the run has no plain requests at c8" in capsys.readouterr().err
