@@ -154,6 +154,7 @@ class Simulation:
         self._events: list = []
         self._n = 0
         self.served: list[Served] = []
+        self._walkers = 0  # requests ever walked round by round: while none, every step is a _fixed_step
 
     # -- the gateway's concurrency, as gateway/state.py integrates it --------------------------------
     def busy_area(self, now: float) -> float:
@@ -211,6 +212,7 @@ class Simulation:
         walker = None if isinstance(plan, Profile) else plan
         if walker is not None:
             walker.bind(worker.controllers)
+            self._walkers += 1
         flight = Flight(index=index, profile=None if walker else plan, reserved_tokens=reserve, arrival=t,
                         choice=choice, target=plan.prompt_len - 1, area=self.busy_area(t), walker=walker)
         self._in_flight(+1, t)
@@ -233,8 +235,10 @@ class Simulation:
                 scheduler.admit()
             if len(running) == 1 and running[0].decoding and running[0].walker is None and not scheduler.waiting:
                 t, finished = self._alone(worker, running[0], t)
-            else:
+            elif self._walkers or worker.controllers:
                 t, finished = self._step(worker, t)
+            else:
+                t, finished = self._fixed_step(worker, t)
             if not (running or scheduler.waiting):
                 worker.turn_pending, worker.free_at = False, t
                 return
@@ -340,6 +344,62 @@ class Simulation:
                 flight.decoding = True
         for controller in worker.controllers.values():
             controller.end_step()
+        return t, finished
+
+    def _fixed_step(self, worker: Worker, t: float) -> tuple[float, bool]:
+        """:meth:`_step` where every request decodes with a fixed profile (no walker, no engine-wide controller):
+        the same rounds, chunks and sums in the same order (the same floats), without the per-round branches,
+        the joint plan and the prefill pass when nothing is prefilling; a fixed arm's steps are most of a
+        replay's time."""
+        scheduler, costs = worker.scheduler, worker.costs
+        running = scheduler.running
+        rounds: list[tuple[int, int]] = []
+        chunks: list[tuple[int, int]] = []
+        decoded = []
+        serial, fed, prefilling = 0.0, 0, False
+        for flight in running:
+            if flight.decoding:
+                p, pos = flight.profile, flight.pos
+                tokens = p.fed[pos]
+                rounds.append((tokens, p.context[pos]))
+                serial += p.serial[pos]
+                fed += tokens
+                decoded.append(flight)
+            else:
+                prefilling = True
+        if prefilling:
+            chunk_cap, left = self.prefill_chunk, self.max_batch_tokens - fed
+            for flight in running:
+                if flight.decoding:
+                    continue
+                end = min(flight.target, flight.prefilled + chunk_cap, flight.prefilled + max(0, left))
+                if end > flight.prefilled:
+                    chunks.append((end - flight.prefilled, flight.prefilled))
+                    left -= end - flight.prefilled
+                    flight.prefilled = end
+        forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
+        width = len(rounds)
+        if width > 1:
+            serial += width * costs.serving_extra(width)
+        t += serial + forward
+        if self.plain_estimates:
+            for flight, (tokens, context) in zip(decoded, rounds):
+                if tokens > 1:
+                    flight.drafts_s += min(forward, (costs.forward_s(tokens, context, width)
+                                                     - costs.forward_s(1, context, width)) / width)
+        finished = False
+        for flight in decoded:
+            pos = flight.pos = flight.pos + 1
+            flight.verify_s += forward
+            if pos == 1:
+                flight.ttft = t - flight.arrival
+            if pos == len(flight.profile.fed):
+                self._done(worker, flight, t)
+                finished = True
+        if prefilling:
+            for flight in running:
+                if not flight.decoding and flight.prefilled == flight.target:
+                    flight.decoding = True
         return t, finished
 
     def _alone(self, worker: Worker, flight: Flight, t: float) -> tuple[float, bool]:

@@ -453,3 +453,33 @@ def test_a_worker_running_one_sequence_jumps_to_the_next_event_with_the_same_flo
     monkeypatch.setattr(Simulation, "_alone", lambda self, worker, flight, t: self._step(worker, t))
     assert run() == fast
     assert all(s.plain_ratio is not None for served in fast.values() for s in served)
+
+
+@pytest.mark.parametrize("load", ["c3", "c16", "p20", "p200"])
+def test_a_step_of_fixed_profiles_gives_the_same_floats_as_the_general_step(load, monkeypatch):
+    """Simulation._fixed_step (every request decodes a fixed profile) is bit-identical to _step: the same
+    steps, prefill chunks, plain counterfactual and finishes, at closed and Poisson loads where prompts prefill
+    beside other requests' rounds (serving cost per stream count included)."""
+    import msgspec
+
+    costs = msgspec.structs.replace(COSTS, serving_s=0.004, serving_streams=[2, 8], serving_streams_s=[0.006, 0.001])
+    prices = Prices(RoundBook(Trace(HEADER, list(copy_friendly(12)))), costs)
+
+    def run():
+        out = {}
+        for option in (PLAIN, Option("ngram", 4)):
+            chooser = FixedChooser(option, prices, 0)
+            chooser.plain_estimates = True
+            sim = Simulation(chooser, Load.parse(load), [list(range(12))], 0, max_running=16,
+                             max_total_tokens=1 << 16)
+            out[option] = sorted(sim.run(), key=lambda s: s.index)
+        return out
+
+    calls = []
+    real = Simulation._fixed_step
+    monkeypatch.setattr(Simulation, "_fixed_step", lambda self, *a: calls.append(1) or real(self, *a))
+    fast = run()
+    assert len(calls) > 12  # the fast step ran, beyond one per request
+    monkeypatch.setattr(Simulation, "_fixed_step", Simulation._step)
+    assert run() == fast
+    assert all(s.plain_ratio is not None for served in fast.values() for s in served)
