@@ -283,10 +283,8 @@ class Simulation:
         when it ends and whether a request finished in it."""
         scheduler, costs = worker.scheduler, worker.costs
         running = scheduler.running
-        chunk_cap, budget = self.prefill_chunk, self.max_batch_tokens
         batch = len(running)
         rounds: list[tuple[int, int]] = []
-        chunks: list[tuple[int, int]] = []
         serial, fed, decoded = 0.0, 0, []
         plan = self._plan(running, costs)
         for flight in running:  # Engine._schedule: a round per decoding sequence
@@ -304,15 +302,7 @@ class Simulation:
             rounds.append(shape)
             fed += shape[0]
             decoded.append(flight)
-        left = budget - fed
-        for flight in running:  # then prefill chunks in admission order, within what the rounds left
-            if flight.decoding:
-                continue
-            end = min(flight.target, flight.prefilled + chunk_cap, flight.prefilled + max(0, left))
-            if end > flight.prefilled:
-                chunks.append((end - flight.prefilled, flight.prefilled))
-                left -= end - flight.prefilled
-                flight.prefilled = end
+        chunks = self._chunks(running, self.max_batch_tokens - fed)  # then prefill, within what the rounds left
         forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
         if len(rounds) > 1:  # the serving path streams several sequences: serving_round_s(n) a round
             serial += len(rounds) * costs.serving_extra(len(rounds))
@@ -346,6 +336,21 @@ class Simulation:
             controller.end_step()
         return t, finished
 
+    def _chunks(self, running, left: int) -> list[tuple[int, int]]:
+        """The step's prefill chunks ((tokens, cached context) each) after its rounds: the prefilling requests in
+        admission order, each at most ``prefill_chunk`` tokens, within the ``left`` tokens the rounds left of
+        ``max_batch_tokens``; advances each one's ``prefilled``."""
+        chunks, chunk_cap = [], self.prefill_chunk
+        for flight in running:
+            if flight.decoding:
+                continue
+            end = min(flight.target, flight.prefilled + chunk_cap, flight.prefilled + max(0, left))
+            if end > flight.prefilled:
+                chunks.append((end - flight.prefilled, flight.prefilled))
+                left -= end - flight.prefilled
+                flight.prefilled = end
+        return chunks
+
     def _fixed_step(self, worker: Worker, t: float) -> tuple[float, bool]:
         """:meth:`_step` where every request decodes with a fixed profile (no walker, no engine-wide controller):
         the same rounds, chunks and sums in the same order (the same floats), without the per-round branches,
@@ -354,7 +359,6 @@ class Simulation:
         scheduler, costs = worker.scheduler, worker.costs
         running = scheduler.running
         rounds: list[tuple[int, int]] = []
-        chunks: list[tuple[int, int]] = []
         decoded = []
         serial, fed, prefilling = 0.0, 0, False
         for flight in running:
@@ -367,16 +371,7 @@ class Simulation:
                 decoded.append(flight)
             else:
                 prefilling = True
-        if prefilling:
-            chunk_cap, left = self.prefill_chunk, self.max_batch_tokens - fed
-            for flight in running:
-                if flight.decoding:
-                    continue
-                end = min(flight.target, flight.prefilled + chunk_cap, flight.prefilled + max(0, left))
-                if end > flight.prefilled:
-                    chunks.append((end - flight.prefilled, flight.prefilled))
-                    left -= end - flight.prefilled
-                    flight.prefilled = end
+        chunks = self._chunks(running, self.max_batch_tokens - fed) if prefilling else []
         forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
         width = len(rounds)
         if width > 1:

@@ -427,6 +427,17 @@ def test_each_request_reports_the_workers_plain_counterfactual():
         assert served.plain_ratio == pytest.approx(20 * plain / (len(prof.fed) * spent), rel=1e-9)
 
 
+def plain_and_ngram_served(prices: Prices, load: str, n: int) -> dict:
+    """The first ``n`` requests served plain and with ngram-k4 at ``load`` (the plain counterfactual priced)."""
+    out = {}
+    for option in (PLAIN, Option("ngram", 4)):
+        chooser = FixedChooser(option, prices, 0)
+        chooser.plain_estimates = True
+        sim = Simulation(chooser, Load.parse(load), [list(range(n))], 0, max_running=16, max_total_tokens=1 << 16)
+        out[option] = sorted(sim.run(), key=lambda s: s.index)
+    return out
+
+
 @pytest.mark.parametrize("load", ["c1", "p20", "p200", "c3"])
 def test_a_worker_running_one_sequence_jumps_to_the_next_event_with_the_same_floats(load, monkeypatch):
     """Simulation._alone (a worker holding one decoding request with a fixed profile runs its rounds as a
@@ -436,14 +447,7 @@ def test_a_worker_running_one_sequence_jumps_to_the_next_event_with_the_same_flo
     prices = prices_of(*copy_friendly(10))
 
     def run():
-        out = {}
-        for option in (PLAIN, Option("ngram", 4)):
-            chooser = FixedChooser(option, prices, 0)
-            chooser.plain_estimates = True
-            sim = Simulation(chooser, Load.parse(load), [list(range(10))], 0, max_running=16,
-                             max_total_tokens=1 << 16)
-            out[option] = sorted(sim.run(), key=lambda s: s.index)
-        return out
+        return plain_and_ngram_served(prices, load, 10)
 
     calls = []
     real_alone = Simulation._alone
@@ -466,14 +470,7 @@ def test_a_step_of_fixed_profiles_gives_the_same_floats_as_the_general_step(load
     prices = Prices(RoundBook(Trace(HEADER, list(copy_friendly(12)))), costs)
 
     def run():
-        out = {}
-        for option in (PLAIN, Option("ngram", 4)):
-            chooser = FixedChooser(option, prices, 0)
-            chooser.plain_estimates = True
-            sim = Simulation(chooser, Load.parse(load), [list(range(12))], 0, max_running=16,
-                             max_total_tokens=1 << 16)
-            out[option] = sorted(sim.run(), key=lambda s: s.index)
-        return out
+        return plain_and_ngram_served(prices, load, 12)
 
     calls = []
     real = Simulation._fixed_step
