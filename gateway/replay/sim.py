@@ -133,6 +133,16 @@ def plain_ratio(flight: Flight, per_round: float) -> float | None:
     return p.tokens * (flight.verify_s - flight.drafts_s + flight.pos * per_round) / (flight.pos * spent)
 
 
+def _drafts_share(costs, decoded: list[Flight], rounds: list[tuple[int, int]], forward: float) -> None:
+    """The worker's plain counterfactual (Engine._verify) of one step: each round's drafts' share of the step's
+    price (profile.step_s), which its plain estimate takes away."""
+    width = len(rounds)
+    for flight, (tokens, context) in zip(decoded, rounds):
+        if tokens > 1:
+            flight.drafts_s += min(forward, (costs.forward_s(tokens, context, width)
+                                             - costs.forward_s(1, context, width)) / width)
+
+
 class Simulation:
     """One run: ``blocks`` of request indices (one block per slice with ``--mix by-slice``, each starting
     when the previous one has finished, as the serving benchmark's cells; one block when interleaved).
@@ -308,12 +318,8 @@ class Simulation:
             serial += len(rounds) * costs.serving_extra(len(rounds))
         t += serial + forward
         finished = False
-        if self.plain_estimates:  # the worker's plain counterfactual (Engine._verify): each round's
-            width = len(rounds)  # forward without its drafts' share of the step's price (profile.step_s)
-            for flight, (tokens, context) in zip(decoded, rounds):
-                if tokens > 1:
-                    flight.drafts_s += min(forward, (costs.forward_s(tokens, context, width)
-                                                     - costs.forward_s(1, context, width)) / width)
+        if self.plain_estimates:
+            _drafts_share(costs, decoded, rounds, forward)
         for flight in decoded:
             flight.pos += 1
             flight.verify_s += forward
@@ -378,10 +384,7 @@ class Simulation:
             serial += width * costs.serving_extra(width)
         t += serial + forward
         if self.plain_estimates:
-            for flight, (tokens, context) in zip(decoded, rounds):
-                if tokens > 1:
-                    flight.drafts_s += min(forward, (costs.forward_s(tokens, context, width)
-                                                     - costs.forward_s(1, context, width)) / width)
+            _drafts_share(costs, decoded, rounds, forward)
         finished = False
         for flight in decoded:
             pos = flight.pos = flight.pos + 1
