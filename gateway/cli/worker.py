@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(1 + drafts each) first, then prefill chunks in what is left")
     p.add_argument("--chunked-prefill-size", type=int, default=256,
                    help="prompt tokens one request feeds per step (SGLang's flag); long prompts are "
-                        "prefilled in chunks mixed into decode steps")
+                        "prefilled in chunks mixed into decode steps, the shortest remaining first")
     p.add_argument("--max-queued-requests", type=int, default=64,
                    help="waiting requests allowed; beyond this the worker answers 429 (smg retries "
                         "elsewhere without tripping its circuit breaker)")

@@ -2,7 +2,7 @@
 
 The engine (backends/engine/engine.py) batches continuously: every step runs ONE target forward holding a
 round of every decoding sequence (the last committed token and its k drafts) and then prefill chunks of
-admitted prompts in admission order, each at most ``prefill_chunk`` tokens, within what the rounds leave of
+admitted prompts, shortest remaining first, each at most ``prefill_chunk`` tokens, within what the rounds leave of
 ``max_batch_tokens`` (the last prompt token is left for the first round). So a round's seconds depend on
 the step it shares, and the simulator (gateway/replay/sim.py) prices steps: a :class:`Profile` holds each
 round's shape (tokens fed, cached context) and its seconds outside the forward (the proposer's call, the

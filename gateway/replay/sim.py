@@ -6,8 +6,8 @@ Events, in time order (ties: finishes, then arrivals, then engine turns, then by
   pool's worker;
 - **turn**: one worker runs ``Engine.step``: intake of what arrived, admission by the worker's own
   ``Scheduler`` (running cap, KV reservation, FIFO), then ONE forward: a round of every decoding sequence,
-  then prefill chunks of the others in admission order (at most ``prefill_chunk`` tokens each, within what
-  the rounds leave of ``max_batch_tokens``), priced by the cost model as one step
+  then prefill chunks of the others, shortest remaining prompt first (at most ``prefill_chunk`` tokens each,
+  within what the rounds leave of ``max_batch_tokens``), priced by the cost model as one step
   (:func:`gateway.replay.profile.step_s`) plus each round's seconds outside the forward. Every unit of the
   step ends when the step ends; a sequence whose prompt is prefilled decodes from the next step;
 - **finish**: the answer's last token; the chooser learns (the gateway's Outcome), a closed-loop client
@@ -343,13 +343,13 @@ class Simulation:
         return t, finished
 
     def _chunks(self, running, left: int) -> list[tuple[int, int]]:
-        """The step's prefill chunks ((tokens, cached context) each) after its rounds: the prefilling requests in
-        admission order, each at most ``prefill_chunk`` tokens, within the ``left`` tokens the rounds left of
+        """The step's prefill chunks ((tokens, cached context) each) after its rounds, as the engine plans them
+        (``Engine._plan_prefills``): the prefilling requests, shortest remaining prompt first (admission order
+        among equals), each at most ``prefill_chunk`` tokens, within the ``left`` tokens the rounds left of
         ``max_batch_tokens``; advances each one's ``prefilled``."""
         chunks, chunk_cap = [], self.prefill_chunk
-        for flight in running:
-            if flight.decoding:
-                continue
+        prefilling = [flight for flight in running if not flight.decoding]
+        for flight in sorted(prefilling, key=lambda flight: flight.target - flight.prefilled):
             end = min(flight.target, flight.prefilled + chunk_cap, flight.prefilled + max(0, left))
             if end > flight.prefilled:
                 chunks.append((end - flight.prefilled, flight.prefilled))

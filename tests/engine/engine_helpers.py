@@ -67,13 +67,13 @@ def tiny_llama(*, vocab: int, seed: int, layers: int = 2, hidden: int = 64, logi
 
 
 def make_tiny_engine(tokenizer, *, seed: int = 0, logit_scale: float = 20.0, vocab: int | None = None,
-                     frozen_costs: bool = True, **config) -> Engine:
+                     frozen_costs: bool = True, engine_class: type[Engine] = Engine, **config) -> Engine:
     """An engine around ``tiny_llama`` (draft_model = its first layer), with FrozenCosts unless ``frozen_costs``
     is False (a worker's engine, which measures its steps), so what a per-round controller chooses does not
-    depend on machine load; ``config`` overrides EngineConfig."""
+    depend on machine load; ``config`` overrides EngineConfig; ``engine_class``: an Engine subclass instead."""
     model = tiny_llama(vocab=vocab or len(tokenizer), seed=seed, logit_scale=logit_scale)
     config.setdefault("draft_layers", 1)
-    engine = Engine(EngineConfig(model_path="<tiny>", calibrate=False, **config), model=model, tokenizer=tokenizer)
+    engine = engine_class(EngineConfig(model_path="<tiny>", calibrate=False, **config), model=model, tokenizer=tokenizer)
     if frozen_costs:
         engine.costs = FrozenCosts()
     return engine

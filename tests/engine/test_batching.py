@@ -4,7 +4,8 @@
   ONE ``forward_batch``, which carries every running sequence; each output is the one that request gets alone.
 - Chunked prefill is mixed into decode steps: a long prompt arriving while others decode is fed at most
   ``prefill_chunk`` tokens a step, in the same forward as the others' rounds, within what the rounds leave of
-  ``max_batch_tokens``; it waits while the rounds fill the budget.
+  ``max_batch_tokens``; it waits while the rounds fill the budget. Prompts prefilling together are fed
+  shortest remaining first.
 - A failed forward fails exactly that step's sequences (an "internal error" abort, status 500); the engine
   then serves the next request as if nothing happened.
 """
@@ -181,6 +182,28 @@ def test_a_long_prompt_is_prefilled_in_chunks_mixed_into_decode_steps(real_token
         assert counts["waited"] == 0 and counts["mixed"] >= 5, counts
     # the chunked, mixed prefill changes nothing: every output is the one it gets alone, unbatched
     for request in [*decoders, long]:
+        assert events[request.rid][-1].output_ids == alone(real_tokenizer, request, **config).output_ids, \
+            request.rid
+
+
+def test_prompts_prefilling_together_are_fed_shortest_remaining_first(real_tokenizer):
+    """a (59 tokens to prefill), b (49) and c (9), admitted in that order, chunks of 16 within 32 tokens a step:
+    c is fed whole in step 1 and b before a (in admission order step 1 would have fed a 16 and b 16, and c
+    nothing); a prompt fed whole decodes from the next step; every output is the one it gets alone."""
+    config = dict(prefill_chunk=16, max_batch_tokens=32)
+    engine = make_tiny_engine(real_tokenizer, **config)
+    log = StepLog(engine)
+    requests = [GenerateRequest(rid=rid, input_ids=prompt(n, start), sampling=GREEDY)
+                for rid, n, start in (("a", 60, 300), ("b", 50, 700), ("c", 10, 1100))]
+    events = log.submit(requests)
+    while log.step():
+        pass
+    chunks = [[(rid, n) for rid, status, n in step["works"] if status is Status.PREFILL] for step in log.steps]
+    assert chunks[:6] == [[("c", 9), ("b", 16), ("a", 7)], [("b", 16), ("a", 15)], [("b", 16), ("a", 15)],
+                          [("b", 1), ("a", 16)], [("a", 6)], []]
+    rounds = [sorted(rid for rid, status, _ in step["works"] if status is Status.DECODE) for step in log.steps]
+    assert rounds[:6] == [[], ["c"], ["c"], ["c"], ["b", "c"], ["a", "b", "c"]]
+    for request in requests:
         assert events[request.rid][-1].output_ids == alone(real_tokenizer, request, **config).output_ids, \
             request.rid
 

@@ -189,19 +189,20 @@ def test_a_request_arriving_during_a_step_joins_the_next_one():
     assert served[1].e2e == pytest.approx(s1 + s2 + s3 + s4 - 0.001, rel=TIGHT)
 
 
-def test_prefill_chunks_fill_what_the_rounds_leave_of_the_step_budget_in_admission_order():
-    """Budget 32 tokens a step, chunks of up to 256: a's 99 prompt tokens go 32 a step and b (admitted
-    after a) waits until a's last chunk leaves room; once both decode, their rounds come first."""
+def test_prefill_chunks_fill_what_the_rounds_leave_of_the_step_budget_shortest_first():
+    """Budget 32 tokens a step, chunks of up to 256: b (9 to prefill, admitted after a) is fed whole in step 1
+    and a (99) gets the 23 left, then what b's round leaves, 31 a step; b's rounds ride along from step 2, a
+    decodes from the step after its last chunk (in admission order a would have fed 32 and b waited)."""
     book = prices_of(request(100, 4, rid="a"), request(10, 6, rid="b")).book
     prices = Prices(book, COSTS, prefill_chunk=256, max_batch_tokens=32)
     served = simulate(prices, "c2", [[0, 1]])
-    steps = [prefill(32, 0), prefill(32, 32), prefill(32, 64), prefill(3, 96) + prefill(9, 0)]
-    steps += [plain_round(99 + i) + plain_round(9 + i) for i in range(4)]
-    steps += [plain_round(9 + i) for i in (4, 5)]
+    steps = [prefill(9, 0) + prefill(23, 0), plain_round(9) + prefill(31, 23), plain_round(10) + prefill(31, 54),
+             plain_round(11) + prefill(14, 85)]
+    steps += [plain_round(99 + i) + plain_round(12 + i) for i in range(3)] + [plain_round(102)]
+    assert served[1].ttft == pytest.approx(sum(steps[:2]), rel=TIGHT)
+    assert served[1].e2e == pytest.approx(sum(steps[:7]), rel=TIGHT)
     assert served[0].ttft == pytest.approx(sum(steps[:5]), rel=TIGHT)
-    assert served[1].ttft == pytest.approx(sum(steps[:5]), rel=TIGHT)
-    assert served[0].e2e == pytest.approx(sum(steps[:8]), rel=TIGHT)
-    assert served[1].e2e == pytest.approx(sum(steps), rel=TIGHT)
+    assert served[0].e2e == pytest.approx(sum(steps), rel=TIGHT)
 
 
 def test_max_running_one_queues_the_second_request():
