@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from backends.engine.sequence import Status
-from backends.engine.types import GenerateRequest, SamplingParams
 from bench.prefill_budget import AdmissionOrder, FirstComeShared, SharedBudget, main
 from tests.engine.engine_helpers import make_tiny_engine, run_all
-from tests.engine.test_batching import StepLog, prompt
-
-GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
+from tests.engine.test_batching import feed_three_prompts
 
 
 @pytest.mark.parametrize("engine_class, want", [
@@ -26,13 +22,7 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 ])
 def test_each_reference_rule_feeds_the_prompts_in_its_order(real_tokenizer, engine_class, want):
     engine = make_tiny_engine(real_tokenizer, engine_class=engine_class, prefill_chunk=16, max_batch_tokens=512)
-    log = StepLog(engine)
-    requests = [GenerateRequest(rid=rid, input_ids=prompt(n, start), sampling=GREEDY)
-                for rid, n, start in (("a", 60, 300), ("b", 50, 700), ("c", 10, 1100))]
-    events = log.submit(requests)
-    while log.step():
-        pass
-    chunks = [[(rid, n) for rid, status, n in step["works"] if status is Status.PREFILL] for step in log.steps]
+    requests, events, chunks, _ = feed_three_prompts(engine)
     assert chunks[:len(want)] == want
     same = run_all(make_tiny_engine(real_tokenizer, prefill_chunk=16), requests)  # the engine's own rule
     for request in requests:

@@ -186,22 +186,31 @@ def test_a_long_prompt_is_prefilled_in_chunks_mixed_into_decode_steps(real_token
             request.rid
 
 
+THREE_PROMPTS = (("a", 60, 300), ("b", 50, 700), ("c", 10, 1100))  # rid, prompt length, first id
+
+
+def feed_three_prompts(engine) -> tuple[list[GenerateRequest], dict[str, list], list[list], list[list]]:
+    """a (59 tokens to prefill), b (49) and c (9), admitted in that order, run to the end: (requests, their
+    events, per step the prefill chunks as (rid, tokens), per step the rids that decoded a round)."""
+    log = StepLog(engine)
+    requests = [GenerateRequest(rid=rid, input_ids=prompt(n, start), sampling=GREEDY)
+                for rid, n, start in THREE_PROMPTS]
+    events = log.submit(requests)
+    while log.step():
+        pass
+    chunks = [[(rid, n) for rid, status, n in step["works"] if status is Status.PREFILL] for step in log.steps]
+    rounds = [sorted(rid for rid, status, _ in step["works"] if status is Status.DECODE) for step in log.steps]
+    return requests, events, chunks, rounds
+
+
 def test_prompts_prefilling_together_are_fed_shortest_remaining_first(real_tokenizer):
     """a (59 tokens to prefill), b (49) and c (9), admitted in that order, chunks of 16 within 32 tokens a step:
     c is fed whole in step 1 and b before a (in admission order step 1 would have fed a 16 and b 16, and c
     nothing); a prompt fed whole decodes from the next step; every output is the one it gets alone."""
     config = dict(prefill_chunk=16, max_batch_tokens=32)
-    engine = make_tiny_engine(real_tokenizer, **config)
-    log = StepLog(engine)
-    requests = [GenerateRequest(rid=rid, input_ids=prompt(n, start), sampling=GREEDY)
-                for rid, n, start in (("a", 60, 300), ("b", 50, 700), ("c", 10, 1100))]
-    events = log.submit(requests)
-    while log.step():
-        pass
-    chunks = [[(rid, n) for rid, status, n in step["works"] if status is Status.PREFILL] for step in log.steps]
+    requests, events, chunks, rounds = feed_three_prompts(make_tiny_engine(real_tokenizer, **config))
     assert chunks[:6] == [[("c", 9), ("b", 16), ("a", 7)], [("b", 16), ("a", 15)], [("b", 16), ("a", 15)],
                           [("b", 1), ("a", 16)], [("a", 6)], []]
-    rounds = [sorted(rid for rid, status, _ in step["works"] if status is Status.DECODE) for step in log.steps]
     assert rounds[:6] == [[], ["c"], ["c"], ["c"], ["b", "c"], ["a", "b", "c"]]
     for request in requests:
         assert events[request.rid][-1].output_ids == alone(real_tokenizer, request, **config).output_ids, \
