@@ -22,6 +22,10 @@ fitted in ascending order, each in a fresh worker and gateway. Run it after the 
 ``serving_s``. The cost per stream is not a constant of the machine (policies/costmodel.py: on the oneDNN
 engine ~10 ms per stream at c2 and well under 1 ms at c16), hence one entry per count a pool serves.
 
+``--repeats R`` measures each count (c1 included) R times, each in a fresh worker and gateway, and keeps the
+repeat whose fitted value is the median (the lower middle one for an even R): two measurements of the table
+10 minutes apart differed by 30-50% per entry (docs/replay.md, "The serving path per stream count").
+
 ``--idle-s S`` measures instead whether a request served after the stack sat idle runs slower than one sent as
 the previous answer ends (as at c1): every prompt is served twice, once straight after the previous request and
 once after S seconds idle, which of the two comes first alternating by prompt; prints each pair's TPOT and the
@@ -143,11 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1], metavar="N",
                         help="each N >= 2: measure the serving cost per stream with N closed-loop clients, into the "
                              "cost model's serving_streams table (module docstring)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="measure each count this many times, each in a fresh stack; keep the median")
     parser.add_argument("--idle-s", type=float, default=None,
                         help="measure the after-idle effect instead (module docstring); writes nothing")
     args = parser.parse_args(argv)
-    if args.requests < 1 or args.max_tokens < 2:
-        parser.error("--requests must be >= 1 and --max-tokens >= 2")
+    if args.requests < 1 or args.max_tokens < 2 or args.repeats < 1:
+        parser.error("--requests and --repeats must be >= 1 and --max-tokens >= 2")
     if args.idle_s is not None and args.idle_s <= 0:
         parser.error("--idle-s must be > 0")
     several = args.concurrency != [1]
@@ -156,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     if several and args.requests < 2 * max(args.concurrency):
         parser.error(f"--requests {args.requests}: give at least 2 x the largest --concurrency "
                      f"({2 * max(args.concurrency)}), so most steps stream that many sequences")
-    if args.idle_s is not None and several:
-        parser.error("--idle-s measures one client at a time: leave out --concurrency")
+    if args.idle_s is not None and (several or args.repeats > 1):
+        parser.error("--idle-s measures one client at a time, once: leave out --concurrency and --repeats")
 
     from backends.engine.calibrate import default_text
     from backends.engine.model_store import load_prepared
@@ -173,18 +179,28 @@ def main(argv: list[str] | None = None) -> int:
         return idle_effect(prompts(text, args.requests), args.max_tokens, args.idle_s)
     if several:
         return concurrent(costs, prompts(text, args.requests), args.max_tokens, sorted(set(args.concurrency)),
-                          args.out or args.costs)
-    with tempfile.TemporaryDirectory() as tmp:
-        measured = measure(prompts(text, args.requests), args.max_tokens, Path(tmp))
-    serving, gaps = fit(costs, measured)
-    print("| request | prompt tokens | output tokens | TPOT measured ms | replayed without serving_s | gap ms |")
-    print("|---|---|---|---|---|---|")
-    for n, ((prompt, output, tpot), gap) in enumerate(zip(measured, gaps)):
-        print(f"| p{n} | {prompt} | {output} | {tpot * 1e3:.1f} | {(tpot - gap) * 1e3:.1f} | {gap * 1e3:.1f} |")
-    ordered = sorted(gaps)
-    print(f"\nserving_s = {serving * 1e3:.2f} ms per streamed round (median of {len(gaps)} gaps; p10-p90 "
-          f"{ordered[len(ordered) // 10] * 1e3:.1f}-{ordered[9 * len(ordered) // 10] * 1e3:.1f} ms; was "
-          f"{costs.serving_s * 1e3:.2f} ms)")
+                          args.out or args.costs, args.repeats)
+    values = []
+    for repeat in range(args.repeats):
+        with tempfile.TemporaryDirectory() as tmp:
+            measured = measure(prompts(text, args.requests), args.max_tokens, Path(tmp))
+        serving, gaps = fit(costs, measured)
+        values.append(serving)
+        if repeat == 0:
+            print("| request | prompt tokens | output tokens | TPOT measured ms | replayed without serving_s "
+                  "| gap ms |\n|---|---|---|---|---|---|")
+        tag = f" r{repeat}" if args.repeats > 1 else ""
+        for n, ((prompt, output, tpot), gap) in enumerate(zip(measured, gaps)):
+            print(f"| p{n}{tag} | {prompt} | {output} | {tpot * 1e3:.1f} | {(tpot - gap) * 1e3:.1f} | "
+                  f"{gap * 1e3:.1f} |")
+        ordered = sorted(gaps)
+        print(f"\nserving_s = {serving * 1e3:.2f} ms per streamed round (median of {len(gaps)} gaps; p10-p90 "
+              f"{ordered[len(ordered) // 10] * 1e3:.1f}-{ordered[9 * len(ordered) // 10] * 1e3:.1f} ms; was "
+              f"{costs.serving_s * 1e3:.2f} ms)")
+    serving = statistics.median_low(values)
+    if args.repeats > 1:
+        print(f"serving_s over {args.repeats} repeats: {', '.join(f'{v * 1e3:.2f}' for v in values)} ms; kept the "
+              f"median, {serving * 1e3:.2f} ms")
     from msgspec import structs
 
     out = args.out or args.costs
@@ -223,20 +239,28 @@ def plain_book(costs, lengths: list[tuple[int, int]]):
                            requests))
 
 
-def concurrent(costs, texts: list[str], max_tokens: int, counts: list[int], out: Path) -> int:
-    """Measure at c``N`` for each of ``counts`` (ascending) and write the fitted ``serving_streams`` table into
-    ``out`` once all are measured (module docstring)."""
+def concurrent(costs, texts: list[str], max_tokens: int, counts: list[int], out: Path, repeats: int = 1) -> int:
+    """Measure at c``N`` for each of ``counts`` (ascending), ``repeats`` times each, and write the fitted
+    ``serving_streams`` table into ``out`` once all are measured (module docstring)."""
     from policies.costmodel import write_cost_model
 
     fitted = costs
     for clients in counts:
-        with tempfile.TemporaryDirectory() as tmp:
-            measured = [m for m in measure(texts, max_tokens, Path(tmp), clients=clients) if m[1] >= 2]
-        if not measured:
-            print(f"error: c{clients}: no request produced two tokens or more: nothing to measure TPOT on",
-                  file=sys.stderr)
-            return 1
-        fitted = fit_concurrent(fitted, measured, clients)
+        candidates = []  # (this count's fitted entry, the model holding it) per repeat
+        for _ in range(repeats):
+            with tempfile.TemporaryDirectory() as tmp:
+                measured = [m for m in measure(texts, max_tokens, Path(tmp), clients=clients) if m[1] >= 2]
+            if not measured:
+                print(f"error: c{clients}: no request produced two tokens or more: nothing to measure TPOT on",
+                      file=sys.stderr)
+                return 1
+            model = fit_concurrent(fitted, measured, clients)
+            candidates.append((model.serving_streams_s[model.serving_streams.index(clients)], model))
+        kept = statistics.median_low(value for value, _ in candidates)
+        fitted = next(model for value, model in candidates if value == kept)
+        if repeats > 1:
+            print(f"c{clients}: {', '.join(f'{value * 1e3:.2f}' for value, _ in candidates)} ms per stream and "
+                  f"round over {repeats} repeats; kept the median, {kept * 1e3:.2f} ms")
     write_cost_model(out, fitted)
     table = ", ".join(f"c{n} {s * 1e3:.2f} ms" for n, s in zip(fitted.serving_streams, fitted.serving_streams_s))
     print(f"serving per stream and round: {table} (serving_s {costs.serving_s * 1e3:.2f} ms at c1); wrote {out}")

@@ -50,6 +50,46 @@ def test_main_writes_the_cost_model_with_serving_s(tmp_path, monkeypatch, capsys
     assert f"| p0 | 18 | 12 | {PLAIN_TPOT * 1e3 + 3:.1f} | {PLAIN_TPOT * 1e3:.1f} | 3.0 |" in text
 
 
+def test_repeats_keep_the_median_measurement_of_c1_and_of_each_count(tmp_path, monkeypatch, capsys):
+    path, out = tmp_path / "costs.json", tmp_path / "out.json"
+    write_cost_model(path, costs())
+    runs = iter([[(18, 12, PLAIN_TPOT + gap)] for gap in (0.009, 0.002, 0.005)])  # one request per repeat
+    monkeypatch.setattr(serving_cost, "measure", lambda texts, max_tokens, log_dir: next(runs))
+    monkeypatch.setattr("backends.engine.model_store.load_prepared", lambda: type("P", (), {"revision": REVISION}))
+    assert serving_cost.main(["--costs", str(path), "--out", str(out), "--requests", "1", "--repeats", "3"]) == 0
+    assert load_cost_model(out).serving_s == pytest.approx(0.005, abs=1e-9)
+    text = capsys.readouterr().out
+    assert "| p0 r2 | 18 | 12 |" in text
+    assert "serving_s over 3 repeats: 9.00, 2.00, 5.00 ms; kept the median, 5.00 ms" in text
+
+    # per count: each repeat fitted with the smaller counts' kept entries in place, the median repeat kept
+    from msgspec import structs
+
+    entries = iter([0.004, 0.001, 0.003, 0.002])  # c2: 4 and 1 ms (keep 1: the lower middle), c4: 3 and 2 (keep 2)
+    seen = []
+
+    def fit_concurrent(model, measured, clients):
+        seen.append((clients, list(model.serving_streams)))
+        return structs.replace(model, serving_streams=[*model.serving_streams, clients],
+                               serving_streams_s=[*model.serving_streams_s, next(entries)])
+
+    monkeypatch.setattr(serving_cost, "fit_concurrent", fit_concurrent)
+    monkeypatch.setattr(serving_cost, "measure", lambda texts, max_tokens, log_dir, idle=None, clients=1: [
+        (18, 12, 0.05)] * 8)
+    args = ["--costs", str(path), "--out", str(out), "--concurrency", "2", "4", "--requests", "8", "--repeats", "2"]
+    assert serving_cost.main(args) == 0
+    assert seen == [(2, []), (2, []), (4, [2]), (4, [2])]
+    written = load_cost_model(out)
+    assert (written.serving_streams, written.serving_streams_s) == ([2, 4], [0.001, 0.002])
+    assert "c2: 4.00, 1.00 ms per stream and round over 2 repeats; kept the median, 1.00 ms" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        serving_cost.main(["--costs", str(path), "--repeats", "0"])
+    assert "--requests and --repeats must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serving_cost.main(["--costs", str(path), "--idle-s", "5", "--repeats", "2"])
+    assert "leave out --concurrency and --repeats" in capsys.readouterr().err
+
+
 def test_a_cost_model_of_other_weights_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
     from tests.gateway.test_replay_cli import OTHER
 
