@@ -5,7 +5,7 @@ before 2026-12-05, a chunk per prompt in admission order, is kept here as the re
     .venv/bin/python -m bench.prefill_budget --workloads ../shared/workloads --loads c4 --repeats 3
 
 One real-model engine per rule (the same weights), closed loop on the mixed workload (``--per-slice`` prompts
-of every slice, slices interleaved as ``specgate bench serve --mix interleaved`` sends them), greedy,
+of every slice, one slice after another in turn; ``specgate bench serve --mix interleaved`` shuffles), greedy,
 ``--max-new-tokens`` each; per load and arm the rules run back to back, their order alternating per repeat so
 drift falls on all, after one unmeasured pass of every prompt on each engine (a fresh engine's first cell took
 4x the others in one run). Times are the engine's own (submission to first token, first token to last), no HTTP.
@@ -22,7 +22,6 @@ from collections import deque
 from dataclasses import dataclass
 
 from backends.engine.engine import Engine
-from backends.engine.sequence import Status
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 
 ARMS = {"plain": SpeculationParams(), "ngram-k4": SpeculationParams(proposer="ngram", draft_tokens=4),
@@ -46,14 +45,9 @@ class SharedBudget(Engine):
     ``--chunked-prefill-size``), the shortest remaining prompt first."""
 
     def _plan_prefills(self, running, left):
-        works = []
-        left = min(left, self.config.prefill_chunk)
-        for seq in self._prefill_order([s for s in running if s.status is Status.PREFILL and s.finish is None]):
-            work = self._plan_prefill(seq, self._slots[seq.rid], left)
-            if work is not None:
-                works.append(work)
-                left -= len(work.feed)
-        return works
+        # the engine caps each prompt at min(what is left, prefill_chunk): with what is left already at most
+        # prefill_chunk, the cap is what is left, shared by the step's prompts
+        return super()._plan_prefills(running, min(left, self.config.prefill_chunk))
 
 
 class FirstComeShared(SharedBudget):
