@@ -8,8 +8,9 @@ or a busy port 30000 cannot silently turn every arm into plain decoding.
 
 ``ngram-k16-beta`` and ``ngram-k7-sglang`` let the worker pick k every round (specgate's controller,
 SGLang's); both keep engine-wide state in the shared worker for the whole run (the pooled acceptance per
-n-gram match length; SGLang's EMA), as a production worker would. vLLM's per-batch-size table, tuned on this
-machine with ``python -m bench.replay_adaptive``, is k = 2 at every batch size: the ``ngram-k2`` arm.
+n-gram match length; SGLang's EMA), as a production worker would. ``ngram-k8-vllm`` reads k off the number of
+running sequences, vLLM's per-batch-size table as ``python -m bench.replay_adaptive`` tunes it on this
+machine's costs (its policy file's header).
 
 ``suffix`` (suffix decoding, k = 8) is the one arm whose proposer keeps state across requests: a global tree
 of earlier outputs per scope, which the gateway sets to the request's route. Every cell of the run (load point,
@@ -43,7 +44,7 @@ class Arm:
 ARMS: dict[str, Arm] = {
     **{name: Arm(name, BENCH_POLICIES / f"{name}.yaml", cell_scopes=name == "suffix")
        for name in ("plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4",
-                    "ngram-k16-beta", "ngram-k7-sglang")},
+                    "ngram-k16-beta", "ngram-k7-sglang", "ngram-k8-vllm")},
     "adaptive": Arm("adaptive", DEFAULT_POLICY),
     "adaptive-warm": Arm("adaptive-warm", DEFAULT_POLICY, warm=True),
 }

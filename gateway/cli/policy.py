@@ -71,7 +71,9 @@ def _check(args: argparse.Namespace) -> int:
     print(f"  slices: {slices} (default: {policy.slices[-1].name})")
     for name, pool in policy.pools.items():
         lo, hi = pool.k_range
-        k = ("" if pool.proposer == "none" else f", adaptive k 0..{hi} per sequence" if pool.adaptive
+        k = ("" if pool.proposer == "none"
+             else ", k by batch size " + ",".join(f"{span}:{v}" for span, v in pool.k_by_batch.items())
+             if pool.k_by_batch else f", adaptive k 0..{hi} per sequence ({pool.strategy})" if pool.adaptive
              else f", k {lo}" + (f"..{hi}" if hi != lo else ""))
         pair = f", pair {pool.pair}@{policy.pool_pair_version(name)}" if pool.pair else ""
         print(f"  pool {name}: {pool.proposer}{k}{pair}, {pool.speculation}, {len(pool.workers)} worker(s)")

@@ -7,6 +7,9 @@ import pytest
 import yaml
 
 from bench.serve.arms import ARMS, DEFAULT_POLICY, parse_arms, served_policy, without_gates
+from backends.engine.types import SpeculationParams
+from backends.worker.translate import speculation
+from policies.decide import speculation_override
 from policies.load import load_policy_file
 from policies.schema import PoolAction
 
@@ -15,18 +18,19 @@ DEFAULT = load_policy_file(DEFAULT_POLICY)
 
 def test_the_arms_in_order():
     assert list(ARMS) == ["plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4",
-                          "ngram-k16-beta", "ngram-k7-sglang", "adaptive", "adaptive-warm"]
+                          "ngram-k16-beta", "ngram-k7-sglang", "ngram-k8-vllm", "adaptive", "adaptive-warm"]
     assert [a.name for a in parse_arms(["suffix", "ngram-k8", "plain"])] == ["plain", "suffix", "ngram-k8"]
 
 
 @pytest.mark.parametrize("name", [n for n in ARMS if not n.startswith("adaptive")])
 def test_a_fixed_arm_is_the_default_policy_with_its_own_rules(name):
     """Same SLO, slices, pairs and pools as the default policy (the suffix arm adds its pair and pool, the
-    SGLang-controller arm its pool)."""
+    SGLang-controller and vLLM-table arms their pools)."""
     policy = load_policy_file(ARMS[name].policy)
     assert (policy.slo, policy.routes, policy.slices, policy.learning) == (
         DEFAULT.slo, DEFAULT.routes, DEFAULT.slices, DEFAULT.learning)
-    pools, pairs = {"suffix": ({"suffix"}, {"smollm2-suffix"}), "ngram-k7-sglang": ({"ngram-sglang"}, set())}.get(
+    pools, pairs = {"suffix": ({"suffix"}, {"smollm2-suffix"}), "ngram-k7-sglang": ({"ngram-sglang"}, set()),
+                   "ngram-k8-vllm": ({"ngram-vllm"}, set())}.get(
         name, (set(), set()))
     assert {n: p for n, p in policy.pools.items() if n not in pools} == DEFAULT.pools
     assert {n: p for n, p in policy.pairs.items() if n not in pairs} == DEFAULT.pairs
@@ -55,6 +59,27 @@ def test_the_per_round_arms_serve_every_request_with_their_controller():
     assert sglang.rules[0].then == PoolAction(pool="ngram-sglang", draft_tokens=7)
     pool = sglang.pools["ngram-sglang"]
     assert (pool.adaptive, pool.strategy, pool.k_range, pool.speculation) == (True, "sglang", (7, 7), "per_request")
+    vllm = load_policy_file(ARMS["ngram-k8-vllm"].policy)
+    assert vllm.rules[0].then == PoolAction(pool="ngram-vllm", draft_tokens=8)
+    pool = vllm.pools["ngram-vllm"]
+    assert (pool.adaptive, pool.strategy, pool.k_range, pool.speculation) == (True, "vllm", (8, 8), "per_request")
+    assert pool.batch_table == ((1, 8), (4, 4), (16, 1))
+
+
+@pytest.mark.parametrize(("arm", "pool", "k", "extra", "table"), [
+    ("ngram-k7-sglang", "ngram-sglang", 7, {"strategy": "sglang"}, ()),
+    ("ngram-k8-vllm", "ngram-vllm", 8, {"strategy": "vllm", "k_by_batch": [[1, 8], [4, 4], [16, 1]]},
+     ((1, 8), (4, 4), (16, 1))),
+])
+def test_a_peer_arm_tells_the_worker_its_controller_per_request(arm, pool, k, extra, table):
+    """What the gateway sends in ``custom_params.speculation`` and what the worker makes of it: the peer's
+    controller and table, over a worker launched with specgate's own controller and no table."""
+    override = speculation_override(load_policy_file(ARMS[arm].policy), pool, k)
+    assert override == {"proposer": "ngram", "draft_tokens": k, "adaptive": True, **extra}
+    launched = SpeculationParams(proposer="ngram", draft_tokens=4)
+    params = speculation({"speculation": override}, launched, "")
+    assert (params.proposer, params.draft_tokens, params.adaptive, params.strategy, params.k_by_batch) == (
+        "ngram", k, True, extra["strategy"], table)
 
 
 def test_without_gates_removes_exactly_the_default_policys_gates_section():
