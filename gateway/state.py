@@ -32,7 +32,7 @@ from gateway.telemetry_views import gate_event_view, gate_views, policy_view, po
 from gateway.tracing import Recorder, problems, resolve
 from policies.features import reads_prompt_repeat, referenced_headers
 from policies.schema import Policy
-from policies.snapshot import PoolState, Snapshot, load_concurrency
+from policies.snapshot import PoolState, Snapshot, load_concurrency, worker_load
 from policies.stats import LearningState, Outcome
 from telemetry import Telemetry
 from telemetry.record import RequestRecord
@@ -77,7 +77,8 @@ class GatewayState:
         self.rng = random.Random()
         self.in_flight = 0
         self.exploring: dict[str, int] = {}  # exploration_key -> explorations of it in flight
-        self._busy_area = 0.0  # integral of in_flight over time (request-seconds) up to _busy_t
+        self._busy_area = 0.0  # integral of the load over time (request-seconds) up to _busy_t
+        self._worker_load = 0  # the busiest pool's requests per worker at the latest snapshot (load_concurrency)
         self._busy_t = time.monotonic()
         self.background: set[asyncio.Task[Any]] = set()
         self._snapshot: Snapshot | None = None
@@ -91,9 +92,11 @@ class GatewayState:
     def _backend(self, policy: Policy) -> Backend:
         # with gates, every monitor round re-reads the workers' identity: a worker restarted with another pair
         # version must not serve under the old one's verdict until the next identity poll
-        return Backend(policy, monitor_interval_s=self.settings.monitor_interval_s,
-                       read_timeout_s=self.settings.upstream_read_timeout_s,
-                       identity_interval_s=self.settings.monitor_interval_s if policy.gates else 30.0)
+        backend = Backend(policy, monitor_interval_s=self.settings.monitor_interval_s,
+                          read_timeout_s=self.settings.upstream_read_timeout_s,
+                          identity_interval_s=self.settings.monitor_interval_s if policy.gates else 30.0)
+        backend.monitor.on_round = lambda: self.read_worker_load(backend)
+        return backend
 
     def _build(self, policy: Policy, version: str, old: dict[str, RouteLimiter]) -> Active:
         keys = KeyRing(policy, base_dir=self.path.parent)
@@ -164,14 +167,30 @@ class GatewayState:
     # -- concurrency ---------------------------------------------------------------------------------
 
     def busy_area(self, now: float) -> float:
-        """Request-seconds served so far: the integral of ``in_flight`` over time. The difference over a
-        request's life divided by its duration is the mean concurrency it ran at (itself included)."""
-        return self._busy_area + self.in_flight * (now - self._busy_t)
+        """Request-seconds served so far: the integral over time of the load decisions are bucketed by
+        (:func:`policies.snapshot.load_concurrency`): this gateway's ``in_flight`` or, when more, the busiest
+        pool's requests per worker as the latest snapshot saw them (other gateways' requests included). The
+        difference over a request's life divided by its duration is the mean concurrency it ran at (itself
+        included), so the learner files its outcome in the bucket a decision at that load looks up."""
+        return self._busy_area + max(self.in_flight, self._worker_load) * (now - self._busy_t)
 
     def change_in_flight(self, delta: int, now: float) -> None:
         self._busy_area = self.busy_area(now)
         self._busy_t = now
         self.in_flight += delta
+
+    def read_worker_load(self, backend: Backend, now: float | None = None) -> None:
+        """After each round of the pool monitor: the busiest pool's requests per worker, from then on in
+        ``busy_area`` (a replaced backend's last rounds are ignored)."""
+        if backend is self.backend:
+            now = time.monotonic() if now is None else now
+            self.change_worker_load(worker_load({n: pool_state(s) for n, s in backend.pool_snapshots(now).items()}),
+                                    now)
+
+    def change_worker_load(self, load: int, now: float) -> None:
+        self._busy_area = self.busy_area(now)
+        self._busy_t = now
+        self._worker_load = load
 
     def change_exploring(self, key: str, delta: int) -> None:
         """Count an exploration in flight (+1 when decided, -1 when it finishes, whatever happened)."""

@@ -57,9 +57,16 @@ def load_concurrency(in_flight: int, pools: dict[str, PoolState]) -> int:
     """The load a decision is bucketed by: the requests this gateway has in flight plus the one being decided,
     or, when more, the busiest healthy pool's requests per worker (running + waiting, from its workers'
     ``/v1/loads``) plus this one. One gateway in front of its workers sees both alike; several gateways in
-    front of the same workers each see a share of the in-flight count, and only the workers see it all."""
-    per_worker = [(p.running + p.waiting) // max(1, p.workers_healthy) for p in pools.values() if p.healthy]
-    return max(in_flight + 1, max(per_worker, default=0) + 1)
+    front of the same workers each see a share of the in-flight count, and only the workers see it all.
+    An outcome is filed under the same measure, averaged over the request's life
+    (``GatewayState.busy_area``)."""
+    return max(in_flight, worker_load(pools)) + 1
+
+
+def worker_load(pools: dict[str, PoolState]) -> int:
+    """The busiest healthy pool's requests per worker (running + waiting), 0 without one."""
+    return max(((p.running + p.waiting) // max(1, p.workers_healthy) for p in pools.values() if p.healthy),
+               default=0)
 
 
 class SnapshotData(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,12 +27,14 @@ log = structlog.get_logger(__name__)
 
 class PoolMonitor:
     """``await start()`` runs one full round (so pools are usable at once), then polls every
-    ``interval_s``; ``await stop()`` ends the loop and closes the clients."""
+    ``interval_s``; ``await stop()`` ends the loop and closes the clients. ``on_round`` is called after
+    every round (the gateway reads the workers' loads then)."""
 
     def __init__(self, pools: Sequence[WorkerPool], *, interval_s: float = 2.0,
                  identity_interval_s: float = 30.0, timeouts: ClientTimeouts = ClientTimeouts(),
                  clock: Callable[[], float] = time.monotonic,
-                 client_factory: Callable[[str], SGLangClient] | None = None) -> None:
+                 client_factory: Callable[[str], SGLangClient] | None = None,
+                 on_round: Callable[[], None] | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
         self.pools = list(pools)
@@ -42,6 +44,7 @@ class PoolMonitor:
         factory = client_factory or (lambda url: SGLangClient(url, timeouts=timeouts))
         urls = dict.fromkeys(url for pool in self.pools for url in pool.workers)
         self.clients: dict[str, SGLangClient] = {url: factory(url) for url in urls}
+        self.on_round = on_round
         self._task: asyncio.Task[None] | None = None
 
     def client(self, url: str) -> SGLangClient:
@@ -76,6 +79,8 @@ class PoolMonitor:
     async def check_once(self) -> None:
         """One round over every worker, concurrently."""
         await asyncio.gather(*(self._check(url) for url in self.clients))
+        if self.on_round is not None:
+            self.on_round()
 
     async def _check(self, url: str) -> None:
         pools = self._pools_of(url)

@@ -221,8 +221,10 @@ def test_monitor_feeds_pools_and_ejects_a_dead_worker():
                               expected=ExpectedPair(algorithm="EAGLE3", draft_tokens=3),
                               settings=PoolSettings(eject_after=2, backoff_s=10.0))
             shared = WorkerPool("plain", [good.url])  # one worker in two pools
+            rounds: list[tuple[int, int]] = []  # what on_round sees: the round's loads are recorded by then
             monitor = PoolMonitor([pool, shared], interval_s=3600, identity_interval_s=30.0,
-                                  clock=lambda: now[0])
+                                  clock=lambda: now[0], on_round=lambda: rounds.append(
+                                      (len(good.received), pool.snapshot(now[0]).running)))
             await monitor.start()
             try:
                 snap1 = pool.snapshot(now[0])
@@ -242,10 +244,12 @@ def test_monitor_feeds_pools_and_ejects_a_dead_worker():
             finally:
                 await monitor.stop()
             return (snap1, snap2, shared2, ejected_until, sick_requests, good_paths, recovered,
-                    monitor.client(good.url))
+                    monitor.client(good.url), rounds)
 
-    snap1, snap, shared, ejected_until, sick_requests, good_paths, recovered, client = asyncio.run(
+    snap1, snap, shared, ejected_until, sick_requests, good_paths, recovered, client, rounds = asyncio.run(
         asyncio.wait_for(scenario(), 20))
+    # once after every round (start's, then three), each after that round's requests and loads
+    assert rounds == [(4, 3), (6, 3), (8, 3), (10, 6)]  # the recovered worker reports its 3 too
     assert len(snap1.healthy_workers) == 1 and snap1.pair_verified is True
     assert snap1.running == 3 and snap1.waiting == 1 and snap1.kv_usage == 0.25
     assert snap1.accept_length == 2.4

@@ -105,6 +105,41 @@ def test_mean_concurrency_is_the_in_flight_integral_over_a_requests_life(client)
     assert state.in_flight == 0 and state.busy_area(t0 + 10.0) == state.busy_area(t0 + 3.0)
 
 
+def test_an_outcome_is_filed_under_the_load_its_decision_was_bucketed_by(client, monkeypatch):
+    """Other gateways' requests on the same workers count: the load integrated over a request's life is
+    load_concurrency's (this gateway's in flight, or the busiest pool's running + waiting per worker when
+    more), so the bucket an outcome is learned in is the one a decision at that load looks up."""
+    from backends.sglang.pool import PoolSnapshot
+    from policies.snapshot import PoolState, load_concurrency
+
+    state = client.app.state.gateway
+    backend = state.backend
+    busy = {"running": 5, "waiting": 2}
+    monkeypatch.setattr(backend, "pool_snapshots", lambda now: {
+        "p": PoolSnapshot(name="p", workers=1, healthy_workers=("http://w",), in_flight=0, kv_usage=None,
+                          accept_length=None, pair_verified=True, **busy)})
+    t0 = state._busy_t + 1.0
+    state.change_in_flight(1, t0)  # A joins; this gateway has nothing else in flight
+    joined = state.busy_area(t0)
+    state.read_worker_load(backend, t0 + 1.0)  # a monitor round: the workers hold A and six from elsewhere
+    assert state.busy_area(t0 + 3.0) - joined == 1.0 * 1 + 2.0 * 7
+    busy.update(running=1, waiting=0)  # the others finish: this gateway's count (1) is the larger again
+    state.read_worker_load(backend, t0 + 3.0)
+    assert state.busy_area(t0 + 4.0) - joined == 1.0 * 1 + 2.0 * 7 + 1.0 * 1
+    # the decision side: the same measure, plus the request being decided
+    assert load_concurrency(0, {"p": PoolState(healthy=True, running=5, waiting=2, workers_healthy=1)}) == 8
+    # a replaced backend's late rounds do not touch the integral
+    busy.update(running=50)
+    stale = type(backend).__new__(type(backend))
+    stale.pool_snapshots = backend.pool_snapshots
+    before = state.busy_area(t0 + 5.0)
+    state.read_worker_load(stale, t0 + 4.0)
+    assert state.busy_area(t0 + 5.0) == before
+    # the monitor calls it after every round, at the time of the round
+    backend.monitor.on_round()
+    assert state.busy_area(state._busy_t + 1.0) - state.busy_area(state._busy_t) == 50
+    state.change_in_flight(-1, state._busy_t)
+
 def test_an_exploration_is_counted_in_flight_until_its_request_finishes_even_on_failure(client, monkeypatch):
     """decide sees the explorations in flight; each is counted when decided and released when the request ends,
     here after a 503 (the pool's worker is a closed port). The policy only bypasses, so an exploring
