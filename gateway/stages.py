@@ -199,6 +199,9 @@ class SpecgateInfo(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     # and the expected accept length behind it (the posterior mean of the acceptance curve, or the measured one)
     predicted_speedup: float | None = None
     expected_accept_length: float | None = None
+    # auto's posterior-mean TPOT (ms) of every option it weighed for this request ("plain decoding",
+    # "POOL k=K"); None for fixed rules and bypass
+    posterior_tpot_ms: dict[str, float] | None = None
 
 
 _INFO = msgspec.json.Encoder()
@@ -213,7 +216,7 @@ def info_json(arrival: Arrival, route: str, decision: Decision, dispatched: Disp
         exploration=decision.exploration, verify_rounds=s.verify_ct if s else None,
         accept_length=s.accept_length if s else None, accept_rate=s.accept_rate if s else None,
         completion_tokens=relayed.completion_tokens, predicted_speedup=decision.predicted_speedup,
-        expected_accept_length=decision.expected_accept_length))
+        expected_accept_length=decision.expected_accept_length, posterior_tpot_ms=decision.posterior_tpot_ms))
 
 
 def _positions(values: tuple[int, ...] | None) -> list[int] | None:

@@ -155,6 +155,7 @@ class Choice(msgspec.Struct, frozen=True):
     speedup: float | None  # posterior-mean speedup over plain of the chosen option
     candidates: list[Candidate]
     plain_tpot_s: float | None
+    posterior_tpot_ms: dict[str, float]  # every option's posterior-mean TPOT by its note (``option_note``)
 
 
 def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools: tuple[str, ...],
@@ -209,9 +210,17 @@ def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools
                 pool=p, draft_tokens=k, predicted_tpot_ms=math.exp(mean) * 1e3,
                 sd=math.sqrt((gap or post).var), speedup=math.exp(plain_mean - mean), samples=post.own,
                 p_best=wins[i] / 256,
-                note="plain decoding" if not p else f"{p} k={k}" + (" (the worker picks k per round up to it)"
-                                                                     if policy.pools[p].adaptive else "")))
+                note=option_note(p, k) + (" (the worker picks k per round up to it)"
+                                          if p and policy.pools[p].adaptive else "")))
+    # plain's mean less the margin is its score, not its estimate
+    posterior_ms = {option_note(*option): round(math.exp(mean + (margin if i == 0 else 0.0)) * 1e3, 3)
+                    for i, (option, mean) in enumerate(zip(options, means))}
     p, k = options[pick]
     return Choice(pool=p, k=k, exploration=exploration,
                   speedup=None if pick == 0 else math.exp(plain_mean - means[pick]),
-                  candidates=candidates, plain_tpot_s=math.exp(plain_mean))
+                  candidates=candidates, plain_tpot_s=math.exp(plain_mean), posterior_tpot_ms=posterior_ms)
+
+
+def option_note(pool: str, k: int) -> str:
+    """An option as people read it: ``plain decoding`` or ``POOL k=K``."""
+    return f"{pool} k={k}" if pool else "plain decoding"

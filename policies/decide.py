@@ -45,6 +45,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     predicted_speedup: float | None = None  # auto's prediction for the option it chose to exploit
     expected_accept_length: float | None = None
     held_by_gate: str | None = None  # the pool the serving gate's ramp held this request back from
+    # auto's posterior-mean TPOT (ms) of every option it weighed, by ``policies.auto.option_note``
+    posterior_tpot_ms: dict[str, float] | None = None
 
     @property
     def explored(self) -> bool:
@@ -126,7 +128,8 @@ def _safe(snap: Snapshot, pool: str) -> str | None:
 
 
 def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: str, reason: str,
-           near: tuple[str, ...], fallback: bool = False, exploration: Exploration | None = None) -> Decision:
+           near: tuple[str, ...], fallback: bool = False, exploration: Exploration | None = None,
+           posterior: dict[str, float] | None = None) -> Decision:
     """Serve without speculation: a healthy plain pool, else the same per-request workers, else any."""
     options = [p for p in comp.plain_pools if snap.pool(p).healthy]
     options += [p for p in near + tuple(comp.speculative)
@@ -135,7 +138,7 @@ def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: st
     pool = options[0]
     per_request = policy.pools[pool].speculation == "per_request"
     return Decision(slice=slice_, pool=pool, proposer="none", draft_tokens=0, bypass=True, rule=rule,
-                    reason=reason, fallback=fallback, exploration=exploration,
+                    reason=reason, fallback=fallback, exploration=exploration, posterior_tpot_ms=posterior,
                     speculation_override={"proposer": "none"} if per_request else None)
 
 
@@ -155,12 +158,12 @@ def speculation_override(policy: Policy, pool: str, k: int) -> dict[str, Any] | 
 
 def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason: str,
                exploration: Exploration | None = None, speedup: float | None = None,
-               accept_length: float | None = None) -> Decision:
+               accept_length: float | None = None, posterior: dict[str, float] | None = None) -> Decision:
     spec = policy.pools[pool]
     override = speculation_override(policy, pool, k)
     return Decision(slice=slice_, pool=pool, proposer=spec.proposer, draft_tokens=k, bypass=False, rule=rule,
                     reason=reason, speculation_override=override, exploration=exploration,
-                    predicted_speedup=speedup, expected_accept_length=accept_length)
+                    predicted_speedup=speedup, expected_accept_length=accept_length, posterior_tpot_ms=posterior)
 
 
 def _decide(policy: Policy, features: RequestFeatures, snap: Snapshot, rng: random.Random | None,
@@ -244,12 +247,13 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatu
     why = {"cold": " (never measured here)", "thompson": " (a posterior draw)", None: ""}[c.exploration]
     if not c.pool:
         return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: {verb}plain decoding{why}", pools,
-                      exploration=c.exploration)
+                      exploration=c.exploration, posterior=c.posterior_tpot_ms)
     accept = _accept_length(policy, comp, snap, features.route, slice_, c.pool)
     return _speculate(policy, slice_, c.pool, c.k, rule,
                       f"rule '{rule}' auto: {verb}pool '{c.pool}' k={c.k}{why}, posterior-mean speedup "
                       f"{c.speedup:.2f}x over plain", exploration=c.exploration,
-                      speedup=c.speedup if c.exploration is None else None, accept_length=accept)
+                      speedup=c.speedup if c.exploration is None else None, accept_length=accept,
+                      posterior=c.posterior_tpot_ms)
 
 
 def _accept_length(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: str, pool: str

@@ -222,9 +222,13 @@ def test_the_specgate_object_says_whether_the_decision_explored():
         assert (info["explored"], info["exploration"], info["pool"], info["draft_tokens"], info["rule"]) == (
             flag, kind, "ngram", 8, "learned")
         assert (info["predicted_speedup"], info["expected_accept_length"]) == (None, None)
-    exploit = msgspec.structs.replace(d, exploration=None, predicted_speedup=1.31, expected_accept_length=2.4)
+        assert info["posterior_tpot_ms"] is None
+    posterior = {"plain decoding": 41.5, "ngram k=8": 30.25}
+    exploit = msgspec.structs.replace(d, exploration=None, predicted_speedup=1.31, expected_accept_length=2.4,
+                                      posterior_tpot_ms=posterior)
     info = json.loads(info_json(arrival, "r", exploit, served, Relayed()))
-    assert (info["predicted_speedup"], info["expected_accept_length"]) == (1.31, 2.4)
+    assert (info["predicted_speedup"], info["expected_accept_length"], info["posterior_tpot_ms"]) == (
+        1.31, 2.4, posterior)
 
 
 def _finished(relayed, *, stream: bool, e2e_s: float = 2.0, mean_concurrency: float = 1.0):

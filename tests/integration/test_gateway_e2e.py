@@ -39,6 +39,13 @@ def test_non_streaming_chat_carries_the_decision(client):
     assert info["draft_tokens"] == int(d["draft-tokens"])
     assert info["verify_rounds"] >= 1 and info["accept_length"] >= 1.0
     assert info["explored"] is ("auto: exploring " in info["reason"])
+    # auto (rule learned) weighed plain and the ngram pool's draft lengths; a pinned or bypass rule weighed none
+    posterior = info["posterior_tpot_ms"]
+    if info["rule"] == "learned":
+        assert "plain decoding" in posterior and any(o.startswith("ngram k=") for o in posterior)
+        assert all(ms > 0 for ms in posterior.values())
+    else:
+        assert posterior is None
 
 
 def test_streaming_chat_ends_with_the_specgate_object(client):

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from policies.accept import counts_from_histogram, expected_tokens
-from policies.auto import PLAIN, TAU_BAND, k_grid, option_label, posterior
+from policies.auto import PLAIN, TAU_BAND, k_grid, option_label, option_note, posterior
 from policies.decide import decide, explain
 from policies.errors import PolicyError
 from policies.features import RequestFeatures
@@ -125,6 +125,10 @@ def test_posterior_means_decide_without_a_random_source_and_min_gain_is_a_margin
     d = trace.decision
     assert (d.bypass, d.pool, d.draft_tokens, d.exploration) == (False, "ngram", 2, None)
     assert d.predicted_speedup == pytest.approx(by["ngram"].speedup)
+    # the decision (and so the response's specgate object) carries every option's posterior-mean TPOT
+    assert d.posterior_tpot_ms == {option_note(c.pool, c.draft_tokens): pytest.approx(c.predicted_tpot_ms, abs=1e-3)
+                                   for c in trace.candidates}
+    assert set(d.posterior_tpot_ms) == {"plain decoding", *(f"ngram k={k}" for k in k_grid(p, "ngram"))}
     assert d.expected_accept_length == pytest.approx(101 / 50)
     assert d.speculation_override == {"proposer": "ngram", "draft_tokens": 2, "adaptive": False}
     # min_gain is a margin on the draw: a 1.25x option loses to plain under min_gain 1.4
