@@ -254,7 +254,9 @@ def outcome(f: Finished) -> Outcome | None:
         concurrency=round(f.mean_concurrency), ok=f.ending.status == "ok", status=f.ending.http_status,
         draft_s=s.draft_s if s else None, verify_s=s.verify_s if s else None, timestamp=time.monotonic(),
         prompt_repeat=f.admitted.features.prompt_repeat if f.admitted is not None else None,
-        plain_tpot_s=tpot * s.plain_ratio if speculative and tpot and s and s.plain_ratio else None)
+        plain_tpot_s=tpot * s.plain_ratio if speculative and tpot and s and s.plain_ratio else None,
+        neighbour_tpot_s=s.neighbour_s / (r.completion_tokens - 1)
+        if speculative and s and s.neighbour_s and r.completion_tokens >= 2 else 0.0)
 
 
 def slo_met(f: Finished) -> bool | None:

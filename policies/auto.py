@@ -45,9 +45,14 @@ learner this replaces follow from the rule: a *cold* option has a wide posterior
 measured; a *stale* one (evidence decayed) widens again and is re-drawn, in proportion to how plausibly it
 could win, with its mean untouched (it does not drift to a pessimistic prior); a *new load* bucket borrows the
 other buckets' estimates widened by ``TAU_LOAD``, so options near the best are re-measured there; the
-per-context means make costs per slice and per load by construction. The objective is the request's own
-TPOT; what its drafts cost the sequences beside it is charged inside the embedded engine, whose per-round
-controller maximises the whole step's committed tokens per second (backends/engine/adaptive.py).
+per-context means make costs per slice and per load by construction. The objective is engine-seconds per
+output token: the request's TPOT plus what its drafts cost the sequences beside it, per token
+(``Outcome.neighbour_tpot_s``, which the embedded worker measures step by step: each other sequence of a step
+waited for the drafting and the wider forward). Against plain's c0 a token, an option of accept length E and
+Delta extra seconds a step with B sequences wins iff B * Delta < (E - 1) * c0: the embedded engine's per-round
+controller's rule (backends/engine/adaptive.py), so the two never disagree on a step. A real SGLang server
+reports no such cost; its pools (one configuration per server) batch only their own requests, whose TPOT
+already carries it.
 
 Assumptions: requests in one context are exchangeable; an option's log TPOT spreads alike in all its contexts.
 """

@@ -13,11 +13,12 @@ Keys and what x is:
   (given directly, or from the accepted-drafts histogram, see :mod:`policies.accept`); curve_rounds +=
   rounds that carried such data. A new pair version is a new key, so its statistics start from the prior.
 - arms ``slice|bucket|band|option`` (auto's Thompson sampling, :mod:`policies.auto`): per request with a TPOT
-  (two tokens or more), w += 1, sy += log(tpot_s), syy += log(tpot_s)^2; bucket = the learner's concurrency
+  (two tokens or more), w += 1, sy += log(y), syy += log(y)^2 with y = tpot_s + neighbour_tpot_s (the request's
+  TPOT, charged with what its drafts cost the sequences beside it); bucket = the learner's concurrency
   bucket of the request's mean concurrency, band = its ``prompt_repeat`` band, option ``none`` (served without
   speculation) or ``pool@k#pair_version`` (k requested).
 - gaps ``slice|bucket|band|option`` (the same keys, speculative options only): per request whose worker estimated
-  plain decoding's TPOT for it (``Outcome.plain_tpot_s``), w += 1, sy += log(tpot_s / plain_tpot_s), syy += its
+  plain decoding's TPOT for it (``Outcome.plain_tpot_s``), w += 1, sy += log(y / plain_tpot_s), syy += its
   square: the option's paired log speedup over plain, request by request.
 
 Each key also keeps its sums without decay (``ever_*``): how much evidence was ever seen.
@@ -68,6 +69,11 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     # a speculative request's counterfactual: the TPOT plain decoding would have had, as the worker estimates it
     # (its measured TPOT times the ``specgate_plain_ratio`` it reports); auto counts it as evidence for plain
     plain_tpot_s: float | None = None
+    # what its drafts cost the other sequences of its steps, per output token: the worker's
+    # ``specgate_neighbour_s`` over completion_tokens - 1. auto's objective is the request's TPOT plus this, the
+    # engine-seconds its choice costs per output token (a speculative option that slows the sequences beside it
+    # pays for it); plain decoding's is 0
+    neighbour_tpot_s: float = 0.0
 
 
 class _Sums:
@@ -130,12 +136,13 @@ class LearningState:
         t, bucket = o.timestamp, self._bucket(o.concurrency)
         speculative = o.proposer != "none" and o.draft_tokens > 0
         if o.tpot_s is not None and o.completion_tokens >= 2:
+            charged = o.tpot_s + o.neighbour_tpot_s
             self._arm(o, t, bucket, option_label(o.pool, o.draft_tokens, o.pair_version) if speculative else PLAIN,
-                      o.tpot_s)
+                      charged)
             if speculative and o.plain_tpot_s is not None:
                 self._arm(o, t, bucket, PLAIN, o.plain_tpot_s)
                 self._arm(o, t, bucket, option_label(o.pool, o.draft_tokens, o.pair_version),
-                          o.tpot_s / o.plain_tpot_s, table="gaps")
+                          charged / o.plain_tpot_s, table="gaps")
         if not speculative or o.verify_ct <= 0:
             return
         reached, accepted = self._positions(o)

@@ -391,10 +391,13 @@ class Engine:
                 slot.adaptive.observe(len(drafts), verdict.accepted, match_context(proposal.match))
         overhead = max(0.0, time.perf_counter() - work.started - proposal.seconds - forward_s)
         self.costs.observe_overhead(overhead)
-        plain_s = forward_s * self.costs.plain_share(step.tokens, len(step.logits), len(drafts)) + overhead
+        share = self.costs.plain_share(step.tokens, len(step.logits), len(drafts))
+        plain_s = forward_s * share + overhead
+        widened = forward_s * (1.0 - share) + proposal.seconds if drafts else 0.0
         seq.stats.record(RoundStats(
             k=len(drafts), accepted=verdict.accepted, budget=work.budget, committed=len(committed),
-            bonus=verdict.bonus, draft_s=proposal.seconds, verify_s=forward_s, overhead_s=overhead, plain_s=plain_s))
+            bonus=verdict.bonus, draft_s=proposal.seconds, verify_s=forward_s, overhead_s=overhead, plain_s=plain_s,
+            neighbour_s=(len(step.logits) - 1) * widened))
         seq.stats.completion_tokens = len(seq.output_ids)
         if seq.stats.first_token_s is None:
             seq.stats.first_token_s = time.perf_counter() - seq.submitted_at

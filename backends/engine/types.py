@@ -176,6 +176,9 @@ class RoundStats:
     # times StepCosts.plain_share, plus the overhead; None (a round recorded without an estimate) counts the
     # round's own seconds
     plain_s: float | None = None
+    # what the round's drafts cost the other sequences of its step: each of them waited for the drafting and the
+    # wider forward, (sequences - 1) x (the forward less its plain share + the draft seconds) (Engine._verify)
+    neighbour_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -206,6 +209,7 @@ class RequestStats:
     verify_s: float = 0.0
     overhead_s: float = 0.0
     plain_s: float = 0.0  # sum of RoundStats.plain_s
+    neighbour_s: float = 0.0  # sum of RoundStats.neighbour_s: seconds its drafts added to the others' steps
     queue_s: float = 0.0  # waiting before the first forward
     first_token_s: float | None = None  # from submit to the first committed token
     e2e_s: float | None = None
@@ -250,6 +254,7 @@ class RequestStats:
         self.verify_s += r.verify_s
         self.overhead_s += r.overhead_s
         self.plain_s += r.draft_s + r.verify_s + r.overhead_s if r.plain_s is None else r.plain_s
+        self.neighbour_s += r.neighbour_s
 
 
 @dataclass(frozen=True, slots=True)

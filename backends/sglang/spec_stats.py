@@ -46,6 +46,7 @@ class SpecStats(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     draft_s: float | None = None
     verify_s: float | None = None
     plain_ratio: float | None = None  # specgate's embedded worker: plain decoding's estimated time over this one's
+    neighbour_s: float | None = None  # specgate's embedded worker: seconds its drafts added to the others' steps
 
 
 def _first(*values: Any) -> Any:
@@ -93,6 +94,7 @@ def spec_stats_from(source: MetaInfo | SpecTokensDetails) -> SpecStats | None:
         draft_s=source.spec_draft_s,
         verify_s=source.spec_verify_s,
         plain_ratio=source.specgate_plain_ratio,
+        neighbour_s=source.specgate_neighbour_s,
     )
 
 

@@ -204,6 +204,8 @@ class SpecFields(msgspec.Struct, frozen=True, kw_only=True):
     specgate_decode_s: float | None = None  # first committed token -> finished (TPOT = this / (completion_tokens - 1))
     # plain decoding's estimated time for this answer over its rounds' (RequestStats.plain_ratio; auto learns from it)
     specgate_plain_ratio: float | None = None
+    # seconds its drafts added to the other sequences' steps (RequestStats.neighbour_s; auto charges them)
+    specgate_neighbour_s: float | None = None
 
 
 LogprobEntry = tuple[float | None, int, str | None]

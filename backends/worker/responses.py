@@ -45,6 +45,7 @@ def spec_fields(stats: RequestStats) -> dict[str, Any]:
         spec_reached_per_position=list(stats.reached_per_position),
         spec_chosen_per_k=list(stats.chosen_per_k),
         spec_draft_s=stats.draft_s, spec_verify_s=stats.verify_s, specgate_plain_ratio=stats.plain_ratio,
+        specgate_neighbour_s=stats.neighbour_s,
         **timing_fields(stats)))
 
 

@@ -274,5 +274,7 @@ class PolicyChooser:
             draft_s=prof.draft_s, verify_s=prof.verify_s, timestamp=t,
             prompt_repeat=request.features.prompt_repeat,
             plain_tpot_s=served.tpot * served.plain_ratio
-            if speculative and served.tpot and served.plain_ratio else None))
+            if speculative and served.tpot and served.plain_ratio else None,
+            neighbour_tpot_s=served.neighbour_s / (prof.tokens - 1)
+            if speculative and served.neighbour_s and prof.tokens >= 2 else 0.0))
         self._dirty = True

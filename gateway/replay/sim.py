@@ -90,6 +90,7 @@ class Flight:
     walker: object = None
     drafts_s: float = 0.0  # its drafts' share of its steps' forwards (what its plain counterfactual takes away)
     plain_ratio: float | None = None  # the worker's RequestStats.plain_ratio, once finished (plain_estimates)
+    neighbour_s: float = 0.0  # the worker's RequestStats.neighbour_s: what its drafts cost its steps' others
 
 
 @dataclass(slots=True)
@@ -117,6 +118,7 @@ class Served:
     choice: object
     concurrency: float
     plain_ratio: float | None = None  # plain decoding's estimated time over this request's (the worker's)
+    neighbour_s: float = 0.0  # seconds its drafts added to the other sequences' steps (the worker's)
 
     @property
     def tpot(self) -> float | None:
@@ -133,14 +135,21 @@ def plain_ratio(flight: Flight, per_round: float) -> float | None:
     return p.tokens * (flight.verify_s - flight.drafts_s + flight.pos * per_round) / (flight.pos * spent)
 
 
-def _drafts_share(costs, decoded: list[Flight], rounds: list[tuple[int, int]], forward: float) -> None:
+def _drafts_share(costs, decoded: list[Flight], rounds: list[tuple[int, int]], serial: list[float] | None,
+                  forward: float, others: int) -> None:
     """The worker's plain counterfactual (Engine._verify) of one step: each round's drafts' share of the step's
-    price (profile.step_s), which its plain estimate takes away."""
+    price (profile.step_s), which its plain estimate takes away; and what they cost the step's ``others``
+    sequences (RequestStats.neighbour_s): each waited for that share and the round's drafting, its seconds
+    outside the forward (``serial``, None: the profile's) less the per-round ones."""
     width = len(rounds)
-    for flight, (tokens, context) in zip(decoded, rounds):
+    per_round = costs.overhead_s + costs.serving_s
+    for i, (flight, (tokens, context)) in enumerate(zip(decoded, rounds)):
         if tokens > 1:
-            flight.drafts_s += min(forward, (costs.forward_s(tokens, context, width)
-                                             - costs.forward_s(1, context, width)) / width)
+            share = min(forward, (costs.forward_s(tokens, context, width) - costs.forward_s(1, context, width)) / width)
+            flight.drafts_s += share
+            if others:
+                outside = flight.profile.serial[flight.pos] if serial is None else serial[i]
+                flight.neighbour_s += others * (share + max(0.0, outside - per_round))
 
 
 class Simulation:
@@ -295,7 +304,7 @@ class Simulation:
         running = scheduler.running
         batch = len(running)
         rounds: list[tuple[int, int]] = []
-        serial, fed, decoded = 0.0, 0, []
+        serial, fed, decoded, outside = 0.0, 0, [], []  # outside: each round's seconds outside the forward
         plan = self._plan(running, costs)
         for flight in running:  # Engine._schedule: a round per decoding sequence
             if not flight.decoding:
@@ -304,11 +313,12 @@ class Simulation:
             if walker is None:
                 p, pos = flight.profile, flight.pos
                 shape = (p.fed[pos], p.context[pos])
-                serial += p.serial[pos]
+                extra = p.serial[pos]
             else:
                 width, context, extra = walker.next_round(batch, plan.get(id(flight)))
                 shape = (width, context)
-                serial += extra
+            serial += extra
+            outside.append(extra)
             rounds.append(shape)
             fed += shape[0]
             decoded.append(flight)
@@ -319,7 +329,7 @@ class Simulation:
         t += serial + forward
         finished = False
         if self.plain_estimates:
-            _drafts_share(costs, decoded, rounds, forward)
+            _drafts_share(costs, decoded, rounds, outside, forward, len(rounds) + len(chunks) - 1)
         for flight in decoded:
             flight.pos += 1
             flight.verify_s += forward
@@ -384,7 +394,7 @@ class Simulation:
             serial += width * costs.serving_extra(width)
         t += serial + forward
         if self.plain_estimates:
-            _drafts_share(costs, decoded, rounds, forward)
+            _drafts_share(costs, decoded, rounds, None, forward, width + len(chunks) - 1)
         finished = False
         for flight in decoded:
             pos = flight.pos = flight.pos + 1
@@ -449,7 +459,7 @@ class Simulation:
         served = Served(index=flight.index, arrival=flight.arrival, ttft=flight.ttft if flight.ttft is not None
                         else e2e, e2e=e2e, tokens=p.tokens, verify_ct=p.verify_ct, accepted=p.accepted,
                         choice=flight.choice, concurrency=area / e2e if e2e > 0 else 1.0,
-                        plain_ratio=flight.plain_ratio)
+                        plain_ratio=flight.plain_ratio, neighbour_s=flight.neighbour_s)
         self.served.append(served)
         self.chooser.finished(served, flight.profile, t, self)
         if self.load.concurrency is not None and self._queue:

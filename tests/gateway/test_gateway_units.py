@@ -278,6 +278,13 @@ def test_a_whole_answer_has_the_workers_tpot_and_a_real_sglang_one_has_none():
     tally.take(msgspec.json.decode(_answer(estimated), type=ChatCompletionResponse))
     assert outcome(_finished(tally.relayed(), stream=False)).plain_tpot_s == pytest.approx(0.025 * 1.6)
     assert outcome(f).plain_tpot_s is None  # a real SGLang server sends none
+    # what its drafts cost the sequences beside it (specgate_neighbour_s), per decode token: auto charges it
+    tally = Tally(0.0)
+    tally.take(msgspec.json.decode(_answer(embedded[:-1] + ',"specgate_neighbour_s":0.05}'),
+                                   type=ChatCompletionResponse))
+    charged = outcome(_finished(tally.relayed(), stream=False))
+    assert (charged.tpot_s, charged.neighbour_tpot_s) == (0.025, pytest.approx(0.05 / 10))
+    assert outcome(f).neighbour_tpot_s == 0.0
     # the load the request saw, for the dashboard's speedup per load bucket: what the learner is given too
     f = _finished(Tally(0.0).relayed(), stream=False, mean_concurrency=5.6)
     assert record(f).concurrency == outcome(f).concurrency == 6

@@ -428,6 +428,33 @@ def test_each_request_reports_the_workers_plain_counterfactual():
         assert served.plain_ratio == pytest.approx(20 * plain / (len(prof.fed) * spent), rel=1e-9)
 
 
+def test_each_request_reports_what_its_drafts_cost_the_sequences_beside_it():
+    """``Served.neighbour_s``, as the worker computes it (Engine._verify): per round with drafts, the step's
+    other sequences x (the drafts' share of the step's forward + the round's drafting). Two identical requests
+    at c2 decode side by side, every round in one step with the other: one other each. Alone (c1) nothing;
+    plain decoding nothing."""
+    cycle = list(range(1, 11))
+    copy = [request(0, 0, rid=f"copy{i}", prompt=cycle * 5, output=cycle * 2) for i in range(2)]
+    prices = prices_of(*copy)
+    costs = prices.costs_of(FixedChooser(PLAIN, prices, 0).worker)
+    per_round = costs.overhead_s + costs.serving_s
+    for option, load in ((Option("ngram", 4), "c2"), (Option("ngram", 4), "c1"), (PLAIN, "c2")):
+        chooser = FixedChooser(option, prices, 0)
+        chooser.plain_estimates = True
+        seen = []
+        chooser.finished = lambda served, prof, t, sim: seen.append((served, prof))
+        Simulation(chooser, Load.parse(load), [[0, 1]], 0, max_running=16, max_total_tokens=1 << 16).run()
+        assert len(seen) == 2
+        for served, prof in seen:
+            if option is PLAIN or load == "c1":
+                assert served.neighbour_s == 0.0
+                continue
+            assert prof.accepted > 0 and served.ttft == seen[0][0].ttft  # prefilled and decoded together
+            want = sum((costs.forward_s(f, c, 2) - costs.forward_s(1, c, 2)) / 2 + (s - per_round)
+                       for f, c, s in zip(prof.fed, prof.context, prof.serial) if f > 1)
+            assert served.neighbour_s == pytest.approx(want, rel=1e-9) and want > 0
+
+
 def plain_and_ngram_served(prices: Prices, load: str, n: int) -> dict:
     """The first ``n`` requests served plain and with ngram-k4 at ``load`` (the plain counterfactual priced)."""
     out = {}
@@ -481,3 +508,5 @@ def test_a_step_of_fixed_profiles_gives_the_same_floats_as_the_general_step(load
     monkeypatch.setattr(Simulation, "_fixed_step", Simulation._step)
     assert run() == fast
     assert all(s.plain_ratio is not None for served in fast.values() for s in served)
+    # neighbour_s too (Served compares whole): n-gram's rounds beside others charge them, plain's never
+    assert any(s.neighbour_s > 0 for s in fast[Option("ngram", 4)]) and not any(s.neighbour_s for s in fast[PLAIN])

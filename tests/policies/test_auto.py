@@ -202,6 +202,29 @@ def test_estimates_are_per_slice() -> None:
     assert (code.slice, code.pool, code.predicted_speedup) == ("code", "ngram", pytest.approx(5 / 3, rel=0.08))
 
 
+def test_an_option_that_slows_the_sequences_beside_it_pays_for_it() -> None:
+    """Issue 26: the objective is engine-seconds per output token. At 8 in flight n-gram's own TPOT is 40 ms
+    against plain's 50, but its drafts cost the 7 sequences beside it 15 ms a token (neighbour_tpot_s): charged
+    55 ms, it loses to plain; the same speedup without that cost wins. Both ways of learning plain charge it
+    (the option's own posterior and its gap to the worker's plain estimate)."""
+    p = policy()
+    pv = p.pool_pair_version("ngram")
+    for paired in (False, True):
+        for neighbour, speculates in ((0.015, False), (0.0, True)):
+            rng = random.Random(7)
+            outcomes = []
+            for _ in range(30):
+                o = spec(noisy(rng, 0.04), pv, concurrency=8, plain_tpot=noisy(rng, 0.05) if paired else None)
+                outcomes += [msgspec.structs.replace(o, neighbour_tpot_s=neighbour)]
+                if not paired:
+                    outcomes.append(plain(noisy(rng, 0.05), concurrency=8))
+            snap = learned(p, outcomes).snapshot(0.0, HEALTHY, 8)
+            d = decide(p, PROSE, snap)
+            assert d.bypass is not speculates, (paired, neighbour)
+            charged = d.posterior_tpot_ms["ngram k=2"]
+            assert charged == pytest.approx(40.0 + neighbour * 1e3, rel=0.06), (paired, neighbour)
+
+
 def test_prompt_repeat_bands_are_contexts_that_share_a_prior() -> None:
     """Acceptance is bimodal within a slice; prompt_repeat separates some of it. A band with its own evidence
     decides on it; a band without borrows the slice's other bands."""

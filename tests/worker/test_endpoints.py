@@ -15,7 +15,7 @@ META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cache
 SPEC_KEYS = {"spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
              "spec_num_proposed_drafts", "spec_correct_drafts_histogram", "spec_accepted_per_position",
              "spec_proposed_per_position", "spec_chosen_per_k", "spec_draft_s", "spec_verify_s",
-             "specgate_plain_ratio"}
+             "specgate_plain_ratio", "specgate_neighbour_s"}
 TIMING_KEYS = {"specgate_first_token_s", "specgate_decode_s"}  # also in sglext.spec_tokens_details
 
 
@@ -61,6 +61,7 @@ def test_generate_body_and_meta_info(worker, real_tokenizer):
     assert meta["spec_verify_ct"] == 7 and meta["spec_accept_length"] == 1.0
     assert meta["spec_num_proposed_drafts"] == 0 and meta["spec_correct_drafts_histogram"] == [7]
     assert meta["specgate_plain_ratio"] == pytest.approx(1.0)  # plain decoding's estimate of itself
+    assert meta["specgate_neighbour_s"] == 0.0  # no drafts, and no other sequence beside it
     assert meta["weight_version"] == "default" and meta["e2e_latency"] > 0
 
 
