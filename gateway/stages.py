@@ -306,4 +306,5 @@ def record(f: Finished) -> RequestRecord:
         slo_tpot_s=slo.tpot_ms / 1e3 if slo and slo.tpot_ms else None, slo_met=_slo_met(f, ok, tpot),
         retries=f.retries, worker=f.dispatched.worker if f.dispatched else "",
         fallback=f.dispatched.fallback if f.dispatched else bool(d and d.fallback), timestamp=time.time(),
-        concurrency=round(f.mean_concurrency))
+        concurrency=round(f.mean_concurrency),
+        plain_tpot_s=tpot * s.plain_ratio if k and proposer != "none" and tpot and s and s.plain_ratio else None)

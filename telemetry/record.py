@@ -39,10 +39,15 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     tpot_source: str | None = None  # stream | worker (which of the two above); None when tpot_s is None
     e2e_s: float | None = None
     overhead_s: float | None = None  # time the gateway itself added (parse, decide, dispatch, relay)
-    # mean requests the gateway had in flight over this request's life, itself included, rounded (what the
-    # learner buckets by: Outcome.concurrency); None when the gateway did not say. The dashboard's speedup table
-    # puts the request in the load bucket of this value.
+    # the mean load over this request's life, itself included, rounded: the gateway's requests in flight or,
+    # when more, the busiest pool's running + waiting per worker (what the learner buckets by:
+    # Outcome.concurrency); None when the gateway did not say. The dashboard's speedup table puts the request in
+    # the load bucket of this value.
     concurrency: int | None = None
+    # a speculative request's plain counterfactual: the TPOT plain decoding would have had, as the worker
+    # estimates it (tpot_s x specgate_plain_ratio; specgate's embedded worker only). The speedup table falls back
+    # on it where no request of a cell was served plain.
+    plain_tpot_s: float | None = None
     # speculation as reported by the worker (absent for plain or when SGLang reports nothing)
     verify_ct: int | None = None
     accept_length: float | None = None

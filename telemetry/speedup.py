@@ -8,7 +8,12 @@ averages over) and ``seconds = tpot_s * tokens``. The history adds these up per 
 - the token-weighted mean TPOT of each side: sum(seconds) / sum(tokens), i.e. total decode time over
   total decode tokens (a long answer weighs as many tokens as it has);
 - ``speedup`` = plain TPOT / speculative TPOT (> 1: speculation paid), None unless both sides have
-  requests.
+  requests;
+- ``estimated_speedup``: the same from the speculative requests alone, each against its worker's estimate of
+  plain decoding for the same tokens (``RequestRecord.plain_tpot_s``, specgate's embedded worker):
+  sum(plain estimate x tokens) / sum(seconds) over the requests that carry one, None without any. Where the
+  policy serves a cell only speculatively (it learned plain loses there, from the same estimates), this is
+  the cell's speedup; a real SGLang server sends no estimate.
 
 Every request the policy served counts, explorations included (the table shows what the choices realised).
 Load buckets are the learner's (``learning.concurrency_buckets``, 1, 2, 4, ... 64 by default, handed in
@@ -29,7 +34,8 @@ from telemetry.derive import is_speculative
 from telemetry.record import RequestRecord
 
 LOAD_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # policies.schema.Learning.concurrency_buckets' default
-SPEED_FIELDS = ("spec_n", "spec_tokens", "spec_s", "plain_n", "plain_tokens", "plain_s")
+SPEED_FIELDS = ("spec_n", "spec_tokens", "spec_s", "plain_n", "plain_tokens", "plain_s", "est_n", "est_spec_s",
+                "est_plain_s")
 ALL_ROUTES = "*"
 
 
@@ -48,8 +54,10 @@ def sample(record: RequestRecord, edges: Sequence[int]) -> tuple[int | None, dic
         return None
     mode = "spec" if is_speculative(record) else "plain"
     tokens = record.completion_tokens - 1
-    return load_edge(record.concurrency, edges), {f"{mode}_n": 1, f"{mode}_tokens": tokens,
-                                                 f"{mode}_s": record.tpot_s * tokens}
+    sums = {f"{mode}_n": 1, f"{mode}_tokens": tokens, f"{mode}_s": record.tpot_s * tokens}
+    if mode == "spec" and record.plain_tpot_s is not None:
+        sums.update(est_n=1, est_spec_s=record.tpot_s * tokens, est_plain_s=record.plain_tpot_s * tokens)
+    return load_edge(record.concurrency, edges), sums
 
 
 def load_label(edge: int | None, edges: Sequence[int]) -> str:
@@ -72,7 +80,7 @@ def cells(sums: Mapping[tuple[str, str, int | None], Mapping[str, float]],
     upper edge, None above the last) and ``cells``, one per (route, slice, load) with any request, plus
     the same summed over routes under route ``"*"``; each has the counts ``spec_n``/``plain_n``, decode
     tokens ``spec_tokens``/``plain_tokens``, mean TPOTs ``spec_tpot_s``/``plain_tpot_s`` (None without
-    requests) and ``speedup``."""
+    requests), ``speedup``, and ``estimated_speedup`` with ``est_n``, the speculative requests behind it."""
     merged: dict[tuple[str, str, int | None], dict[str, float]] = {}
     for (route, slice_, edge), row in sums.items():
         for key in ((route, slice_, edge), (ALL_ROUTES, slice_, edge)):
@@ -90,7 +98,9 @@ def cells(sums: Mapping[tuple[str, str, int | None], Mapping[str, float]],
                     "spec_n": int(row["spec_n"]), "plain_n": int(row["plain_n"]),
                     "spec_tokens": int(row["spec_tokens"]), "plain_tokens": int(row["plain_tokens"]),
                     "spec_tpot_s": spec, "plain_tpot_s": plain,
-                    "speedup": plain / spec if spec and plain is not None else None})
+                    "speedup": plain / spec if spec and plain is not None else None,
+                    "est_n": int(row["est_n"]),
+                    "estimated_speedup": row["est_plain_s"] / row["est_spec_s"] if row["est_spec_s"] > 0 else None})
     present = sorted({c["max"] for c in out}, key=_edge_order)
     return {"loads": [{"load": load_label(e, known), "max": e} for e in present], "cells": out}
 

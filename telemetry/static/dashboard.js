@@ -162,10 +162,14 @@ function renderSpeedup(speedup, route) {
     row.appendChild(cell(slice));
     for (const l of loads) {
       const c = cells.find(x => x.slice === slice && x.load === l.load);
-      const td = !c || c.speedup === null ? cell("–", "none")
-        : cell(fmt(c.speedup, 2) + "x (n=" + c.spec_n + "/" + c.plain_n + ")", c.speedup >= 1 ? "up" : "down");
+      // measured against plain requests where the cell has both; else against the worker's plain estimates (≈)
+      const ratio = !c ? null : c.speedup !== null ? c.speedup : c.estimated_speedup;
+      const td = ratio === null ? cell("–", "none")
+        : cell((c.speedup === null ? "≈" : "") + fmt(ratio, 2) + "x (n=" + c.spec_n + "/" + c.plain_n + ")",
+               ratio >= 1 ? "up" : "down");
       if (c) td.title = "speculative " + ms(c.spec_tpot_s) + " (" + c.spec_n + " requests), plain " + ms(c.plain_tpot_s) +
-        " (" + c.plain_n + " requests)";
+        " (" + c.plain_n + " requests)" + (c.estimated_speedup === null ? "" : "; against the worker's plain " +
+        "estimate for the same tokens " + fmt(c.estimated_speedup, 2) + "x (" + c.est_n + " requests)");
       row.appendChild(td);
     }
   }
@@ -173,7 +177,8 @@ function renderSpeedup(speedup, route) {
     const row = table.insertRow();
     row.appendChild(cell("no request with a TPOT and a load in the window", "none"));
   }
-  state.speedup = { rows: slices.length, loads: loads.length, ratios: cells.filter(c => c.speedup !== null).length };
+  state.speedup = { rows: slices.length, loads: loads.length, ratios: cells.filter(c => c.speedup !== null).length,
+                    estimated: cells.filter(c => c.speedup === null && c.estimated_speedup !== null).length };
   document.getElementById("speedup").replaceChildren(table);
 }
 

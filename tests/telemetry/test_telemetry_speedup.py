@@ -63,6 +63,24 @@ def test_exact_ratio_and_a_plain_only_cell(policy):
     assert table(telemetry, route="chat")[("code", "5-8")]["plain_n"] == 10
 
 
+def test_a_cell_served_only_speculatively_is_measured_against_the_workers_plain_estimates(policy):
+    """Where auto learned that plain loses, it serves no plain request, and the measured ratio has no plain
+    side; the worker's estimate of plain decoding for the same tokens gives the cell's speedup, token-weighted
+    over the requests that carry one (a real SGLang server sends none: those do not count)."""
+    telemetry = Telemetry(policy)
+    telemetry.observe(rec(1, tpot_s=0.020, completion_tokens=11, plain_tpot_s=0.050))  # 10 gaps: 0.2 s vs 0.5 s
+    telemetry.observe(rec(2, tpot_s=0.030, completion_tokens=31, plain_tpot_s=0.045))  # 30 gaps: 0.9 s vs 1.35 s
+    telemetry.observe(rec(3, tpot_s=0.010, completion_tokens=11))  # no estimate
+    cell = table(telemetry)[("code", "1")]
+    assert (cell["spec_n"], cell["plain_n"], cell["est_n"], cell["speedup"]) == (3, 0, 2, None)
+    assert cell["estimated_speedup"] == pytest.approx((0.5 + 1.35) / (0.2 + 0.9))
+    # a plain request in the cell: the measured ratio is there; the estimate stays beside it
+    telemetry.observe(rec(4, tpot_s=0.040, completion_tokens=11, spec=False))
+    cell = table(telemetry)[("code", "1")]
+    assert cell["speedup"] == pytest.approx(0.040 / ((0.2 + 0.9 + 0.1) / 50))
+    assert cell["estimated_speedup"] == pytest.approx((0.5 + 1.35) / (0.2 + 0.9))
+
+
 def test_token_weighted_and_what_does_not_count(policy):
     telemetry = Telemetry(policy)
     # plain: 10 gaps at 30 ms and 30 gaps at 50 ms -> (0.3 + 1.5) / 40 = 45 ms per token

@@ -18,8 +18,10 @@ ACCEPT = {"code": (0.85, 0.75, 0.65, 0.55), "prose": (0.55, 0.4, 0.3, 0.2), "too
 
 def speculative_record(rng: random.Random, *, request_id: str, route: str, slice_: str, pool: str,
                        proposer: str, rule: str, k: int, at: float, slo_tpot_s: float,
-                       exploration: str | None = None, concurrency: int | None = None) -> RequestRecord:
-    """One speculative request whose per-position counts come from simulated rounds."""
+                       exploration: str | None = None, concurrency: int | None = None,
+                       plain_estimate: bool = False) -> RequestRecord:
+    """One speculative request whose per-position counts come from simulated rounds; ``plain_estimate``: its
+    worker estimated plain decoding's TPOT for it (specgate's embedded worker: 1.5x its own)."""
     rounds = rng.randint(8, 24)
     accepted = [0] * k
     reached = [0] * k
@@ -41,7 +43,7 @@ def speculative_record(rng: random.Random, *, request_id: str, route: str, slice
         num_proposed_drafts=rounds * k, accept_length=completion / rounds, accepted_per_position=accepted,
         reached_per_position=reached, slo_ttft_s=0.5, slo_tpot_s=slo_tpot_s,
         slo_met=ttft <= 0.5 and tpot <= slo_tpot_s, timestamp=at, overhead_s=rng.uniform(0.0005, 0.003),
-        exploration=exploration, concurrency=concurrency)
+        exploration=exploration, concurrency=concurrency, plain_tpot_s=1.5 * tpot if plain_estimate else None)
 
 
 def plain_record(rng: random.Random, *, request_id: str, route: str, slice_: str, rule: str, at: float,
@@ -61,8 +63,9 @@ def plain_record(rng: random.Random, *, request_id: str, route: str, slice_: str
 
 
 def traffic(policy: Policy, rng: random.Random, start: float, end: float, per_s: float = 2.0) -> list[RequestRecord]:
-    """Records spread over [start, end): code on ngram, tool calls on draft, prose mostly plain; the load each
-    saw cycles through 1, 2, 3, 6 and 12 requests in flight (by request number: the seeded draws stay the same)."""
+    """Records spread over [start, end): code on ngram (with the worker's plain estimates), tool calls on draft
+    (without), prose mostly plain; the load each saw cycles through 1, 2, 3, 6 and 12 requests in flight (by
+    request number: the seeded draws stay the same)."""
     records: list[RequestRecord] = []
     t, n = start, 0
     while t < end:
@@ -75,7 +78,7 @@ def traffic(policy: Policy, rng: random.Random, start: float, end: float, per_s:
         if slice_ == "code":
             records.append(speculative_record(rng, request_id=rid, route=route, slice_=slice_, pool="ngram",
                                               proposer="ngram", rule="code-ngram", k=4, at=t, slo_tpot_s=slo_tpot,
-                                              concurrency=load))
+                                              concurrency=load, plain_estimate=True))
         elif slice_ == "tool_call" or rng.random() < 0.3:
             records.append(speculative_record(rng, request_id=rid, route=route, slice_=slice_, pool="draft",
                                               proposer="draft_model", rule="learned", k=3, at=t, slo_tpot_s=slo_tpot,
