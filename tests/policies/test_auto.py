@@ -225,6 +225,42 @@ def test_an_option_that_slows_the_sequences_beside_it_pays_for_it() -> None:
             assert charged == pytest.approx(40.0 + neighbour * 1e3, rel=0.06), (paired, neighbour)
 
 
+SERVER_POOLS = """
+version: 1
+slices: [{name: prose}]
+pairs:
+  p: {target: {model: m, revision: r1}, draft: {kind: ngram}}
+pools:
+  plain: {proposer: none, workers: ["http://plain:1"]}
+  ngram-k2: {proposer: ngram, draft_tokens: 2, pair: p, workers: ["http://k2:1"], speculation: server}
+  ngram-k8: {proposer: ngram, draft_tokens: 8, pair: p, workers: ["http://k8:1"], speculation: server}
+rules: [{name: learned, then: {pools: [ngram-k2, ngram-k8]}}]
+learning: {half_life_s: 100, min_gain: 1.0}
+"""
+
+
+def test_among_sglang_server_pools_auto_chooses_the_pool_and_sends_no_k() -> None:
+    """GPU pools fix k per server: the options are the pools themselves (each at its launch k), the choice is
+    which pool, and the request carries no per-request speculation."""
+    p = load_policy(SERVER_POOLS, "s.yaml")
+    healthy = {name: PoolState(healthy=True, pair_verified=name != "plain" or None) for name in p.pools}
+    assert [k_grid(p, name) for name in ("ngram-k2", "ngram-k8")] == [[2], [8]]
+    rng = random.Random(8)
+
+    def served(pool: str, k: int, tpot: float) -> Outcome:
+        return Outcome(route="default", slice="prose", pool=pool, pair_version=p.pool_pair_version(pool),
+                       proposer="ngram", draft_tokens=k, completion_tokens=101, verify_ct=40, tpot_s=tpot)
+
+    state = learned(p, [o for _ in range(20) for o in (plain(noisy(rng, 0.05)), served("ngram-k2", 2, noisy(rng, 0.04)),
+                                                        served("ngram-k8", 8, noisy(rng, 0.03)))])
+    trace = explain(p, PROSE, state.snapshot(0.0, healthy, 1))
+    d = trace.decision
+    assert (d.pool, d.draft_tokens, d.bypass, d.speculation_override) == ("ngram-k8", 8, False, None)
+    assert set(d.posterior_tpot_ms) == {"plain decoding", "ngram-k2 k=2", "ngram-k8 k=8"}
+    assert d.predicted_speedup == pytest.approx(5 / 3, rel=0.08)
+    assert d.posterior_tpot_ms["ngram-k2 k=2"] == pytest.approx(40.0, rel=0.06)
+
+
 def test_prompt_repeat_bands_are_contexts_that_share_a_prior() -> None:
     """Acceptance is bimodal within a slice; prompt_repeat separates some of it. A band with its own evidence
     decides on it; a band without borrows the slice's other bands."""
