@@ -96,21 +96,33 @@ def geomean_tpot(results, name: str, load: str, seeds: int) -> float:
 
 
 def test_on_a_bimodal_mix_the_per_round_controller_beats_plain_fixed_k_and_the_engines_adaptive_ones():
-    """The ordering issue 26 asks of the mixed workload, on a small trace: 6 copying, 6 novel, 4 that switch."""
+    """The ordering issue 26 asks of the mixed workload, on a small trace: 6 copying, 6 novel, 4 that switch.
+    The per-round controller, and the default policy (auto between the per-round pool and plain, its learner
+    cold at the start of every seed), beat every fixed arm and SGLang's and vLLM's controllers."""
+    from bench.serve.arms import DEFAULT_POLICY, without_gates
+    from policies.load import load_policy
+
+    default = load_policy(without_gates(DEFAULT_POLICY.read_text()), "default.yaml")
+    revision = default.pairs["smollm2-ngram"].target.revision
+    header = Header(format=FORMAT, model="SmolLM2-135M-Instruct", revision=revision, tokenizer="t")
     reqs = ([copying(f"c{i}", i) for i in range(6)] + [novel(f"n{i}", 10 + i) for i in range(6)]
             + [repetitive(f"r{i}", 20 + i) for i in range(4)])
-    prices = prices_of(*reqs)
+    prices = prices_of(*reqs, header=header)
     names = ["plain", "ngram-k2", "ngram-k4", "ngram-k8", "ngram-k8-beta", "ngram-k7-sglang",
              "ngram-k8-vllm=1:8,4:4,8:2"]
     contenders = [parse_arm(n, prices.book) for n in names]
+    contenders.append(Contender("policy:default", policy=default, without_flags="exclude"))
     seeds = 5
     results = sweep(prices, contenders, ["c1", "c4"], seeds, "interleaved", max_running=8,
                     max_total_tokens=1 << 16)
     for load in ("c1", "c4"):
-        tpot = {n: geomean_tpot(results, n, load, seeds) for n in names}
+        tpot = {n: geomean_tpot(results, n, load, seeds) for n in [*names, "policy:default"]}
         fixed = min(tpot[n] for n in names[:4])
+        peers = min(tpot["ngram-k7-sglang"], tpot[names[-1]])
         assert tpot["ngram-k8-beta"] < 0.95 * fixed, (load, tpot)
-        assert tpot["ngram-k8-beta"] < min(tpot["ngram-k7-sglang"], tpot[names[-1]]), (load, tpot)
+        assert tpot["ngram-k8-beta"] < peers, (load, tpot)
+        # from cold in every seed (one plain request first): 0.92 of the best fixed arm at c1, 0.87 at c4 here
+        assert tpot["policy:default"] < 0.95 * fixed and tpot["policy:default"] < peers, (load, tpot)
 
 
 def test_arm_names_with_a_controller():
