@@ -1,5 +1,11 @@
 """``auto``: Thompson sampling over options, per context.
 
+In short. Model: each option's log(engine-seconds per output token) in a context (slice, load bucket,
+prompt_repeat band) is Normal with a hierarchical prior (the slice's other buckets and bands) and decayed
+evidence. Rule: draw from every option's posterior and serve the smallest draw (plain must be beaten by
+``min_gain``); an option never tried in the slice is served once first. The rest of this docstring is the
+detail of each part.
+
 **Options** of an auto rule: plain decoding, and for each of its pools that may speculate, the pool at each
 draft length of its grid (:func:`k_grid`: a fixed k; a range at its ends and the powers of two between; an
 adaptive pool at its cap, the worker choosing k per round below it). **Context**: the request's slice, its
