@@ -46,7 +46,8 @@ from backends.engine.types import GenerateRequest, SamplingParams, SpeculationPa
 
 DEFAULT_CONTEXTS = (32, 256, 1024, 2048)  # the workloads' prompts reach ~1700 tokens plus their output
 DEFAULT_WIDTHS = (1, 2, 3, 5, 9, 17)  # k + 1 for k = 0, 1, 2, 4, 8, 16
-DEFAULT_PREFILL_TOKENS = (16, 64, 256)  # 256: the engine's prefill_chunk; the others: a prompt's last chunk
+DEFAULT_PREFILL_TOKENS = (16, 64, 256, 512)  # 256: the engine's prefill_chunk; 512: room to replay a larger
+# one (replay refuses a --prefill-chunk beyond the grid); the others: a prompt's last chunk
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)  # sequences per step; up to the worker's --max-running-requests (16)
 PROPOSERS = ("ngram", "suffix", "draft_model")
 DRAFT_K = 8  # drafts per long timed draft_model call

@@ -116,7 +116,10 @@ def _replay(args: argparse.Namespace) -> int:
     slo_default = first.slo if first is not None else None
     slo_ms = (args.slo_ttft_ms or (slo_default.ttft_ms if slo_default and slo_default.ttft_ms else 2000.0),
               args.slo_tpot_ms or (slo_default.tpot_ms if slo_default and slo_default.tpot_ms else 150.0))
-    prices = Prices(book, default, args.prefill_chunk, args.context_length, per_worker, args.max_batch_tokens)
+    try:
+        prices = Prices(book, default, args.prefill_chunk, args.context_length, per_worker, args.max_batch_tokens)
+    except ValueError as exc:
+        return _fail(str(exc), 2)
     names = [c.name for c in contenders]
     processes = args.processes or os.cpu_count() or 1
     started = time.perf_counter()

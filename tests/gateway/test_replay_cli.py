@@ -206,6 +206,18 @@ def test_a_truncated_trace(files, capsys, tmp_path):
         "trace or drop that line\n")
 
 
+def test_a_prefill_chunk_beyond_the_calibrated_grid_is_refused(files, capsys, tmp_path):
+    """A chunk past the grid's largest would be priced by extrapolation: refused, naming the fix. At the
+    grid's edge it replays."""
+    trace, cost_file = files
+    assert refused(capsys, tmp_path, trace, cost_file, "--arms", "plain", "--prefill-chunk", "258", code=2) == (
+        "error: --prefill-chunk 258: the cost model's prefill grid ends at 257 tokens, and a chunk beyond it would "
+        "be priced by extrapolation, which no measurement backs; recalibrate with `specgate trace calibrate "
+        "--prefill-tokens 16 64 256 258`, or replay with --prefill-chunk 257\n")
+    assert replay(capsys, trace, cost_file, "--seeds", "1", "--loads", "c1", "--arms", "plain",
+                  "--prefill-chunk", "257")[0] == 0
+
+
 def test_a_cost_model_of_another_revision(files, capsys, tmp_path):
     trace, cost_file = files
     write_cost_model(cost_file, costs(OTHER))
