@@ -44,8 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "--speculative-ngram-match); default the worker's: 1 12 earliest")
     parser.add_argument("--max-running-requests", type=int, default=16, help="the worker's (specgate worker's default)")
     parser.add_argument("--max-total-tokens", type=int, default=65536, help="the worker's KV capacity")
-    parser.add_argument("--prefill-chunk", type=int, default=256,
-                        help="the worker's --chunked-prefill-size: prompt tokens one request feeds per step")
+    parser.add_argument("--prefill-chunk", type=int, default=None,
+                        help="the worker's --chunked-prefill-size: prompt tokens one request feeds per step (default "
+                             "256; a larger one than the cost model's prefill grid holds is refused)")
     parser.add_argument("--max-batch-tokens", type=int, default=512,
                         help="the worker's --max-batch-tokens: tokens one step feeds, rounds first, then prefill")
     parser.add_argument("--context-length", type=int, default=8192, help="the model's context window")
@@ -73,6 +74,7 @@ def _replay(args: argparse.Namespace) -> int:
     from policies.costmodel import CostModelError
     from policies.trace import TraceError, read_trace
 
+    chunk_given, args.prefill_chunk = args.prefill_chunk is not None, args.prefill_chunk or 256
     if min(args.seeds, args.max_running_requests, args.prefill_chunk, args.max_batch_tokens) < 1:
         return _fail("--seeds, --max-running-requests, --prefill-chunk and --max-batch-tokens must be at least 1", 2)
     try:
@@ -116,10 +118,13 @@ def _replay(args: argparse.Namespace) -> int:
     slo_default = first.slo if first is not None else None
     slo_ms = (args.slo_ttft_ms or (slo_default.ttft_ms if slo_default and slo_default.ttft_ms else 2000.0),
               args.slo_tpot_ms or (slo_default.tpot_ms if slo_default and slo_default.tpot_ms else 150.0))
-    try:
-        prices = Prices(book, default, args.prefill_chunk, args.context_length, per_worker, args.max_batch_tokens)
-    except ValueError as exc:
-        return _fail(str(exc), 2)
+    largest = min(model.prefill.tokens[-1] for model in (default, *per_worker.values()))
+    if chunk_given and args.prefill_chunk > largest:
+        return _fail(f"--prefill-chunk {args.prefill_chunk}: the cost model's prefill grid ends at {largest} tokens, "
+                     "and a chunk beyond it would be priced by extrapolation, which no measurement backs; "
+                     f"calibrate with `specgate trace calibrate --prefill-tokens 16 64 256 {args.prefill_chunk}` and "
+                     f"replay with that file, or replay with --prefill-chunk {largest}", 2)
+    prices = Prices(book, default, args.prefill_chunk, args.context_length, per_worker, args.max_batch_tokens)
     names = [c.name for c in contenders]
     processes = args.processes or os.cpu_count() or 1
     started = time.perf_counter()

@@ -51,14 +51,6 @@ class Prices:
                  per_worker: dict | None = None, max_batch_tokens: int = 512) -> None:
         from gateway.replay.profile import CachedCosts
 
-        for model in (costs, *(per_worker or {}).values()):
-            grid = getattr(model, "prefill", None)
-            if grid is not None and prefill_chunk > grid.tokens[-1]:
-                raise ValueError(
-                    f"--prefill-chunk {prefill_chunk}: the cost model's prefill grid ends at {grid.tokens[-1]} "
-                    f"tokens, and a chunk beyond it would be priced by extrapolation, which no measurement backs; "
-                    f"recalibrate with `specgate trace calibrate --prefill-tokens 16 64 256 {prefill_chunk}`, or "
-                    f"replay with --prefill-chunk {grid.tokens[-1]}")
         self.book, self.costs = book, CachedCosts(costs)
         self.per_worker = {url: CachedCosts(model) for url, model in (per_worker or {}).items()}
         self.prefill_chunk, self.context_length = prefill_chunk, context_length

@@ -207,13 +207,14 @@ def test_a_truncated_trace(files, capsys, tmp_path):
 
 
 def test_a_prefill_chunk_beyond_the_calibrated_grid_is_refused(files, capsys, tmp_path):
-    """A chunk past the grid's largest would be priced by extrapolation: refused, naming the fix. At the
-    grid's edge it replays."""
+    """A chunk asked for past the grid's largest would be priced by extrapolation: refused, naming the fix. At
+    the grid's edge it replays. (Not asked for, the worker's default 256 is replayed whatever the grid: a
+    worker's live step costs carry no prefill grid of their own.)"""
     trace, cost_file = files
     assert refused(capsys, tmp_path, trace, cost_file, "--arms", "plain", "--prefill-chunk", "258", code=2) == (
         "error: --prefill-chunk 258: the cost model's prefill grid ends at 257 tokens, and a chunk beyond it would "
-        "be priced by extrapolation, which no measurement backs; recalibrate with `specgate trace calibrate "
-        "--prefill-tokens 16 64 256 258`, or replay with --prefill-chunk 257\n")
+        "be priced by extrapolation, which no measurement backs; calibrate with `specgate trace calibrate "
+        "--prefill-tokens 16 64 256 258` and replay with that file, or replay with --prefill-chunk 257\n")
     assert replay(capsys, trace, cost_file, "--seeds", "1", "--loads", "c1", "--arms", "plain",
                   "--prefill-chunk", "257")[0] == 0
 
