@@ -232,6 +232,12 @@ def _learned_tpot(f: Finished, tpot: float | None) -> float | None:
     return tpot
 
 
+def _plain_tpot(s, tpot: float | None, speculative: bool) -> float | None:
+    """A speculative answer's plain counterfactual TPOT: its TPOT times the worker's ``specgate_plain_ratio``
+    (None where the worker sent none, as a real SGLang server)."""
+    return tpot * s.plain_ratio if speculative and tpot and s and s.plain_ratio else None
+
+
 def outcome(f: Finished) -> Outcome | None:
     """What the policy learner sees; None when the request never got a pool."""
     d = f.decision
@@ -254,7 +260,7 @@ def outcome(f: Finished) -> Outcome | None:
         concurrency=round(f.mean_concurrency), ok=f.ending.status == "ok", status=f.ending.http_status,
         draft_s=s.draft_s if s else None, verify_s=s.verify_s if s else None, timestamp=time.monotonic(),
         prompt_repeat=f.admitted.features.prompt_repeat if f.admitted is not None else None,
-        plain_tpot_s=tpot * s.plain_ratio if speculative and tpot and s and s.plain_ratio else None,
+        plain_tpot_s=_plain_tpot(s, tpot, speculative),
         neighbour_tpot_s=s.neighbour_s / (r.completion_tokens - 1)
         if speculative and s and s.neighbour_s and r.completion_tokens >= 2 else 0.0)
 
@@ -307,4 +313,4 @@ def record(f: Finished) -> RequestRecord:
         retries=f.retries, worker=f.dispatched.worker if f.dispatched else "",
         fallback=f.dispatched.fallback if f.dispatched else bool(d and d.fallback), timestamp=time.time(),
         concurrency=round(f.mean_concurrency),
-        plain_tpot_s=tpot * s.plain_ratio if k and proposer != "none" and tpot and s and s.plain_ratio else None)
+        plain_tpot_s=_plain_tpot(s, tpot, proposer != "none" and k > 0))

@@ -78,7 +78,7 @@ class GatewayState:
         self.in_flight = 0
         self.exploring: dict[str, int] = {}  # exploration_key -> explorations of it in flight
         self._busy_area = 0.0  # integral of the load over time (request-seconds) up to _busy_t
-        self._worker_load = 0  # the busiest pool's requests per worker at the latest snapshot (load_concurrency)
+        self._worker_load = 0  # the busiest pool's requests per worker at the pool monitor's latest round
         self._busy_t = time.monotonic()
         self.background: set[asyncio.Task[Any]] = set()
         self._snapshot: Snapshot | None = None
@@ -169,7 +169,7 @@ class GatewayState:
     def busy_area(self, now: float) -> float:
         """Request-seconds served so far: the integral over time of the load decisions are bucketed by
         (:func:`policies.snapshot.load_concurrency`): this gateway's ``in_flight`` or, when more, the busiest
-        pool's requests per worker as the latest snapshot saw them (other gateways' requests included). The
+        pool's requests per worker as the pool monitor last read them (other gateways' requests included). The
         difference over a request's life divided by its duration is the mean concurrency it ran at (itself
         included), so the learner files its outcome in the bucket a decision at that load looks up."""
         return self._busy_area + max(self.in_flight, self._worker_load) * (now - self._busy_t)

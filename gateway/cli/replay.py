@@ -74,7 +74,8 @@ def _replay(args: argparse.Namespace) -> int:
     from policies.costmodel import CostModelError
     from policies.trace import TraceError, read_trace
 
-    chunk_given, args.prefill_chunk = args.prefill_chunk is not None, args.prefill_chunk or 256
+    chunk_given = args.prefill_chunk is not None
+    args.prefill_chunk = args.prefill_chunk if chunk_given else 256
     if min(args.seeds, args.max_running_requests, args.prefill_chunk, args.max_batch_tokens) < 1:
         return _fail("--seeds, --max-running-requests, --prefill-chunk and --max-batch-tokens must be at least 1", 2)
     try:

@@ -217,6 +217,8 @@ def test_a_prefill_chunk_beyond_the_calibrated_grid_is_refused(files, capsys, tm
         "--prefill-tokens 16 64 256 258` and replay with that file, or replay with --prefill-chunk 257\n")
     assert replay(capsys, trace, cost_file, "--seeds", "1", "--loads", "c1", "--arms", "plain",
                   "--prefill-chunk", "257")[0] == 0
+    assert refused(capsys, tmp_path, trace, cost_file, "--arms", "plain", "--prefill-chunk", "0", code=2) == (
+        "error: --seeds, --max-running-requests, --prefill-chunk and --max-batch-tokens must be at least 1\n")
 
 
 def test_a_cost_model_of_another_revision(files, capsys, tmp_path):
