@@ -1,6 +1,6 @@
 # The two commands a fresh machine needs: `make serve` and `make test`.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 

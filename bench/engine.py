@@ -1,6 +1,6 @@
 """Engine benchmark: transformers generate vs specgate's engine, side by side, same prompts, same dtype.
 
-    .venv/bin/python -m bench.engine --workloads ../shared/workloads --per-slice 3 --max-new-tokens 64 \
+    .venv/bin/python -m bench.engine --per-slice 3 --max-new-tokens 64 \
         --dtypes float32 bfloat16 --out results/engine.json --markdown docs/engine-bench.md
 
 Arms (greedy, temperature 0, one request at a time; ``--arms`` picks a subset, default all):
@@ -20,9 +20,9 @@ a forward pre-hook counts the target's calls: in assisted generation the first c
 first candidates and every later call one round, so calls = rounds, as in the engine; plain ``generate``
 makes one call per token. The model-free arms are also replayed exactly on the engine-plain outputs
 (``backends/engine/counterfactual.py``): transformers' rule (n-gram n <= 2, earliest match) checks the hook
-count, and the old ``latest`` n-gram rule and suffix with only the request's own tree cost no model time.
+count, and the ``latest`` n-gram rule and suffix with only the request's own tree cost no model time.
 The target table counts, per k in (4, 8), the prompts where engine-ngram drafts worse, equal or better
-than transformers' prompt lookup (issue 32: worse on none).
+than transformers' prompt lookup.
 
 ``--stream``: the ``--stream-slice`` prompts in file order, each after the previous one completed, on one
 engine, arms engine-plain, engine-ngram-k8 and engine-suffix-k8 (one scope: suffix's global tree grows as
@@ -65,9 +65,9 @@ ENGINE_ARMS: dict[str, SpeculationParams] = {
 HF_LOOKUP = (2, 4, 8)
 ARMS = ("hf-plain", *(f"hf-lookup-k{k}" for k in HF_LOOKUP), "hf-assisted", *ENGINE_ARMS)
 TARGET_K = (4, 8)
-# Replayed on the engine-plain outputs (no model time): transformers' rule, the engine's n-gram before and
-# after issue 32, suffix as the run served it (its arm's scope, prompts in run order) and with only the
-# request's own tree (a scope per request)
+# Replayed on the engine-plain outputs (no model time): transformers' rule, the engine's n-gram with the
+# ``earliest`` and the ``latest`` match, suffix as the run served it (its arm's scope, prompts in run order)
+# and with only the request's own tree (a scope per request)
 REPLAYED = {
     **{f"hf-lookup-k{k} (replay)": SpeculationParams(proposer="ngram", draft_tokens=k, ngram_max=2)
        for k in TARGET_K},

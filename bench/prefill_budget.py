@@ -1,14 +1,14 @@
 """The engine's prefill budget per step, side by side in one process: which prompts a step's prefill feeds,
-in which order, and whether ``--chunked-prefill-size`` is each prompt's chunk or the step's in all (the rule
-before 2026-12-05, a chunk per prompt in admission order, is kept here as the reference).
+in which order, and whether ``--chunked-prefill-size`` is each prompt's chunk or the step's in all (the
+earlier rule, a chunk per prompt in admission order, is kept here as the reference).
 
-    .venv/bin/python -m bench.prefill_budget --workloads ../shared/workloads --loads c4 --repeats 3
+    .venv/bin/python -m bench.prefill_budget --loads c4 --repeats 3
 
 One real-model engine per rule (the same weights), closed loop on the mixed workload (``--per-slice`` prompts
 of every slice, one slice after another in turn; ``specgate bench serve --mix interleaved`` shuffles), greedy,
 ``--max-new-tokens`` each; per load and arm the rules run back to back, their order alternating per repeat so
-drift falls on all, after one unmeasured pass of every prompt on each engine (a fresh engine's first cell took
-4x the others in one run). Times are the engine's own (submission to first token, first token to last), no HTTP.
+drift falls on all, after one unmeasured pass of every prompt on each engine (a fresh engine's first cell runs
+several times slower than the others). Times are the engine's own (submission to first token, first token to last), no HTTP.
 Prints per rule the TTFT and TPOT percentiles, requests within the SLO (the default policy's, 2000 / 150 ms)
 and wall time, over all repeats and per slice.
 """
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from backends.engine.engine import Engine
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
+from bench.workloads import DEFAULT_ROOT
 
 ARMS = {"plain": SpeculationParams(), "ngram-k4": SpeculationParams(proposer="ngram", draft_tokens=4),
         "ngram-k16-beta": SpeculationParams(proposer="ngram", draft_tokens=16, adaptive=True, strategy="beta")}
@@ -33,7 +34,7 @@ SLO_TTFT_S, SLO_TPOT_S = 2.0, 0.150
 
 
 class AdmissionOrder(Engine):
-    """The rule before 2026-12-05: a chunk per prompt as the engine's, the prompts in admission order."""
+    """The engine's earlier rule: a chunk per prompt as the engine's, the prompts in admission order."""
 
     @staticmethod
     def _prefill_order(prefilling):
@@ -121,7 +122,8 @@ def summary(served: list[Served]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.prefill_budget", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", required=True, help="the shared workloads directory")
+    parser.add_argument("--workloads", default=str(DEFAULT_ROOT),
+                        help="a full copy of the workload sets (default: $SPECGATE_WORKLOADS, else the sample in workloads/)")
     parser.add_argument("--loads", nargs="+", default=["c4"], help="closed-loop clients, cN")
     parser.add_argument("--arms", nargs="+", default=["ngram-k4", "plain"], choices=sorted(ARMS))
     parser.add_argument("--rules", nargs="+", default=list(RULES[:3]), choices=RULES,

@@ -1,7 +1,7 @@
-"""Counterfactual exactness at size (issue 25): replay's per-round counts against the real engine's rounds.
+"""Counterfactual exactness at size: replay's per-round counts against the real engine's rounds.
 
-    .venv/bin/python -m bench.replay_exact --workloads ../shared/workloads --num-threads 1 --out /tmp/exact.json
-    specgate bench replay-exact --workloads ../shared/workloads --per-slice 2 --ks 4
+    .venv/bin/python -m bench.replay_exact --num-threads 1 --out /tmp/exact.json
+    specgate bench replay-exact --per-slice 2 --ks 4
 
 Replay (``backends/engine/counterfactual.py``) claims that for a greedy request the rounds any fixed
 proposer would run follow from the prompt and output ids alone (plus, for the self-draft, one teacher-forced
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.processes import cpu_model
+from bench.workloads import DEFAULT_ROOT
 
 SLICES = ("code", "tool_call", "prose", "long_context", "code_edit")  # gateway/workloads.py's, all five
 PROPOSERS = ("ngram", "draft_model")
@@ -255,7 +256,8 @@ def _draft_length(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workloads", type=Path, required=True, help="the shared workloads directory")
+    p.add_argument("--workloads", type=Path, default=DEFAULT_ROOT,
+                   help="a full copy of the workload sets (default: $SPECGATE_WORKLOADS, else the sample in workloads/)")
     p.add_argument("--per-slice", type=_positive, default=20, help="requests per slice (the seeded sample)")
     p.add_argument("--slices", nargs="+", default=list(SLICES), choices=SLICES, metavar="SLICE",
                    help=f"of {', '.join(SLICES)}")

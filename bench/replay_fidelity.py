@@ -2,7 +2,7 @@
 
     python -m bench.replay_fidelity --trace TRACE --costs COSTS [--run docs/runs/full/merged/serve.json.gz]
 
-TRACE must hold the run's requests: ``specgate trace build --workloads ../shared/workloads --per-slice 16
+TRACE must hold the run's requests: ``specgate trace build --per-slice 16
 --max-new-tokens 64 --seed 0 --max-prompt-chars 6000 --draft-layers 8`` draws the same seeded sample as
 ``specgate bench serve --preset full`` (checked here, by id). COSTS is a cost model of this machine
 (``specgate trace calibrate``). Each fixed arm of the run is replayed the way the benchmark served it: one
@@ -12,7 +12,7 @@ with the benchmark's own seeded gaps), and p50 TPOT and TTFT per (arm, load, sli
 measured ones (an interleaved run: its ``mixed`` cell, then each request's own slice over all replicates).
 The trace of an interleaved run is built with the run's ``--per-slice``, ``--max-tokens`` (as
 ``--max-new-tokens``), ``--seed`` and ``--max-prompt-chars``: the sample is the same, only its order differs.
-The issue's bar (issue 25): predicted p50 TPOT within +-10% of the measured cell at c1 and within +-20% at
+The bar: predicted p50 TPOT within +-10% of the measured cell at c1 and within +-20% at
 other loads.
 """
 

@@ -1,6 +1,6 @@
-"""The shared workloads format (``../shared/workloads`` and its README): real public prompts by slice, as
-OpenAI chat requests. ``specgate trace build --workloads DIR`` and the benchmarks (``bench/workloads.py``,
-which adds their default location) read it; the directory is always a path argument, never copied here.
+"""The workloads format (``workloads/README.md``): real public prompts by slice, as OpenAI chat requests.
+``specgate trace build``, the benchmarks and the tests read the sample shipped in ``workloads/`` unless
+``--workloads DIR`` or ``$SPECGATE_WORKLOADS`` names a full copy of the sets (same layout).
 
 Slices follow the workloads README: HumanEval and Spec-Bench ``coding`` are ``code``; BFCL is
 ``tool_call`` (schemas converted to OpenAI tools as BFCL does: its type names mapped by
@@ -18,6 +18,8 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from workloads import default_dir
 
 SLICES = ("code", "tool_call", "prose", "long_context", "code_edit")
 
@@ -80,10 +82,12 @@ def _user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-def load_all(root: Path | str, max_chars: int = 6000) -> dict[str, list[WorkItem]]:
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"workloads directory {root} not found; pass --workloads PATH")
+def load_all(root: Path | str | None = None, max_chars: int = 6000) -> dict[str, list[WorkItem]]:
+    """Every item of every set under ``root`` (default: ``workloads.default_dir()``), by slice."""
+    root = Path(root) if root is not None else default_dir()
+    if not (root / "humaneval" / "HumanEval.jsonl").is_file():
+        raise FileNotFoundError(f"--workloads {root}: not a workloads directory (no humaneval/HumanEval.jsonl); "
+                                "pass a full copy of the sets, or leave it out for the sample in workloads/")
     out: dict[str, list[WorkItem]] = {s: [] for s in SLICES}
     for row in _jsonl(root / "humaneval" / "HumanEval.jsonl"):
         code = row["prompt"]
@@ -113,7 +117,7 @@ def load_all(root: Path | str, max_chars: int = 6000) -> dict[str, list[WorkItem
     return out
 
 
-def sample(root: Path | str, per_slice: int = 8, seed: int = 0, max_chars: int = 6000,
+def sample(root: Path | str | None, per_slice: int = 8, seed: int = 0, max_chars: int = 6000,
            slices: tuple[str, ...] = SLICES) -> list[WorkItem]:
     """A fixed, seeded sample per slice (the same requests for every arm of a benchmark). Every slice is
     drawn, in ``SLICES`` order, whatever ``slices`` selects, so a slice's requests do not depend on which

@@ -169,3 +169,56 @@ def test_documented_command_runs_for_real_in_a_short_form(command, tmp_path, pre
         explained = json.loads(done.stdout)
         assert explained["slice"] == "code", explained["slice"]
         assert [r["rule"] for r in explained["rules"] if r["matched"]] == ["learned"], explained["rules"]
+
+
+def readme_first_benchmark() -> list[str]:
+    """The first benchmark command the README shows (``python -m bench.*`` or ``specgate bench``)."""
+    for where, argv in COMMANDS.items():
+        if where.startswith("README.md:") and (argv[1:3] == ["-m", argv[2]] and argv[2].startswith("bench.")
+                                               or argv[1:2] == ["bench"]):
+            return argv
+    raise AssertionError("README.md shows no benchmark command")
+
+
+@pytest.mark.integration
+@pytest.mark.real_model
+def test_a_fresh_clone_with_nothing_beside_it_runs_the_readme(tmp_path, prepared_model):
+    """A clone into an empty folder (no sibling folders, so nothing outside the repository can be read) runs the
+    README's set-up, the tests that read workloads and the README's first benchmark on its default workloads.
+
+    The set-up is `make setup` as written, with this checkout's virtualenv standing in for the one the clone
+    would build (``VENV=``; the clone's pyproject.toml is dated back so make sees that venv as installed and
+    does not re-point its editable install at the clone). Every command runs with the clone as its working
+    directory, so ``python -m`` imports the clone's code."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")  # an installed copy of the tests; CI always runs in a clone
+    clone = tmp_path / "empty" / "specgate"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
+    assert sorted(p.name for p in clone.parent.iterdir()) == ["specgate"]
+    venv = BIN.parent
+    stamp = venv / ".installed"
+    if stamp.exists():
+        os.utime(clone / "pyproject.toml", (stamp.stat().st_mtime - 60,) * 2)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPECGATE_WORKLOADS")}
+
+    def run(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+        done = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, f"`{shlex.join(argv)}` exited {done.returncode} in the clone:\n" \
+                                     f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        return done
+
+    run(["make", "setup", f"VENV={venv}"], timeout=600)
+    tests = ["tests/bench/test_workloads.py", "tests/test_layout.py",
+             "tests/gateway/test_trace_build.py::test_build_from_the_workloads"]
+    done = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not full", *tests],
+               timeout=900)
+    assert re.search(r"^\d+ passed", done.stdout.splitlines()[-1]) and "skipped" not in done.stdout, done.stdout
+    argv = readme_first_benchmark()
+    argv = [str(BIN / Path(argv[0]).name), *argv[1:]]
+    done = run(argv, timeout=900)
+    header, _ = json.JSONDecoder().raw_decode(done.stdout)  # the benchmark prints its header first
+    from gateway.workloads import SLICES, sample
+
+    drawn = sample(clone / "workloads", 1, 0, 3000)
+    assert header["prompts"] == {s: [i.id for i in drawn if i.slice == s] for s in SLICES}
+    assert "engine-plain" in done.stdout, done.stdout[-2000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -18,10 +19,44 @@ def test_test_module_basenames_are_unique():
     assert [n for n, c in names.items() if c > 1] == []
 
 
-def test_workload_data_is_never_copied_into_the_repository():
+def test_workload_data_lives_only_in_the_sample_with_its_licenses():
+    # the repository carries one small sample of the public sets (workloads/README.md); nothing else copies them
     repo = TESTS.parent
-    tracked = [p for p in repo.rglob("*.jsonl") if ".venv" not in p.parts and ".bench-venv" not in p.parts]
-    assert tracked == []
+    data = [p.relative_to(repo) for p in repo.rglob("*.jsonl") if not {".venv", ".bench-venv"} & set(p.parts)]
+    assert [p for p in data if p.parts[0] != "workloads"] == []
+    sets = {p.parts[1] for p in data}
+    assert sets == {"humaneval", "spec_bench", "bfcl", "qmsum_longbench"}
+    licenses = {s: sorted(f.name for f in (repo / "workloads" / s).glob("LICENSE*")) for s in sets}
+    assert licenses == {"humaneval": ["LICENSE"], "spec_bench": ["LICENSE"], "bfcl": ["LICENSE"],
+                        "qmsum_longbench": ["LICENSE.LongBench", "LICENSE.QMSum"]}
+    assert sum((repo / p).stat().st_size for p in data) < 2_000_000
+
+
+def test_the_sample_holds_what_its_readme_says():
+    from gateway.workloads import load_all
+    from workloads import SAMPLE_DIR
+
+    counts = {s: len(items) for s, items in load_all(SAMPLE_DIR).items()}
+    assert counts == {"code": 46, "tool_call": 78, "prose": 66, "long_context": 30, "code_edit": 40}
+    readme = (SAMPLE_DIR / "README.md").read_text(encoding="utf-8")
+    for slice_, count in counts.items():
+        assert f"**{slice_}** (" in readme and f"({count}" in readme, slice_
+
+
+def test_nothing_refers_to_a_path_outside_the_repository():
+    # a clone stands alone: code, tests and docs cite the repository's own files (docs/runs/ keeps history as it was)
+    repo = TESTS.parent
+    pattern = re.compile(r"DESIGN\.md|STYLE\.md|\.\./shared")
+    offenders = []
+    for path in repo.rglob("*"):
+        rel = path.relative_to(repo)
+        if path.suffix not in (".py", ".md") or rel.parts[0] in (".venv", ".bench-venv", ".git") or \
+                rel.parts[:2] == ("docs", "runs") or path == Path(__file__):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{rel}:{number}: {line.strip()[:100]}")
+    assert offenders == []
 
 
 def test_nothing_outside_tests_imports_tests():
@@ -29,7 +64,7 @@ def test_nothing_outside_tests_imports_tests():
     # importable; a benchmark needing a test helper means the helper belongs in bench/ or the product
     repo = TESTS.parent
     offenders = []
-    for top in ("gateway", "policies", "backends", "telemetry", "bench", "deploy"):
+    for top in ("gateway", "policies", "backends", "telemetry", "bench", "deploy", "workloads"):
         for path in (repo / top).rglob("*.py"):
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 words = line.split()

@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sizes: default ~36-40 min, full (the issue's arms and loads, 16 requests per slice, "
                         "64 tokens) ~2.2 h per load point (--loads c1, ...; merge the parts with --merge) on a "
                         "quiet 2-core machine; any size flag given explicitly overrides the preset")
-    p.add_argument("--workloads", type=Path, default=DEFAULT_ROOT, help="the shared workloads directory")
+    p.add_argument("--workloads", type=Path, default=DEFAULT_ROOT, help="a full copy of the workload sets (default: $SPECGATE_WORKLOADS, else the sample in workloads/)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), metavar="ARM", help=f"of {', '.join(ARMS)}")
     p.add_argument("--slices", nargs="+", default=list(SLICES), choices=SLICES, metavar="SLICE")
     p.add_argument("--per-slice", type=int, default=None, help="requests per slice (same for every arm)")

@@ -24,9 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "draft pair's teacher-forced match flags. The file holds user content: it is created "
                     "0600 and written whole or not at all.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    source = build.add_mutually_exclusive_group(required=True)
-    source.add_argument("--workloads", type=Path,
-                        help="the shared workloads directory (its README's format): a seeded sample per slice")
+    source = build.add_mutually_exclusive_group()
+    source.add_argument("--workloads", type=Path, default=None,
+                        help="a seeded sample per slice from this workloads directory (workloads/README.md's "
+                             "layout; default, without --requests: $SPECGATE_WORKLOADS, else the sample in workloads/)")
     source.add_argument("--requests", type=Path,
                         help='JSON Lines of {"id", "body": OpenAI chat body, "route"?, "slice"?}')
     build.add_argument("--per-slice", type=int, default=8, help="with --workloads: requests per slice")

@@ -1,5 +1,5 @@
 """bench.prefill_budget's reference rules on the tiny engine (chunks of 16, 512 tokens a step): ``per-prompt``
-is the engine's rule before 2026-12-05 (a chunk per prompt, admission order), the shared budgets feed 16 a step
+is the engine's earlier rule (a chunk per prompt, admission order), the shared budgets feed 16 a step
 in all; each feeds the three prompts of tests/engine/test_batching.py's shortest-first test in its own order,
 and the outputs are the engine's own. Its flags are checked."""
 
@@ -37,6 +37,6 @@ def test_each_reference_rule_feeds_the_prompts_in_its_order(real_tokenizer, engi
 ])
 def test_bad_flags_are_refused_before_any_model_is_loaded(capsys, argv, message):
     with pytest.raises(SystemExit) as exited:
-        main(["--workloads", "../shared/workloads", *argv])
+        main(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err

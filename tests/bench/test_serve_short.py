@@ -20,8 +20,7 @@ from bench.serve.load import LoadPoint
 from bench.serve.report import _targets, _verdict, paired_tpot_ratio
 from bench.serve.run import turns
 from bench.serve.summary import learning_cost, percentile
-from bench.workloads import DEFAULT_ROOT, WorkItem
-from tests.prerequisites import missing
+from bench.workloads import WorkItem
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 CLI = "import sys; from gateway.cli import main; sys.exit(main())"
@@ -34,8 +33,6 @@ ARMS = ["plain", "ngram-k4", "suffix"]
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, prepared_model):
-    if not DEFAULT_ROOT.is_dir():
-        missing(f"shared workloads not found at {DEFAULT_ROOT}; set SPECGATE_WORKLOADS")
     out = tmp_path_factory.mktemp("serve")
     argv = ["bench", "serve", "--arms", "plain", "ngram-k4", "suffix", "--slices", *SLICES, "--per-slice", "1",
             "--max-tokens", "8", "--repeats", "2", "--loads", "c1", "--restart", "gateway", "--num-threads", "1",

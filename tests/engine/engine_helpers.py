@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -14,8 +13,8 @@ from backends.engine.config import EngineConfig
 from backends.engine.engine import Engine
 from backends.engine.runner import Feed, ModelRunner
 from backends.engine.types import GenerateRequest, RequestOutput, RequestStats
+from workloads import default_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # Marks of a test's full size (``make test-full``): a full size runs for minutes (identity on the code slice
 # took 362 s on a loaded 2-core Xeon), so on a 3-4x slower machine it needs more than the suite's 600 s guard.
 FULL_SIZE = [pytest.mark.full, pytest.mark.timeout(1800)]
@@ -42,8 +41,8 @@ class FrozenCosts(StepCosts):
 
 
 def workloads_dir() -> Path:
-    """``$SPECGATE_WORKLOADS``, else ``<repo>/../shared/workloads`` (never copied into the repo)."""
-    return Path(os.environ.get("SPECGATE_WORKLOADS") or REPO_ROOT.parent / "shared" / "workloads")
+    """``$SPECGATE_WORKLOADS`` (a full copy of the sets), else the sample shipped in ``workloads/``."""
+    return default_dir()
 
 
 def tiny_llama(*, vocab: int, seed: int, layers: int = 2, hidden: int = 64, logit_scale: float = 1.0):
@@ -205,8 +204,6 @@ def workload_prompts(tokenizer, per_slice: int = 8, long_tokens: int = 500,
     import json
 
     root = workloads_dir()
-    if not root.is_dir():
-        raise FileNotFoundError(f"workloads not found at {root}; set SPECGATE_WORKLOADS")
     spec_bench = _jsonl(root / "spec_bench" / "question.jsonl")
 
     def chat(content: str, system: str | None = None) -> list[int]:

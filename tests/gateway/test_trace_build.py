@@ -89,11 +89,11 @@ def test_a_built_trace_replays_every_proposer_as_the_engine_runs_it(prepared_mod
 
 
 @pytest.mark.real_model
-def test_build_from_the_shared_workloads(prepared_model, tmp_path, capsys):
-    """Like the engine tests that read workload prompts, a missing ../shared/workloads fails here (the
-    command prints that it is missing and returns 1), it does not skip."""
+def test_build_from_the_workloads(prepared_model, tmp_path, capsys):
+    """Without --workloads (or --requests) the build draws from the default workloads: the sample shipped in
+    workloads/, or $SPECGATE_WORKLOADS."""
     out = tmp_path / "trace.jsonl"
-    assert main(["trace", "build", "--workloads", str(workloads_dir()), "--slices", "tool_call", "--per-slice", "2",
+    assert main(["trace", "build", "--slices", "tool_call", "--per-slice", "2",
                  "--max-new-tokens", "4", "--route", "ops", "--num-threads", "1", "--out", str(out)]) == 0
     trace = read_trace(out)
     from gateway.workloads import sample
