@@ -1,6 +1,6 @@
 """KV cache and forward choice for the model runner: the engine's own runner (``ModelRunner``: its Llama
 forward, a preallocated cache per sequence, rollback moves a length) vs transformers' forward with
-DynamicCache (+ crop, the runner before issue 27) and with a preallocated StaticCache, measured side by side
+DynamicCache (+ crop) and with a preallocated StaticCache, measured side by side
 on the same prompt, same dtype, interleaved.
 
     .venv/bin/python -m bench.cache --context 256 --steps 64 --width 5 --repeats 3

@@ -44,6 +44,7 @@ import torch
 
 from bench.processes import cpu_model
 from bench.workloads import DEFAULT_ROOT, SLICES, WorkItem, sample
+from telemetry.progress import Progress
 from backends.engine.config import EngineConfig
 from backends.engine.counterfactual import Recorded, replay
 from backends.engine.engine import Engine
@@ -172,17 +173,14 @@ def run_dtype(dtype: str, items: list[WorkItem], max_new: int, draft_layers: int
     bench = Arms(dtype, max_new, draft_layers)
     runs: dict[str, list[Run]] = {a: [] for a in arms}
     records = []
-    from rich.progress import Progress
-
-    with Progress(transient=True) as bar:
-        task = bar.add_task(f"{dtype}", total=len(items) * len(arms))
+    with Progress(f"engine bench {dtype}", len(items) * len(arms)) as bar:
         for n, item in enumerate(items):
             ids = render(bench.tokenizer, item)
             if n == 0:
                 bench.warm_up(ids)
             for arm in arms:
                 runs[arm].append(bench.run(arm, item, ids, f"{arm}-{n}"))
-                bar.advance(task)
+                bar.advance(description=f"{item.slice} {item.id} {arm}")
             records.append(Recorded(prompt=tuple(ids), output=(), max_new_tokens=max_new))
     bench.close()
     return runs, records

@@ -1,4 +1,4 @@
-"""A serving run's arrivals on the embedded engine alone, beside replay's prediction (issue 25, timing fidelity).
+"""A serving run's arrivals on the embedded engine alone, beside replay's prediction (timing fidelity).
 
     python -m bench.engine_arrivals --trace TRACE --costs COSTS --run serve.json.gz [--loads c1 p0.25] [--arms plain]
 

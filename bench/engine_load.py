@@ -1,4 +1,4 @@
-"""The engine under load: output tokens/s at several concurrencies, side by side in one run (issue 27).
+"""The engine under load: output tokens/s at several concurrencies, side by side in one run.
 
     .venv/bin/python -m bench.engine --concurrency 1 4 8 16 --per-slice 4 --max-new-tokens 64 \
         --load-arms engine-plain engine-ngram-k4 --dtypes float32

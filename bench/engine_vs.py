@@ -1,5 +1,7 @@
-"""This checkout's engine against an earlier commit's, side by side in one process, at c1 (issue 27's "no slower
-than today's engine" and "c1 plain >= 1.25x transformers' generate").
+"""This checkout's engine against an earlier commit's and transformers' generate, side by side in one process, at c1.
+
+A change to the engine must leave it no slower than before, and plain decoding at c1 at least 1.25x
+transformers' ``generate``; this measures both.
 
     .venv/bin/python -m bench.engine_vs --before 7fe2959 --per-slice 3 --max-new-tokens 64 \
         --arms plain ngram-k4 ngram-k8 --repeats 2
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     prepared = load_prepared()
     with tempfile.TemporaryDirectory() as tmp:
         old_engine, old_types = import_before(args.before, Path(tmp))
-        # one model object each: an engine re-lays its model's weights out (fused, and since 2026-12-03
+        # one model object each: an engine re-lays its model's weights out (fused and
         # transposed) and re-points the modules at them, so transformers' `generate` gets a model as
         # from_pretrained loads it, and each engine its own
         model = load_model(str(prepared.path), "float32")

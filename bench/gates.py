@@ -1,4 +1,4 @@
-"""What the pair gates cost (issue 28): how long the equivalence gate takes on the default canary set, and how
+"""What the pair gates cost: how long the equivalence gate takes on the default canary set, and how
 much slower user requests are while it runs.
 
     .venv/bin/python -m bench.gates [--requests 12] [--markdown FILE]

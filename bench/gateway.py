@@ -9,8 +9,7 @@ cost; a stand-in allowed only for this measurement) and, with ``--real``, a real
 (SmolLM2-135M on CPU, max_tokens 8) behind direct and specgate only; a CPU engine takes seconds per request
 (about 5-9 s for 8 tokens on a busy 2-core machine), so those rows run ``--real-duration`` seconds
 (default 60) at ``--real-concurrency`` (default 1 4) with a wrk timeout well above it, after one warm-up
-request: a window shorter than one request's latency completes nothing, which is why earlier runs' real
-rows were empty (4 s, then 20 s at c=32, where 32 requests share one CPU engine). Load: ``wrk`` (Debian package
+request: a window shorter than one request's latency completes nothing. Load: ``wrk`` (Debian package
 ``wrk``; installed with apt-get when missing), non-streaming chat completions with keep-alive
 connections, ``-t1`` at c=1 and ``-t2`` above. LiteLLM runs from its own venv (``.bench-venv``,
 created on first use) so it cannot change the project's pinned packages.

@@ -1,4 +1,4 @@
-"""Issue 26's targets, measured with replay: per-round draft length against every fixed arm and against the
+"""Per-round draft length measured with replay: specgate's controller against every fixed arm and against the
 engines' own adaptive algorithms, on the mixed stream and per slice, at each load.
 
     python -m bench.replay_adaptive --trace TRACE --costs COSTS [--loads c1 c4 c16 p0.25 p0.5] [--seeds 20]
@@ -28,9 +28,9 @@ pass (cold: the engine's pooled acceptance empty) over the second (warm), paired
 
 ``--policy FILE`` adds a gateway policy (``auto``'s Thompson sampling, policies/auto.py, deciding per request
 through the real ``decide``) as a contender, ``policy:NAME``: per seed the stream is served twice on one
-engine and one learner, a warm-up pass in another order and then the measured pass (the issue's "after
-warm-up"); its cost of learning is the warm-up pass over the measured one, paired. The issue's own reading,
-"from cold, within 5% of warm after <= 30 requests per slice", is a second run per seed (``--learning-seeds``):
+engine and one learner, a warm-up pass in another order and then the measured pass; its cost of learning is the
+warm-up pass over the measured one, paired. The learning target, "from cold, within 5% of warm after <= 30
+requests per slice", is a second run per seed (``--learning-seeds``):
 one learner from cold serves three passes in three orders; pass 1 (learning) and pass 2 (after one pass, 16
 requests per slice on an 80-request trace) over pass 3 (warm), paired.
 """

@@ -349,25 +349,17 @@ def execute(args: argparse.Namespace, command: str) -> int:
 
 
 def _run_with_progress(engine: Any, lines: Sequence[Any], args: argparse.Namespace) -> list[dict]:
-    """A rich bar on a terminal; under nohup or a pipe, one line per request on stderr."""
+    """A bar on a terminal; under nohup or a pipe, plain progress lines on stderr (telemetry/progress.py)."""
+    from telemetry.progress import Progress
+
     def verdicts(detail: dict) -> str:
         bad = [name for name, r in detail["runs"].items() if r["verdict"] != EQUAL]
         return "all equal" if not bad else ", ".join(f"{n}: {detail['runs'][n]['verdict']}" for n in bad)
 
     common = {"max_new_tokens": args.max_new_tokens, "proposers": args.proposers, "ks": args.ks}
-    if not sys.stderr.isatty():
-        def line(n: int, detail: dict, seconds: float) -> None:
-            print(f"[{n + 1}/{len(lines)}] {detail['slice']} {detail['id']}: {detail['output_tokens']} tokens, "
-                  f"{seconds:.1f} s, {verdicts(detail)}", file=sys.stderr, flush=True)
-        return run(engine, lines, progress=line, **common)
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("replay exactness", total=len(lines))
-        return run(engine, lines, progress=lambda n, d, s: bar.update(
-            task, advance=1, description=f"{d['slice']} {d['id']}: {verdicts(d)}"), **common)
+    with Progress("replay exactness", len(lines)) as bar:
+        return run(engine, lines, progress=lambda n, d, s: bar.advance(
+            description=f"{d['slice']} {d['id']}: {d['output_tokens']} tokens, {s:.1f} s, {verdicts(d)}"), **common)
 
 
 def main(argv: list[str] | None = None) -> int:

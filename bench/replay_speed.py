@@ -2,7 +2,7 @@
 
     python -m bench.replay_speed --trace TRACE --costs COSTS [--requests 10000] [--seeds 20]
 
-The issue's bar (issue 25): 10,000 requests, 8 contenders, 3 loads, 20 seeds in under 5 minutes on this
+The bar: 10,000 requests, 8 contenders, 3 loads, 20 seeds in under 5 minutes on this
 2-core machine. The N requests are the trace's, repeated with new ids until there are N (each copy is
 replayed from scratch: nothing is shared between copies), in one interleaved stream per seed. Prints the
 wall time of each phase and of each contender (one sweep per contender, its rounds and profiles included).

@@ -1,13 +1,15 @@
-"""Roofline of the embedded engine's forward on this machine: bytes and FLOPs per step against the measured
-weight-streaming bandwidth and GEMM throughput (issue 27: why a batching target is or is not reachable).
+"""Roofline of the embedded engine's forward on this machine: bytes and FLOPs per step, against bandwidth and GEMM rate.
+
+Each step's bytes and FLOPs are set beside the measured weight-streaming bandwidth and GEMM throughput: why a
+batching target is or is not reachable.
 
     .venv/bin/python -m bench.roofline --repeats 5 [--before REV]
 
 For each shape (sequences x tokens each, after a 200-token cached prefix): the whole forward
 (``ModelRunner.forward_batch``) and its linear layers alone (the same weights in the form the runner multiplies,
 every layer, and the LM head on one row per sequence), median of ``--repeats``; beside it the same linear layers
-as MKL's ``x @ W`` on the runner's ``[in, out]`` matrices (the runner's form before oneDNN's prepacked weights,
-2026-12-05) and on a copy in the ``[out, in]`` layout that ``F.linear`` (and the runner before 2026-12-03)
+as MKL's ``x @ W`` on the runner's ``[in, out]`` matrices (the runner's earlier form, without oneDNN's
+prepacked weights) and on a copy in the ``[out, in]`` layout that ``F.linear`` (and an older runner)
 multiplies, the three interleaved call by call; with ``--before REV``, that commit's runner's whole forward beside this one's (its
 own copy of the model, calls interleaved), e.g. ``--before da8dff0`` for the runner before the layout change.
 Weights are 4 bytes a parameter (fp32); a linear layer's FLOPs are 2 x rows x parameters. GB/s = weight bytes /

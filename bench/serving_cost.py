@@ -4,7 +4,7 @@
 
 ``specgate trace calibrate`` times the engine alone. Through the serving stack every round is also streamed by
 the worker's HTTP thread, relayed by the gateway and read by the client, on the same cores as the forwards; the
-cost model holds that as ``serving_s``, seconds per streamed round (policies/costmodel.py). Until now it was
+cost model holds that as ``serving_s``, seconds per streamed round (policies/costmodel.py). It can also be
 fitted on a serving benchmark's plain c1 requests (``bench.replay_fidelity --fit-serving``); this measures it
 directly: a real worker and a real gateway (plain decoding, ``deploy/policies/bench/plain.yaml``) on free
 loopback ports, one streaming client sending ``--requests`` greedy requests one after another (prompts cut

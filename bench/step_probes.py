@@ -1,4 +1,4 @@
-"""Two checks of how replay prices an engine step, on the embedded engine's runner (issue 25, timing fidelity).
+"""Two checks of how replay prices an engine step, on the embedded engine's runner (timing fidelity).
 
     python -m bench.step_probes [--repeats 7] [--threads 2]
 

@@ -1,4 +1,4 @@
-"""``create_app(settings) -> Litestar``: the gateway's one app factory (STYLE.md #9).
+"""``create_app(settings) -> Litestar``: the gateway's one app factory (CONTRIBUTING.md #9).
 
 Controllers are thin: the OpenAI endpoints hand the request to its one owner (``lifecycle.serve``) and
 return the answer it gives. Worker clients, the pool monitor and the policy watcher open and close in the

@@ -1,7 +1,7 @@
 """Dispatch: the worker a decided request goes to, with retries and the plain fallback.
 
-Retry rule (DESIGN.md): a worker failure before the first byte reached our client is retried on
-another worker of the decided pool, then on the plain fallback (a pool with proposer none, else the
+Retry rule (docs/architecture.md, "A request's life"): a worker failure before the first byte reached
+our client is retried on another worker of the decided pool, then on the plain fallback (a pool with proposer none, else the
 same per-request workers with speculation off); at most ``max_attempts`` tries in all. A worker's
 4xx (the request's own fault) is answered at once. A failed or cancelled attempt's worker slot is
 given back here and its worker request aborted; a successful one's slot goes into the request's ``Holds``.

@@ -1,4 +1,4 @@
-"""HTTP errors in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` (STYLE.md #5).
+"""HTTP errors in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` (CONTRIBUTING.md #5).
 
 OpenAI SDKs map the status to an exception class and show ``message``; so every message names the
 offending field and, where there is one, the fix. ``from_worker`` turns a worker's typed failure

@@ -1,4 +1,4 @@
-"""The OpenAI request bodies the gateway accepts: strict msgspec Structs (STYLE.md #4, #6).
+"""The OpenAI request bodies the gateway accepts: strict msgspec Structs (CONTRIBUTING.md #4, #6).
 
 A misspelled or unsupported field is a 400 naming it, never silently dropped. Bodies are decoded
 once to a plain dict (what is forwarded to the worker, which applies the chat template) and then

@@ -1,6 +1,6 @@
 """The views telemetry reads (:mod:`telemetry.views`), built from the policy, the pools and the pair gates.
 
-Telemetry imports nothing from ``policies``, ``backends`` or ``gateway`` (DESIGN.md's layering): this module
+Telemetry imports nothing from ``policies``, ``backends`` or ``gateway`` (docs/architecture.md, "Parts and layers"): this module
 is the one place that turns a ``Policy``, the pools' ``PoolSnapshot``/``WorkerState`` and the ``GateBook``
 (``gateway/gates/book.py``) into what telemetry exports, and hands it the closed label vocabularies (every
 schema proposer, every exploration reason).

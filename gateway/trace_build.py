@@ -122,7 +122,7 @@ class BuildSummary:
         return "\n".join(lines)
 
 
-def build(engine: Any, requests: Sequence[RequestLine], out: str | Path, *, model: str, revision: str,
+def build(engine: Any, requests: Iterable[RequestLine], out: str | Path, *, model: str, revision: str,
           max_new_tokens: int, pairs: dict[str, Pair], clock: Callable[[], float] = time.perf_counter,
           ) -> BuildSummary:
     """Serve every request once on ``engine`` (a backends.engine.Engine, stepped here: not started) and
@@ -134,7 +134,7 @@ def build(engine: Any, requests: Sequence[RequestLine], out: str | Path, *, mode
     return summary
 
 
-def _traced(engine: Any, requests: Sequence[RequestLine], max_new_tokens: int, pairs: dict[str, Pair],
+def _traced(engine: Any, requests: Iterable[RequestLine], max_new_tokens: int, pairs: dict[str, Pair],
             clock: Callable[[], float], summary: BuildSummary) -> Iterator[TraceRequest]:
     from backends.engine.counterfactual import draft_matches
     from backends.engine.types import SpeculationParams

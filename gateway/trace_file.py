@@ -4,10 +4,9 @@ size cap. Format-agnostic: the recorder (``gateway/tracing.py``) hands in encode
 Why it works this way:
 
 - **Written from the event loop, one ``write(2)`` per request, no fsync.** A record is one line of a few KB
-  (about 5 bytes per token id), and writing it to the page cache takes microseconds, less than encoding it
-  (measured on this project's 2-core machine: 57 us per record of a 2,000-token prompt and 256 output tokens,
-  11.5 KB, of which 29 us encoding and 7 us the write); rotation is a few renames. A writer thread would add
-  a queue, a drop rule for when it is full and an ordering problem at shutdown, to save that. What is not done per request is ``fsync``: the kernel flushes,
+  (about 5 bytes per token id), and writing it to the page cache takes microseconds, less than encoding it;
+  rotation is a few renames. A writer thread would add a queue, a drop rule for when it is full and an
+  ordering problem at shutdown, to save that. What is not done per request is ``fsync``: the kernel flushes,
   so a machine crash (not a gateway crash) can lose the last seconds of records, never corrupt earlier ones.
 - **A complete line or nothing.** A short write is continued; a failed one (disk full) truncates the file
   back to where the line began and raises, so a file always ends with a newline and stays readable by

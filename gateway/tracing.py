@@ -1,4 +1,4 @@
-"""Opt-in recording of served requests as a replay trace (issue 25; docs/replay.md, "Recording in the gateway").
+"""Opt-in recording of served requests as a replay trace (docs/replay.md, "Recording in the gateway").
 
 Off by default. On with the policy's ``tracing:`` section (``policies.schema.Tracing``) or ``specgate serve
 --trace FILE``. The flag names the file: with no section, recording runs with the section's defaults; with
@@ -17,8 +17,8 @@ Per request, three steps:
    built from the ``Finished`` value and appended as one line (``gateway/trace_file.py``: 0600, rotation,
    never a partial line). Its fields come from values already checked (the parsed request, its features,
    the worker's answer decoded into ``wire`` Structs), the format's own checks run when it is built, and
-   the ids are checked non-negative; decoding each line again as ``read_trace`` does would cost ~200 us for
-   a 2,000-token prompt here, seven times the encoding, on the event loop, so the tests do that instead.
+   the ids are checked non-negative; decoding each line again as ``read_trace`` does would cost several
+   times the encoding, on the event loop, so the tests do that instead.
 
 Every request that finishes while recording is on is counted once, in ``specgate_trace_requests_total`` by
 ``result`` and in ``GET /admin/tracing``: ``recorded``, or why not: ``sampled_out``, ``route_excluded``,

@@ -78,7 +78,8 @@ NU0, S0 = 4.0, 0.3  # the spread's prior: 0.3 in log TPOT (1.35x), worth 4 reque
 # how far an option's log TPOT in one load bucket may sit from the slice's other buckets (prior sd), and in one
 # prompt_repeat band from the bucket's other bands: tight, so a cell's few requests refine what the slice's
 # others measured rather than re-measure it (replayed, 80 workload requests, two samples: 0.5 / 0.25 explored
-# plain again in every new Poisson-load cell, 4-5% slower at p0.25; docs/benchmarks.md)
+# plain again in every new Poisson-load cell, 4-5% slower at p0.25;
+# docs/runs/2026-12-03-issue26-auto/README.md, "Counterfactual plain evidence, tighter priors")
 TAU_LOAD = 0.1
 TAU_BAND = 0.1
 V0 = 1.0  # variance of the first guess for an option never measured in the slice (a factor e either way)

@@ -1,4 +1,4 @@
-"""The replay cost model: seconds of every step a simulated engine takes (issue 25, docs/replay.md).
+"""The replay cost model: seconds of every step a simulated engine takes (docs/replay.md).
 
 Replay knows exactly which forwards a policy would have run (the counterfactuals); only their time needs a
 model. A forward's time depends on what it holds, so the model is a table of measurements, never a formula
@@ -157,9 +157,8 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
     step streams two or more sequences (None: ``serving_s``). ``serving_streams`` / ``serving_streams_s``, when
     given, replace that constant by a table: per stream and round when a step streams that many sequences,
     linear between the measured counts and the nearest count's value outside them (``serving_round_s``). On 2
-    cores the cost is not a constant of the machine: on the MKL engine it was ~6 ms at c1 and 11-13 ms per
-    stream at c2-c16, on the oneDNN engine 15 ms at c1, ~10 ms per stream at c2 and well under 1 ms per stream
-    at c16 (docs/replay.md, "The serving path per stream count"), so measure it at the stream counts a pool
+    cores the cost is not a constant of the machine: on the embedded engine 15 ms at c1, ~10 ms per stream at
+    c2 and well under 1 ms per stream at c16 (docs/replay.md, "The serving path per stream count"), so measure it at the stream counts a pool
     serves (``python -m bench.serving_cost --concurrency 2 4 8 16``)."""
 
     format: Literal[1]

@@ -104,7 +104,8 @@ def exploration_key(decision: Decision) -> str | None:
     """What ``decision`` explores, as ``slice|pool`` (``slice|none`` for plain decoding), or None when it
     is not an exploration. The gateway counts these in flight and passes them to :func:`decide`. Per pool,
     not per k: with per-k keys, open-loop arrivals at p0.5 explored the self-draft pool at k=4, 3, 2 and 1 at
-    once (serve-rep2), each ~800 ms per token and stretching every request in flight."""
+    once, each ~800 ms per token and stretching every request in flight (the serve-rep2 run,
+    docs/runs/2026-11-29-serving-loads16/README.md)."""
     if not decision.explored:
         return None
     return _option_key(decision.slice, "none" if decision.bypass else decision.pool)

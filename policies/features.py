@@ -3,29 +3,20 @@
 The estimators run per request in the gateway, before any worker is called, so they must cost
 microseconds and need no tokenizer:
 
-- :func:`approx_tokens` = ceil(UTF-8 bytes / 3.6). Measured against SmolLM2's tokenizer (estimate /
-  true, median [p5, p95]): QMSum long prose 1.05 [0.95, 1.28], HumanEval code 0.85 [0.50, 1.14] (runs
-  of indentation are single tokens), BFCL short questions 1.2-1.4 [0.8, 1.8]. Policy thresholds are coarse
-  (hundreds of tokens), so that is accurate enough.
+- :func:`approx_tokens` = ceil(UTF-8 bytes / 3.6): within 0.85-1.4x of SmolLM2's tokenizer on the
+  workloads' slices, close enough for policy thresholds, which are coarse (hundreds of tokens).
 - :func:`code_score` in [0, 1] mixes five signals on the first 8000 characters: a Markdown code fence
   (0.35), the share of indented lines (0.2), the share of lines ending in ``{ } ; : ) ,`` (0.15),
-  programming keywords per line (0.15) and the density of brackets/operators (0.15). On the shared
-  workloads: HumanEval prompts p10 0.37 / median 0.45; Spec-Bench, QMSum and BFCL questions p90 <= 0.19;
-  fenced code scores >= 0.7. The default policy splits at 0.3.
+  programming keywords per line (0.15) and the density of brackets/operators (0.15). The weights put code
+  prompts above 0.3 and prose or tool questions below it, where the default policy splits.
 - :func:`prompt_repeat` in [0, 1], a predictor of n-gram / prompt-lookup acceptance: on the last 8000
   characters, split into words and single punctuation marks (``\\w+|[^\\w\\s]``), the share of word 4-gram
   positions whose 4-gram occurred earlier in the sample ((positions - distinct 4-grams) / positions; 0.0 under
-  5 words). On the shared workloads (whole prompts, message text only), p10 / median / p90: code 0.000 / 0.073
-  / 0.194, code_edit 0.000 / 0.069 / 0.173, long_context 0.011 / 0.081 / 0.199; prose and tool_call (the
-  tools' JSON is not prompt text) 0.000 at p90. Cost per call, median (2 shared Xeon cores): tool_call 5-7 us,
-  prose 13-18 us, code and code_edit 40-60 us, long_context 0.3 ms (up to ~1 ms on a full 8000-character
-  sample), the same order as code_score. As a predictor it is weak on its own: Spearman rank correlation with
-  the ngram k=8 accept length of the 80 prompts in docs/runs/full (mean over loads) is +0.29 overall
-  (code_score: +0.29); per slice of 16, code +0.58 (the 6 code prompts at 0.0 all accepted 1.1-1.5 tokens per
-  round, the 10 above it split 5 at 4.9-6.4 and 5 at 1.2-1.8), long_context +0.12, code_edit -0.37. The
-  variants tried (2-, 3-, 6-grams, whitespace-split words, a count instead of a share) scored +0.13 to +0.36
-  overall, within the noise of 16 prompts a slice. Use it as context for a learner rather than as a threshold:
-  a prompt at 0.0 can still accept well (a tool_call prompt at 0.0 accepted 6.4, a prose one 2.9).
+  5 words). It costs about what code_score does (tens of microseconds). It is a weak predictor on its own
+  (rank correlation +0.29 with the ngram accept length of the prompts in docs/runs/full), so it is context
+  for a learner rather than a threshold.
+
+The measured figures behind these constants: docs/runs/2026-11-29-request-features/README.md.
 """
 
 from __future__ import annotations

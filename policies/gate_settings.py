@@ -1,5 +1,5 @@
 """The policy file's ``gates:`` section: the rollout gates a target-draft pair version passes before it serves
-(DESIGN.md, "the three gates"), and the collapse detector that watches it afterwards. The gates themselves run
+(docs/architecture.md, "The gates"), and the collapse detector that watches it afterwards. The gates themselves run
 in the gateway (``gateway/gates/``); this module only holds their settings (re-exported by
 :mod:`policies.schema`). docs/policy.md documents every key and its default.
 

@@ -1,4 +1,4 @@
-"""A running specgate worker's live step costs as a replay cost model (issue 27, docs/replay.md, "A running
+"""A running specgate worker's live step costs as a replay cost model (docs/replay.md, "A running
 worker's live step costs"): what its ``/server_info`` reports of the engine's step-cost table, turned into a
 :class:`policies.costmodel.CostModel` with one context length. Pure, like policies/costmodel.py.
 """

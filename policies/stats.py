@@ -1,4 +1,4 @@
-"""The learner: the one object with memory (STYLE #7). It turns request outcomes into time-decayed sums
+"""The learner: the one object with memory (CONTRIBUTING.md #7). It turns request outcomes into time-decayed sums
 and hands out immutable snapshots; decisions never read it directly.
 
 Update formulas (for every sum S kept under a key, with half-life H seconds):

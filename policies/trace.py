@@ -1,4 +1,4 @@
-"""The trace format: served requests recorded for exact replay (issue 25, docs/replay.md).
+"""The trace format: served requests recorded for exact replay (docs/replay.md).
 
 A trace is JSON Lines. Line 1 is a :class:`Header` (``"kind": "header"``): the format version, the target
 model and its weight revision, the tokenizer's digest, and the draft pairs whose teacher-forced match flags

@@ -1,9 +1,9 @@
 """Speculation counters of one request, normalised once for metrics and the dashboard alike.
 
-Workers report different subsets (DESIGN.md, backends/sglang/spec_stats.py): the embedded worker sends
+Workers report different subsets (backends/sglang/spec_stats.py): the embedded worker sends
 per-position accepted/reached counts, SGLang sends totals and sometimes a histogram of accepted drafts
 per round. Only counts are derived here, never rates: rates are computed in PromQL or in the
-dashboard from the summed counts (STYLE.md #8).
+dashboard from the summed counts (CONTRIBUTING.md #8).
 """
 
 from __future__ import annotations

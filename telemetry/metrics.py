@@ -1,4 +1,4 @@
-"""Prometheus metrics of the gateway: counters in, rates derived in PromQL (STYLE.md #8).
+"""Prometheus metrics of the gateway: counters in, rates derived in PromQL (CONTRIBUTING.md #8).
 
 Every collector lives in one private ``CollectorRegistry`` per ``Telemetry`` (tests and several apps
 in one process never collide). Labels ``route, slice, pool, proposer`` (``L`` below) are bounded by

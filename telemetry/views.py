@@ -1,6 +1,6 @@
 """What telemetry reads of the policy and the pools: small immutable views the gateway builds and hands in.
 
-Telemetry imports nothing from ``policies`` or ``backends`` (DESIGN.md's layering; tests/test_layout.py
+Telemetry imports nothing from ``policies`` or ``backends`` (docs/architecture.md, "Parts and layers"; tests/test_layout.py
 checks it): the gateway turns its ``Policy`` into a ``PolicyView`` on every (re)load and its pools'
 snapshots and worker states into ``PoolView``s on every push, and its pair gates into ``GateView``s and
 ``GateEventView``s (``gateway/telemetry_views.py``). A view holds exactly the fields telemetry exports or

@@ -75,7 +75,7 @@ def test_nothing_outside_tests_imports_tests():
 
 
 def test_the_product_never_imports_its_benchmarks():
-    # DESIGN.md: bench/ is "not imported by the product"; `specgate bench` finds benchmarks through the
+    # docs/architecture.md, "Parts and layers": bench/ is "not imported by the product"; `specgate bench` finds benchmarks through the
     # specgate.bench entry points instead (gateway/cli/bench.py)
     repo = TESTS.parent
     offenders = []
@@ -108,7 +108,7 @@ def _imports_of(folder: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 def test_telemetry_imports_no_policy_pool_or_gateway_code():
-    # DESIGN.md: telemetry/ reads records and views (telemetry/views.py, built by gateway/telemetry_views.py),
+    # docs/architecture.md, "Parts and layers": telemetry/ reads records and views (telemetry/views.py, built by gateway/telemetry_views.py),
     # never the Policy or the pools
     assert _imports_of("telemetry", ("policies", "backends", "gateway")) == []
 

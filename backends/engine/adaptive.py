@@ -6,10 +6,8 @@ reports the round, ``end_step()`` closes an engine step.
 
 ``beta`` (:class:`BetaDraftLength`, specgate's own, per sequence). Model: draft position j of a round is
 accepted, given drafts 1..j-1 were, with an unknown probability a_j(c) that depends on the round's context c:
-for n-gram the length of the context suffix that found the draft (:func:`match_context`: on 80 requests of
-the shared workloads the first draft was accepted at 17% of positions found by a 1-token match, 47% / 65% /
-77% for 2 / 3 / 4-7 tokens and 92% for 8 or more; mean accepted run 0.5 to 9.6 tokens), one context for the
-other proposers. An n-gram draft costs microseconds and the draft for k is a prefix of the draft for more,
+for n-gram the length of the context suffix that found the draft (:func:`match_context`: a longer match is
+accepted far more often), one context for the other proposers. An n-gram draft costs microseconds and the draft for k is a prefix of the draft for more,
 so the engine drafts first and the controller picks k <= the drafts found, knowing c. The posterior of each
 a_j(c) is Beta(alpha, beta) with pseudo-counts from three levels: the prior the gateway sends
 (``SpeculationParams.prior``, per-position rates, ``PRIOR_STRENGTH`` pseudo-round), the engine's pooled
@@ -24,12 +22,10 @@ holding this round's k + 1 tokens and the other sequences' tokens, k drafts, ove
 step), and B the sequences in the step: the rate is the step's committed tokens per second, the other B - 1
 sequences counted at one token each (the least they commit). Every sequence in the step waits for its
 forward, so drafts that widen it are charged for the time they cost the others (engine-seconds per output
-token, issue 26); at B = 1 it is the round's own E[P](k) / c(k). Two or more such sequences over n-gram drafts in
+token); at B = 1 it is the round's own E[P](k) / c(k). Two or more such sequences over n-gram drafts in
 one step are planned together instead (:func:`plan_step`): the same rate for the whole step, over every
 allocation of drafts, from each sequence's drawn gains prod_{i<=j} theta_i; one at a time, none of them pays for a
-step wide enough to reach the GEMM's efficient regime. Replayed on the batching engine (80
-workload requests, mixed, 20 seeds; docs/benchmarks.md, "Per-round draft length"), the controller's TPOT over
-the best fixed k's went from 1.011 to 0.910 at 16 closed-loop clients, 0.951 to 0.912 at 4, with this term. The round's evidence is discounted by ``DISCOUNT`` per round (discounted Thompson
+step wide enough to reach the GEMM's efficient regime. The round's evidence is discounted by ``DISCOUNT`` per round (discounted Thompson
 sampling, Raj & Kalyani 2017: acceptance drifts within a request as copied spans come and go): the posterior
 is Beta(prior + discounted hits, prior + discounted misses), so without recent evidence a position returns
 to the gateway's estimate for this slice, which is the best one left. Why it is enough: Thompson sampling
@@ -37,13 +33,10 @@ plays k with the posterior probability that k has the best rate, so a k the data
 a probability that shrinks as its evidence grows (O(log T) regret per losing arm for stationary a_j,
 Agrawal & Goyal 2012); the discount bounds the evidence (~1/(1 - DISCOUNT) rounds), so that probability
 never reaches zero, which is the re-probe: at k* = 0 nothing is observed, the posterior widens, and a draw
-occasionally says k >= 1 pays. Tuned on scripted acceptance (Bernoulli 0 / 0.3 / 0.6 / 0.9 / 1 per
-position, and 20-round copy spans in 60; tests/engine/test_adaptive.py): within 8% of the best fixed k in
-each from a uniform prior (mean of 200 seeds: 5% lost to probes where nothing is ever accepted, a probe in
-about one round in five; 7-8% at rates 0.9 and 1, where a 256-token request's 28-40 rounds are all the
-evidence there is: the gateway's prior is what removes that),
-where choosing on the posterior mean without sampling lost 26-35% on the always-accepted and changing
-cases. No probe schedule, no special case for cold, stale or plain.
+occasionally says k >= 1 pays. No probe schedule, no special case for cold, stale or plain. Sampling rather
+than choosing on the posterior mean is what keeps it near the best fixed k when acceptance is always high or
+changes within a request (scripted cases in tests/engine/test_adaptive.py; measured on real prompts in
+docs/engine.md, "Per-round draft length (`adaptive: true`)").
 
 ``sglang`` (:class:`SglangAdaptive`, engine-wide per proposer): SGLang's ``--speculative-adaptive``, as
 ``python/sglang/srt/speculative/adaptive_spec_params.py`` implements it (sgl-project/sglang#21599; #24055 adds
@@ -72,7 +65,7 @@ POOL_DISCOUNT = 0.999  # per round of a context: the engine-wide estimate rememb
 # at most this many pseudo-rounds of the engine-wide estimate in a sequence's posterior: the engine's evidence
 # in the round's context predicts a round better than the sequence's own ~20 discounted rounds do (replayed,
 # 80 workload requests, mixed, 20 seeds, two samples of the workloads: TPOT 0.5-1.0% lower at every load than
-# with 8; docs/benchmarks.md, "Counterfactual plain evidence")
+# with 8; docs/runs/2026-12-03-issue26-auto/README.md, "Counterfactual plain evidence")
 POOL_STRENGTH = 128.0
 MAX_POSITIONS = 16  # types.MAX_DRAFT_TOKENS
 DEFAULT_PRIOR = 0.5  # a_j when the gateway sends no prior: Beta(0.5, 0.5)

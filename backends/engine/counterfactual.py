@@ -1,5 +1,5 @@
 """Counterfactual acceptance of every engine proposer on recorded greedy requests: the exact core of
-replay (issue 25, docs/replay.md) and of the proposer benchmark.
+replay (docs/replay.md) and of the proposer benchmark.
 
 Greedy speculative decoding is exact: a request's output ids are the same under every proposer and draft
 length. A model-free proposer (``ngram``, ``suffix``) is a deterministic function of what has been

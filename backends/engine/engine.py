@@ -258,7 +258,8 @@ class Engine:
         among equals), so a short prompt is not queued behind long ones that fill the budget. A long prompt
         cannot starve: only admitted prompts prefill (``max_running_requests``), and one fed whole decodes
         from the next step. Against admission order on the real model, mixed workload, ngram-k4 at c4: 45 of
-        60 requests within the SLO against 41, TTFT p90 -12% (docs/benchmarks.md, "The c4 goodput miss")."""
+        60 requests within the SLO against 41, TTFT p90 -12% (docs/runs/2026-12-05-issue26-onednn/README.md,
+        "The c4 goodput miss")."""
         works = []
         for seq in self._prefill_order([seq for seq in running if seq.status is Status.PREFILL and seq.finish is None]):
             work = self._plan_prefill(seq, self._slots[seq.rid], min(left, self.config.prefill_chunk))

@@ -14,16 +14,16 @@ the reference, runs on the same tensors. The runner multiplies them through oneD
 load (``torch.ops.mkldnn._reorder_linear_weight``, the form torch's own CPU compiler freezes linear layers into;
 :func:`_mm`), not through ``x @ W``: at the 2-17 rows of a verify round or a small batch torch's MKL GEMM streamed
 the weights at a third of the one-row speed (likely its per-call packing of an operand, which prepacking does
-once), by an amount that changed from one process to the next (a forward of 5 tokens cost 1.79-2.29x one of 1 token in eight fresh processes on an
-AVX-512 EPYC). Prepacked, 0.94-0.98x, and a forward of 1-17 tokens took 30-51 ms against 37-123 ms
-(``python -m bench.gemm_processes``; docs/engine.md, "The GEMM"). The packed copy costs one more copy of the
+once), by an amount that changed from one process to the next; prepacked, a forward of 5 tokens costs about
+what one of 1 token does, in every process (``python -m bench.gemm_processes``; docs/engine.md, "The GEMM").
+The packed copy costs one more copy of the
 weights in memory (~540 MB for the fp32 135M model). ``gemm="mkl"`` multiplies ``x @ W`` instead (and is what a
 torch without oneDNN gets).
 
 KV cache (``KVCache``, one per sequence and model): a preallocated tensor per model, grown by doubling
 when a sequence outgrows it (amortised; the scheduler has already reserved its worst case against
-``--max-total-tokens``), and a length. Commit and rollback move the length, never copy (DESIGN.md
-property 4): after every round ``cache.length == committed_len - 1``; a round feeds
+``--max-total-tokens``), and a length. Commit and rollback move the length, never copy (docs/architecture.md,
+"The four properties", 4): after every round ``cache.length == committed_len - 1``; a round feeds
 ``[last_committed, d_1..d_k]`` and ``rollback`` cuts back to the new committed length - 1, so rejected
 drafts are never attended to by a later step (positions past ``length`` are overwritten before use).
 """
@@ -40,7 +40,7 @@ from transformers import PreTrainedModel
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MIN_CAPACITY = 64  # positions a new cache holds before its first growth
 GEMMS = ("onednn", "mkl")  # how linear layers multiply: prepacked oneDNN weights, or MKL's x @ W
-PACK_ROWS = 16  # the row count oneDNN's packed layout is chosen for (16 was faster than 1 at 1-17 rows here)
+PACK_ROWS = 16  # the row count oneDNN's packed layout is chosen for (faster than 1 at 1-17 rows: docs/engine.md, "The GEMM")
 
 
 class KVCache:
@@ -144,7 +144,7 @@ def _own_unfused(model: PreTrainedModel) -> None:
     """Copy into this process's memory every parameter that ``_fuse`` will not copy (the norm weights; an untied
     embedding). ``from_pretrained`` leaves parameters as views of the safetensors file's memory mapping, and one
     such view, a 576-float norm weight, keeps the whole mapping alive, with every page that fusing read resident:
-    ~620 MiB of file-backed RSS (docs/benchmarks.md, "Weight layout")."""
+    ~620 MiB of file-backed RSS (docs/runs/2026-12-03-weight-layout/README.md)."""
     fused = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}  # a tied embedding too
     for module in model.modules():
         for name, param in list(module._parameters.items()):

@@ -1,6 +1,6 @@
 """Turn raw logits into the distribution a request samples from, identically for target and draft.
 
-Exactness (DESIGN.md property 2) needs the SAME transformation on p (target) and q (draft) at every
+Exactness (docs/architecture.md, "The four properties", 2) needs the SAME transformation on p (target) and q (draft) at every
 position, each conditioned on its own prefix: position j of a round sees the committed tokens plus drafts
 1..j-1, so penalties are computed per position over that history. Order, as in transformers/vLLM:
 

@@ -2,7 +2,7 @@
 
 Stops are applied token by token over the committed tokens of a round, in SGLang's order (length,
 stop token, stop string), so a round that commits n + 1 tokens is cut exactly where plain decoding
-would have stopped (DESIGN.md property 3). Streaming text never shows a possible prefix of a stop
+would have stopped (docs/architecture.md, "The four properties", 3). Streaming text never shows a possible prefix of a stop
 string nor a dangling partial UTF-8 character: what a client has seen is never taken back.
 """
 

@@ -1,9 +1,9 @@
 """Plain value types shared by the engine, its scheduler and the worker server.
 
-No torch here (STYLE.md #1): these are ids, lengths and settings. The worker turns SGLang wire
+No torch here (CONTRIBUTING.md #1): these are ids, lengths and settings. The worker turns SGLang wire
 fields into these; the engine turns them into tensors.
 
-Vocabulary (DESIGN.md): per round the proposer drafts k tokens, the target accepts a prefix of n <= k,
+Vocabulary (docs/architecture.md, "Vocabulary"): per round the proposer drafts k tokens, the target accepts a prefix of n <= k,
 then emits one more token: *recovered* (after a rejection) or *bonus* (when n == k). A round commits
 n + 1 tokens (fewer when a stop cuts it). Accept length always includes that extra token.
 """

@@ -1,6 +1,6 @@
-"""Exact verification of a round of drafts: a pure function (STYLE.md #2).
+"""Exact verification of a round of drafts: a pure function (CONTRIBUTING.md #2).
 
-Notation (DESIGN.md): p = target, q = draft. For draft token x_j at position j:
+Notation (docs/architecture.md, "Vocabulary"): p = target, q = draft. For draft token x_j at position j:
 - greedy: accept while x_j == argmax p_j; the extra token is argmax p_n at the first mismatch (or the
   bonus argmax p_k). This is token identity with plain greedy decoding.
 - sampling (Leviathan et al. 2023; Chen et al. 2023): accept x_j with probability min(1, p_j(x)/q_j(x));

@@ -1,7 +1,7 @@
 """A minimal HTTP/1.1 keep-alive client for the gateway's hot path: ``POST`` JSON, read the whole answer.
 
 Why not httpx here: profiling the gateway under load from an instant worker showed httpx + httpcore +
-anyio taking ~70% of the gateway's CPU per request (URL merging, cookie jars, pool scans, anyio
+anyio taking most of the gateway's CPU per request (URL merging, cookie jars, pool scans, anyio
 checkpoints, two socket writes). This client does one ``transport.write`` per request and parses the
 answer with ``httptools`` (uvicorn's parser, already a dependency), on a plain asyncio protocol.
 It serves only non-streaming ``/v1/chat/completions`` and ``/v1/completions``; streaming, health,

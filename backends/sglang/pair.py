@@ -1,6 +1,6 @@
 """Target-draft pair identity: what a worker says it serves, compared with what the policy declares.
 
-A pair is one versioned artifact (DESIGN.md): the target (model_path, revision, weight_version), the
+A pair is one versioned artifact (docs/architecture.md, "Vocabulary"): the target (model_path, revision, weight_version), the
 draft (path, revision), the speculative algorithm and its draft-token count. A worker reports these in
 ``/server_info`` (server args) and ``/model_info`` (weight_version). Only the fields the policy
 declares are verified; an undeclared field is not compared.

@@ -3,7 +3,7 @@
 A pool is a named set of workers that share one speculative configuration (SGLang fixes speculation
 per server, so a pool IS a configuration). The gateway asks ``pick`` for a worker and reports every
 outcome; ``backends.sglang.monitor`` feeds health, load and identity from the workers. Keeping this
-free of I/O lets tests drive every transition with scripted times (STYLE.md #1).
+free of I/O lets tests drive every transition with scripted times (CONTRIBUTING.md #1).
 
 Rules, each with its why:
 - Selection: least loaded by ``in_flight + running + waiting`` (in_flight is counted by the gateway
@@ -101,7 +101,8 @@ class WorkerState:
 
 
 class PoolSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """Immutable view for the policy (DESIGN.md: the policy reads a snapshot, never the pool)."""
+    """Immutable view for the policy: the policy reads a snapshot, never the pool (docs/architecture.md,
+    "Parts and layers")."""
 
     name: str
     workers: int

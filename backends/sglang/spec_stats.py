@@ -15,7 +15,7 @@ rounds by #accepted drafts  spec_correct_drafts_histogram      spec_accept_histo
 ==========================  =================================  ============================
 
 Canonical names win over aliases. ``accept_length`` is completion_tokens / verify_ct, i.e. it
-INCLUDES the bonus/recovered token (DESIGN.md vocabulary); when the worker did not send it we derive
+INCLUDES the bonus/recovered token (docs/architecture.md, "Vocabulary"); when the worker did not send it we derive
 it from ``(num_correct_drafts + verify_ct) / verify_ct``, which is the same quantity when no stop cut
 a round short. The per-position lists are specgate's own extras (accepted count and reached count of
 draft position j, 0-based), so the policy can estimate a_j = accepted[j] / reached[j].

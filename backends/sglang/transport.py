@@ -3,7 +3,7 @@
 httpcore's pool scans every connection and queued request on each assignment (quadratic in
 concurrency); at 32 concurrent requests to one worker that scan dominated the gateway's CPU time.
 ``ShardedTransport`` round-robins requests over ``shards`` independent ``AsyncHTTPTransport``s, so
-each pool stays small. Keep-alive connections are reused within a shard as before.
+each pool stays small. Keep-alive connections are reused within a shard.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SGLang's HTTP protocol, one msgspec Struct per message, for both sides (STYLE.md #6): /generate, /abort_request,
+"""SGLang's HTTP protocol, one msgspec Struct per message, for both sides (CONTRIBUTING.md #6): /generate, /abort_request,
 errors, /v1/loads, /server_info, /model_info, /v1/models, and what the OpenAI-compatible endpoints share with
 them (``always``, ``SpecFields``); their own messages are in ``openai_wire.py``; the rules below hold for both.
 

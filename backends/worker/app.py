@@ -1,6 +1,6 @@
 """`specgate worker`'s HTTP app: SGLang's native and OpenAI-compatible endpoints over the engine.
 
-Handlers are thin (STYLE.md #9): decode the body, translate it into an engine request, run it through
+Handlers are thin (CONTRIBUTING.md #9): decode the body, translate it into an engine request, run it through
 the bridge, shape the answer. Every refusal is a ``WorkerRequestError`` turned into the OpenAI error
 shape by one exception handler; anything unexpected becomes a 500 with the same shape, never a crash.
 """

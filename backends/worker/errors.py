@@ -1,4 +1,4 @@
-"""Errors a handler turns into HTTP answers, in the OpenAI error shape (STYLE.md #5).
+"""Errors a handler turns into HTTP answers, in the OpenAI error shape (CONTRIBUTING.md #5).
 
 ``{"error": {"message", "type", "param", "code"}}`` is what OpenAI SDKs and SGLang clients parse; the
 message names the offending field and, where there is one, the fix.

@@ -71,7 +71,7 @@ def _verdict(ci: tuple[float, float, float, int] | None, bound: float) -> str:
 
 
 def _targets(result: dict, noise: dict[str, tuple[float, int, bool]] | None = None) -> list[str]:
-    """Adaptive (warm if measured, else cold) against the best fixed arm of each cell: the issue's targets.
+    """Adaptive (warm if measured, else cold) against the best fixed arm of each cell: the targets.
     ``noise``: the run's :func:`noise_by_load`, if the caller has it already."""
     arms = result["arms"]
     adaptive = "adaptive-warm" if "adaptive-warm" in arms else "adaptive" if "adaptive" in arms else None

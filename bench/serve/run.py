@@ -27,14 +27,15 @@ from bench.serve.report import markdown, plots
 from bench.serve.stack import RssSampler, gateway, worker
 from bench.serve.summary import cell, learning_cost
 from bench.workloads import WorkItem, sample
+from telemetry.progress import Progress
 
 # Sizes per preset; every one is also a flag, and a flag given explicitly wins.
 PRESETS: dict[str, dict] = {
     # ~36-40 min on a quiet 2-core machine (measured: see docs/benchmarks.md)
     "default": {"per_slice": 4, "max_tokens": 32, "loads": ["c1", "c4", "p1"], "warmup_per_slice": 40},
-    # the arms and loads, 16 requests per slice (c16 needs 16 per slice to keep 16 in flight). One load
+    # every arm and load, 16 requests per slice (c16 needs 16 per slice to keep 16 in flight). One load
     # point (--loads c1, with its own warm-up) must fit one sitting on a quiet 2-core machine: 2.2 h at 64
-    # tokens (c1 part, 0c93c07); at 128 it was 2.1-2.5 h plus a ~30 min warm-up, longer than a session
+    # tokens (c1 part, 0c93c07; docs/runs/full/c1); 128 tokens took longer than a sitting
     "full": {"per_slice": 16, "max_tokens": 64, "loads": ["c1", "c4", "c16", "p0.25", "p0.5", "p1"],
              "warmup_per_slice": 40},
 }
@@ -213,8 +214,6 @@ def _context_chars(max_tokens: int) -> int:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from backends.engine.model_store import load_prepared
     from policies.load import load_policy_file
 
@@ -237,13 +236,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     meta = _meta(args, argv, slo)
     t0 = time.perf_counter()
     total = len(arms) * len(loads) * len(items) * args.repeats + len(warm) * sum(a.warm for a in arms)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=not args.keep_progress) as bar, contextlib.ExitStack() as stack:
-        task = bar.add_task("serve bench", total=total)
+    with Progress("serve bench", total, transient=not args.keep_progress) as bar, contextlib.ExitStack() as stack:
         shared = (stack.enter_context(worker(log_dir, bench.worker_flags(), "shared"))
                   if args.restart == "gateway" else None)
-        arms_out = bench.run_arms(arms, log_dir, shared, lambda: bar.advance(task),
-                                  lambda text: bar.update(task, description=text))
+        arms_out = bench.run_arms(arms, log_dir, shared, bar.advance, bar.describe)
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     result = {
         "meta": meta,

@@ -2,8 +2,8 @@
 
 Each arm gets its own gateway (fresh learner). By default all gateways share one worker: the engine
 keeps no state across requests that changes speed (no prefix cache; proposers are per sequence), and
-the same process times every arm, so a 5-10% speed difference between two worker processes (measured:
-the same configuration in two workers) does not pass for a policy difference. ``--restart worker``
+the same process times every arm, so the speed difference between two worker processes of the same
+configuration (several percent) does not pass for a policy difference. ``--restart worker``
 gives each arm its own worker instead. Processes are started with this interpreter (``-c`` into the CLI,
 as ``specgate up`` does) so the harness works from any checkout without an installed entry point.
 """

@@ -1,5 +1,5 @@
 """`specgate bench NAME`: the benchmarks installed with specgate, found through the ``specgate.bench`` entry
-points (pyproject.toml), so the product never imports its benchmarks by name (DESIGN.md, Layout).
+points (pyproject.toml), so the product never imports its benchmarks by name (docs/architecture.md, "Parts and layers").
 
 Each entry point names a function ``register(subparsers)`` that adds its benchmark's parser and sets
 ``func``; ``specgate bench --help`` lists whatever is installed.

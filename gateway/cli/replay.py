@@ -130,14 +130,19 @@ def _replay(args: argparse.Namespace) -> int:
     processes = args.processes or os.cpu_count() or 1
     started = time.perf_counter()
 
-    def progress(done: int, total: int) -> None:
-        print(f"\rreplay: {done}/{total} runs", end="" if done < total else "\n", file=sys.stderr, flush=True)
+    from telemetry.progress import Progress
 
-    try:
-        results = sweep(prices, contenders, args.loads, args.seeds, args.mix, max_running=args.max_running_requests,
-                        max_total_tokens=args.max_total_tokens, processes=processes, progress=progress)
-    except ValueError as exc:
-        return _fail(str(exc))
+    with Progress("replay runs", None) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.set_total(total)
+            bar.advance(done - bar.done)
+
+        try:
+            results = sweep(prices, contenders, args.loads, args.seeds, args.mix,
+                            max_running=args.max_running_requests, max_total_tokens=args.max_total_tokens,
+                            processes=processes, progress=progress)
+        except ValueError as exc:
+            return _fail(str(exc))
     slices = list(dict.fromkeys(r.slice for r in trace.requests if r.output_ids))
     slice_of = {i: r.slice for i, r in enumerate(trace.requests)}.__getitem__
     summary = summarise(results, names, args.loads, args.seeds, slice_of, slices,

@@ -152,9 +152,11 @@ def _build(args: argparse.Namespace) -> int:
     engine = Engine(EngineConfig(model_path=str(model.path), calibrate=False, num_threads=args.num_threads))
     print(f"tracing {len(requests)} requests on {model.name} ({model.revision}), greedy, max_new_tokens "
           f"<= {args.max_new_tokens}, {len(pairs)} draft pair(s)", file=sys.stderr)
+    from telemetry.progress import track
+
     try:
-        summary = build(engine, requests, args.out, model=model.name, revision=model.revision,
-                        max_new_tokens=args.max_new_tokens, pairs=pairs)
+        summary = build(engine, track(requests, "trace build", len(requests)), args.out, model=model.name,
+                        revision=model.revision, max_new_tokens=args.max_new_tokens, pairs=pairs)
     except BuildError as exc:
         print(f"error: {exc} (nothing written)", file=sys.stderr)
         return 1
@@ -189,11 +191,18 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(f"calibrating {model.name} ({model.revision}) on {hardware}: contexts {sorted(set(args.contexts))}, "
           f"widths {sorted(set(args.widths))}, batches {sorted({1, *args.batches})}, {args.repeats} repeats",
           file=sys.stderr)
+    from telemetry.progress import Progress
+
+    def stage(line: str) -> None:  # each measured stage: its line above the bar, and a step of it
+        bar.note(f"  {line}")
+        bar.advance()
+
     try:
-        measured = calibrate(engine, ids, model=model.name, revision=model.revision, contexts=args.contexts,
-                             widths=args.widths, prefill_tokens=args.prefill_tokens, repeats=args.repeats,
-                             proposers=args.proposers, draft_layers=args.draft_layers, hardware=hardware,
-                             batches=args.batches, progress=lambda line: print(f"  {line}", file=sys.stderr))
+        with Progress("calibrate: stages measured", None) as bar:
+            measured = calibrate(engine, ids, model=model.name, revision=model.revision, contexts=args.contexts,
+                                 widths=args.widths, prefill_tokens=args.prefill_tokens, repeats=args.repeats,
+                                 proposers=args.proposers, draft_layers=args.draft_layers, hardware=hardware,
+                                 batches=args.batches, progress=stage)
         cost = from_measurements(measured)  # a CostModelError is a ValueError
     except ValueError as exc:
         print(f"error: {exc} (nothing written)", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""bench.replay_adaptive, the script behind issue 26's replayed figures, on a four-request trace."""
+"""bench.replay_adaptive, the script behind the per-round draft length's replayed figures, on a four-request trace."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.gateway.test_replay_cli import PINNED, files  # noqa: F401  (a pytest
 
 def test_a_policy_with_nothing_to_learn_costs_nothing_to_learn(files, tmp_path, capsys):  # noqa: F811
     """PINNED always serves code by n-gram k4 and prose plain: at c1 a request's TPOT is the same in every pass,
-    so both cost-of-learning readings (the warm-up pass over the measured one; the issue's three-pass run:
+    so both cost-of-learning readings (the warm-up pass over the measured one; the three-pass run:
     learning and after one pass, over warm) are exactly 1."""
     trace, costs = files
     policy = tmp_path / "pinned.yaml"

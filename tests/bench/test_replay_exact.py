@@ -36,7 +36,7 @@ def test_only_a_larger_last_count_after_a_stop_is_the_documented_case():
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    ([], "the following arguments are required: --workloads"),
+    (["--per-slice", "0"], "argument --per-slice: must be at least 1, got 0"),  # --workloads has a default
     (["--workloads", "w", "--per-slice", "0"], "argument --per-slice: must be at least 1, got 0"),
     (["--workloads", "w", "--ks", "4", "17"], "argument --ks: k must be in 1..16, got 17"),
     (["--workloads", "w", "--proposers", "suffix"], "argument --proposers: invalid choice: 'suffix'"),
@@ -48,6 +48,13 @@ def test_bad_flags_are_usage_errors(argv, message, capsys):
         main(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_folder_that_holds_no_workloads_is_named_with_the_fix(tmp_path, capsys):
+    assert main(["--workloads", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: --workloads {tmp_path}: not a workloads directory (no humaneval/HumanEval.jsonl); pass a full copy "
+        "of the sets, or leave it out for the sample in workloads/\n")
 
 
 def test_missing_workloads_fail_before_a_model_loads(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""bench.serve_paired on the kept issue-26 run (docs/runs/adaptive/serve.json.gz): the figures its docs quote
+"""bench.serve_paired on the kept per-round controller run (docs/runs/adaptive/serve.json.gz): the figures its docs quote
 come from this command, and a slice of None pools every prompt of the load."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """bench.slo_misses: SLO misses by cause, and TTFT misses with another prompt of the cell waiting alongside; on
-synthetic requests and on the kept issue-26 c4 run whose goodput gap docs/benchmarks.md explains with it."""
+synthetic requests and on the kept c4 run (docs/runs/onednn/confirm26) whose goodput gap
+docs/runs/2026-12-05-issue26-onednn/README.md explains with it."""
 
 from __future__ import annotations
 

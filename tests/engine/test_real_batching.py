@@ -31,7 +31,7 @@ pytestmark = pytest.mark.real_model
 
 # runner vs transformers, fp32, max abs over every position's logits (which reach 42.7 on these prompts): 2e-4.
 # The runner's oneDNN GEMM sums in another order than transformers' MKL one: measured 1.07e-4 at 16 tokens,
-# 1.14e-4 at 300 and 1.38e-4 at ~1500 (before 2026-12-05, with MKL's x @ W: 4.8e-5, 6.9e-5 and 1.2e-4). fp32
+# 1.14e-4 at 300 and 1.38e-4 at ~1500 (with MKL's x @ W, ``gemm="mkl"``: 4.8e-5, 6.9e-5 and 1.2e-4). fp32
 # rounding alone is of that size: transformers' own sdpa and eager paths differ by 8.6e-5 on the ~1500-token
 # prompt, and against a float64 forward transformers fp32 is off by 7.3e-5 (the MKL runner by 1.15e-4);
 # test_runner_is_as_exact_as_transformers_against_float64 checks on every full run that the runner's error

@@ -1,7 +1,7 @@
 """Greedy identity on the real SmolLM2-135M-Instruct (fp32): speculative ids == plain decoding's.
 
-Prompts from ../shared/workloads (code, tool_call, prose, long_context), every proposer (ngram k in
-{1, 4, 8} and adaptive; draft_model k in {1, 4, 8}; suffix k = 8), with the stop condition rotating over prompts: the
+Prompts from the workloads (``workloads/``, or the full sets under ``$SPECGATE_WORKLOADS``): code,
+tool_call, prose, long_context. Every proposer (ngram k in {1, 4, 8} and adaptive; draft_model k in {1, 4, 8}; suffix k = 8), with the stop condition rotating over prompts: the
 length limit, a stop string, a stop token id (both picked from the plain output so they fire, typically
 inside a round), and an odd max_new_tokens. A slice's first prompt, at the length limit, runs to a long
 one (Size.long_output: many rounds at k = 8, not one or two). Plain decoding with the same settings is the reference, computed once

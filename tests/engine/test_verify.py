@@ -1,4 +1,4 @@
-"""Golden cases for the pure verification functions (STYLE.md #2, #11).
+"""Golden cases for the pure verification functions (CONTRIBUTING.md #2, #11).
 
 Forced logits (+-10, -inf) make the target's choice certain; injected uniforms make each accept /
 reject decision certain, so every case has exactly one right answer.

@@ -1,4 +1,4 @@
-"""Replaying a candidate policy on recorded traffic (gateway/replay/candidate.py, issue 25's ops view), with no
+"""Replaying a candidate policy on recorded traffic (gateway/replay/candidate.py, the ops view), with no
 model: a synthetic recording (records as the gateway writes them: no draft match flags, a header without
 pairs) and test_replay_cli's hand-made cost model. ``recorded()``: the growing current file and its rotated
 ones; ``replay_candidate()``: the default policy in force beside a candidate, its ``draft_model`` pool left

@@ -118,7 +118,7 @@ def test_tables_per_load_and_slice_and_the_paired_ratios(files, capsys):
     c2_code = [line for line in tables["c2 / code"].splitlines() if line.startswith("| ngram-k4 / plain |")]
     assert len(c2_code) == 1 and float(c2_code[0].split(" | ")[1]) < 1
     # fixed arms, closed loop, by-slice, all greedy: one simulation per (arm, load) stands for both seeds
-    assert "\rreplay: 4/4 runs\n" in err and re.search(r"\nreplay: 8 runs in [0-9.]+ s\n$", err)
+    assert "replay runs: 4/4 (100%), " in err and re.search(r"\nreplay: 8 runs in [0-9.]+ s\n$", err)
 
 
 def test_out_writes_markdown_json_and_plots(files, capsys, tmp_path):

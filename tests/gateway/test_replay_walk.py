@@ -96,7 +96,7 @@ def geomean_tpot(results, name: str, load: str, seeds: int) -> float:
 
 
 def test_on_a_bimodal_mix_the_per_round_controller_beats_plain_fixed_k_and_the_engines_adaptive_ones():
-    """The ordering issue 26 asks of the mixed workload, on a small trace: 6 copying, 6 novel, 4 that switch.
+    """The ordering wanted on the mixed workload, on a small trace: 6 copying, 6 novel, 4 that switch.
     The per-round controller, and the default policy (auto between the per-round pool and plain, its learner
     cold at the start of every seed), beat every fixed arm and SGLang's and vLLM's controllers."""
     from bench.serve.arms import DEFAULT_POLICY, without_gates

@@ -1,5 +1,5 @@
-"""`specgate pair check` and `POST /admin/pools/NAME/check` against one real fault-injectable worker (issue 28,
-docs/policy.md, "Pair gates"): a correct pair passes, the same worker made lossy fails naming the canary and
+"""`specgate pair check` and `POST /admin/pools/NAME/check` against one real fault-injectable worker
+(docs/policy.md, "Pair gates"): a correct pair passes, the same worker made lossy fails naming the canary and
 the output position; an operator's re-check sends a passed pool back through pending to passed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pair gates end to end (issue 28): real `specgate worker`s with the real model, real gateways, the
+"""The pair gates end to end: real `specgate worker`s with the real model, real gateways, the
 official ``openai`` client for user traffic. The worker's fault injection (``--fault-injection``, tests only,
 docs/engine.md) makes its speculation lossy or its drafts random on purpose.
 

@@ -1,5 +1,5 @@
-"""auto's Thompson sampling (policies/auto.py) on scripted outcomes (STYLE #7): the decision rule on synthetic
-posteriors, and one regression test per finding of issue 26 (decay does not lower an unserved option's
+"""auto's Thompson sampling (policies/auto.py) on scripted outcomes (CONTRIBUTING.md #7): the decision rule on synthetic
+posteriors, and one regression test per flaw an earlier learner had (decay does not lower an unserved option's
 estimate; a new load bucket is re-measured; costs per slice; the load bucket sees the workers' load)."""
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def test_close_options_are_both_served_and_evidence_concentrates_the_choice() ->
 
 
 def test_decay_does_not_lower_an_unserved_options_estimate_but_widens_it() -> None:
-    """Issue 26: the estimate of an unserved pool decayed toward a pessimistic prior, so the longer it was not
+    """Regression: the estimate of an unserved pool decayed toward a pessimistic prior, so the longer it was not
     served the worse it looked. Here its mean stays, its posterior widens, and it is re-tried more often."""
     p = policy(gain=1.0)
     pv = p.pool_pair_version("ngram")
@@ -169,7 +169,7 @@ def test_decay_does_not_lower_an_unserved_options_estimate_but_widens_it() -> No
 
 
 def test_a_new_load_bucket_is_re_measured_and_then_decided_on_its_own_evidence() -> None:
-    """Issue 26: plain was chosen at c1 (n-gram 10% slower there) and carried to loads where n-gram was 1.5-1.9x
+    """Regression: plain was chosen at c1 (n-gram 10% slower there) and carried to loads where n-gram was 1.5-1.9x
     faster, with nothing re-exploring. Here a bucket never measured borrows the other buckets' estimates widened
     by TAU_LOAD, so n-gram is tried there; measured faster there, it serves there and not at c1."""
     p = policy()
@@ -189,7 +189,7 @@ def test_a_new_load_bucket_is_re_measured_and_then_decided_on_its_own_evidence()
 
 
 def test_estimates_are_per_slice() -> None:
-    """Issue 26: a cost pooled across slices flipped long_context at c1. Each slice's options are its own."""
+    """Regression: a cost pooled across slices flipped long_context at c1. Each slice's options are its own."""
     p = policy()
     pv = p.pool_pair_version("ngram")
     rng = random.Random(5)
@@ -203,7 +203,7 @@ def test_estimates_are_per_slice() -> None:
 
 
 def test_an_option_that_slows_the_sequences_beside_it_pays_for_it() -> None:
-    """Issue 26: the objective is engine-seconds per output token. At 8 in flight n-gram's own TPOT is 40 ms
+    """The objective is engine-seconds per output token. At 8 in flight n-gram's own TPOT is 40 ms
     against plain's 50, but its drafts cost the 7 sequences beside it 15 ms a token (neighbour_tpot_s): charged
     55 ms, it loses to plain; the same speedup without that cost wins. Both ways of learning plain charge it
     (the option's own posterior and its gap to the worker's plain estimate)."""
@@ -332,7 +332,7 @@ def test_failed_outcomes_are_counted_not_learned() -> None:
 
 
 def test_the_load_bucket_counts_the_workers_load_not_only_this_gateways() -> None:
-    """Issue 26: several gateways in front of one worker each see a share of its load; the workers'
+    """Regression: several gateways in front of one worker each see a share of its load; the workers'
     running + waiting (per worker of the busiest healthy pool) is the load a decision sees when it is more."""
     one = {"plain": PoolState(healthy=True, running=3, waiting=0, workers_healthy=1)}
     assert load_concurrency(3, one) == 4  # this gateway's 3 in flight are the worker's 3: both say 4

@@ -1,6 +1,6 @@
 """A suffix-decoding pool is an option of ``auto`` and ``pools:`` exactly like an n-gram pool: its acceptance
 is learned per pair version from what the worker reports, and it is chosen when its TPOT is the best
-(STYLE #7: scripted traces drive the learner)."""
+(CONTRIBUTING.md #7: scripted traces drive the learner)."""
 
 from __future__ import annotations
 

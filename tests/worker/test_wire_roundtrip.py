@@ -1,7 +1,7 @@
 """Every response the embedded worker produces, decoded with the Struct the client decodes it with, loses
 nothing: each key the worker sent is a field of that Struct (recursively), and the Struct re-encodes to what
 was sent. The worker builds these very Structs (``backends/sglang/wire.py``), so a field one side gains the
-other has too; before, the worker's ``spec_proposed_per_position`` was silently dropped by the client."""
+other has too, and none the worker sends is silently dropped by the client."""
 
 from __future__ import annotations
 

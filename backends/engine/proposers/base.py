@@ -1,6 +1,6 @@
 """The proposer interface: draft k tokens for one sequence, optionally with their draft probabilities q.
 
-A proposer never commits anything (DESIGN.md property 1). It sees the committed context (prompt +
+A proposer never commits anything (docs/architecture.md, "The four properties", 1). It sees the committed context (prompt +
 committed output) and may keep per-sequence state (an n-gram index, a draft model's KV cache), which
 it must bring back to the committed prefix itself: ``observe`` tells it what the round committed.
 """

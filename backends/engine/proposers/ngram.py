@@ -3,13 +3,11 @@ tokens) that occurred earlier, in the prompt or the output, and propose the up-t
 that occurrence.
 
 Which occurrence matters. ``earliest`` (the default) takes the first occurrence, as transformers'
-``PromptLookupCandidateGenerator`` and vLLM's n-gram proposer do; ``latest`` takes the most recent one, as
-this proposer did before. The earliest occurrence is usually in the prompt, whose continuation is the text
+``PromptLookupCandidateGenerator`` and vLLM's n-gram proposer do; ``latest`` takes the most recent one. The earliest occurrence is usually in the prompt, whose continuation is the text
 being copied (code to edit, a document to quote) and runs a full k tokens; the latest is often a few
 tokens back in the output, where the continuation runs into the end of the context and gets cut short, or
-follows a repetition the model is about to leave. On 40 prompts of the shared workloads (5 slices, 64
-greedy tokens, k = 4 and 8) ``latest`` drafted fewer accepted tokens per round than transformers on 23
-prompts; ``earliest`` with n up to 12 on none (docs/benchmarks.md, "Proposers: n-gram vs prompt lookup").
+follows a repetition the model is about to leave, so ``earliest`` drafts more accepted tokens per round
+(docs/benchmarks.md, "Proposers: n-gram vs prompt lookup").
 
 Model-free and deterministic, so q is one-hot and ``draft_probs`` is None (see verify.py). The index maps
 each n-gram to the position right after its first (or latest) occurrence and grows incrementally as tokens
