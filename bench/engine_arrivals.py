@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.replay_fidelity import run_order
-from gateway.replay.sim import Load
+from replay.sim import Load
 
 
 def arrivals(load: Load, count: int, seed: int) -> list[float] | None:
@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     from backends.engine.engine import Engine
     from backends.engine.model_store import load_prepared
     from bench.engine import ENGINE_ARMS
-    from gateway.replay.book import RoundBook
-    from gateway.replay.choosers import Prices
-    from gateway.replay.run import parse_arm, sweep
+    from replay.book import RoundBook
+    from replay.choosers import Prices
+    from replay.run import parse_arm, sweep
     from policies.costmodel import load_cost_model
     from policies.trace import read_trace
 

@@ -3,6 +3,7 @@ the worker, side by side with SGLang's gateway (smg 1.13.0) and LiteLLM's proxy 
 front of the SAME worker in the same run.
 
     .venv/bin/python -m bench.gateway --duration 5 --concurrency 1 32 [--real] [--markdown FILE]
+    .venv/bin/python -m bench.gateway --duration 4 --concurrency 1 32 --via specgate specgate-otel
 
 Workers: ``instant`` (``bench/instant_worker.py``, answers at once: what remains is the gateway's own
 cost; a stand-in allowed only for this measurement) and, with ``--real``, a real ``specgate worker``
@@ -13,6 +14,11 @@ request: a window shorter than one request's latency completes nothing. Load: ``
 ``wrk``; installed with apt-get when missing), non-streaming chat completions with keep-alive
 connections, ``-t1`` at c=1 and ``-t2`` above. LiteLLM runs from its own venv (``.bench-venv``,
 created on first use) so it cannot change the project's pinned packages.
+
+``specgate-otel`` is specgate's gateway with OpenTelemetry trace export on, sampling ``--otel-sample`` of the
+requests (default 1: every request's spans built and exported over OTLP/HTTP to ``bench/otlp_sink.py``, which
+stands in for a collector); the plain ``specgate`` arm runs with trace export off. Both in front of the same worker in one run: the difference is
+tracing's cost.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ LITELLM_PIN = "litellm[proxy]==1.108.7"
 SMG = BIN / "smg"
 BENCH_KEY = "sk-bench-4f1c2a9e7d3b8c6a0e5f4d3c2b1a0f9e"  # LiteLLM refuses to start without a master key
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
+NO_OTEL = {"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""}  # trace export off
 
 
 def ensure_wrk() -> str:
@@ -87,8 +94,8 @@ def _policy(worker: str, tmp: Path) -> Path:
 
 
 @contextlib.contextmanager
-def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | None = None
-             ) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
+def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | None = None,
+             otel_sample: float = 1.0) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
     """Start each requested gateway in front of ``worker``; yields (name -> chat completions URL,
     name -> the gateway's process id, for its CPU time). ``tree``: run specgate's gateway from that
     checkout (put first on its PYTHONPATH), e.g. an older commit for a before/after comparison."""
@@ -100,8 +107,20 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
             pids["specgate"] = stack.enter_context(running(
                 [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
                  "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-{port}.log",
-                env={"PYTHONPATH": str(tree.resolve())} if tree else None)).pid
+                env={**NO_OTEL, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
             urls["specgate"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        if "specgate-otel" in which:  # trace export on, every request sampled, to a sink standing in for a collector
+            sink = free_port()
+            stack.enter_context(running([sys.executable, "-m", "bench.otlp_sink", "--port", str(sink)],
+                                        f"http://127.0.0.1:{sink}/", tmp / f"otlp-sink-{sink}.log"))
+            port = free_port()
+            otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink}", "OTEL_SDK_DISABLED": "false",
+                    "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": f"{otel_sample:g}"}
+            pids["specgate-otel"] = stack.enter_context(running(
+                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
+                 "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-otel-{port}.log",
+                env={**otel, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
+            urls["specgate-otel"] = f"http://127.0.0.1:{port}/v1/chat/completions"
         if "smg" in which:
             port, prom = free_port(), free_port()
             pids["smg"] = stack.enter_context(running(
@@ -153,22 +172,24 @@ def run_worker_set(label: str, worker: str, model: str, which: list[str], args: 
     real = label == "real"
     duration = args.real_duration if real else args.duration
     rows = []
-    with gateways(worker, model, tmp, which, args.gateway_tree) as (urls, pids):
+    with gateways(worker, model, tmp, which, args.gateway_tree, args.otel_sample) as (urls, pids):
         for name, url in urls.items():
             if real:  # one request warms the engine; a 1 s wrk window would not finish one
                 httpx.post(url, json=body, timeout=300, headers={"Authorization": f"Bearer {BENCH_KEY}"})
             else:
                 wrk(url, body, 1, 1, tmp)  # warm-up: connections, caches
-            for c in (args.real_concurrency if real else args.concurrency):
+        # arms interleaved per concurrency, so drift on a noisy machine hits every arm alike (CONTRIBUTING.md #12)
+        for c in (args.real_concurrency if real else args.concurrency):
+            for name, url in urls.items():
                 before = cpu_seconds(pids[name]) if name in pids else None
                 result = wrk(url, body, c, duration, tmp, timeout_s=max(60.0, 4 * duration))
                 served = result["rps"] * duration
                 result["cpu_us_per_req"] = ((cpu_seconds(pids[name]) - before) / served * 1e6
                                             if before is not None and served else float("nan"))
                 rows.append({"worker": label, "via": name, "concurrency": c, **result})
-                print(f"  {label:8} {name:9} c={c:<3} {result['rps']:9.1f} req/s  p50 {result['p50_ms']:8.2f} ms"
+                print(f"  {label:8} {name:13} c={c:<3} {result['rps']:9.1f} req/s  p50 {result['p50_ms']:8.2f} ms"
                       f"  p99 {result['p99_ms']:8.2f} ms  non-2xx {result['non_2xx']}", flush=True)
-    return rows
+    return sorted(rows, key=lambda r: list(urls).index(r["via"]))  # the table groups by arm, as before
 
 
 def environment() -> dict[str, str]:
@@ -186,7 +207,9 @@ def environment() -> dict[str, str]:
             "smg": version([str(SMG), "--version"]),
             "litellm": version([str(LITELLM_VENV / "bin" / "python"), "-c",
                                 "import importlib.metadata as m; print(m.version('litellm'))"]),
-            "wrk": version(["wrk", "-v"])}
+            "wrk": version(["wrk", "-v"]),
+            "opentelemetry-sdk": version([sys.executable, "-c",
+                                          "import importlib.metadata as m; print(m.version('opentelemetry-sdk'))"])}
 
 
 def table(rows: list[dict], env: dict[str, str]) -> str:
@@ -203,6 +226,12 @@ def table(rows: list[dict], env: dict[str, str]) -> str:
     by = {(r["worker"], r["via"], r["concurrency"]): r for r in rows}
     top = max(c for _, _, c in by)
     ours = by.get(("instant", "specgate", top))
+    for c in sorted({c for _, _, c in by}):
+        off, on = by.get(("instant", "specgate", c)), by.get(("instant", "specgate-otel", c))
+        if off and on:
+            lines.append(f"\ntracing on ({env.get('otel_sample', '1')} sampled) / off at c={c}: "
+                         f"req/s {on['rps'] / off['rps']:.3f}x, "
+                         f"p50 {on['p50_ms'] - off['p50_ms']:+.3f} ms")
     for other in ("litellm", "smg"):
         theirs = by.get(("instant", other, top))
         if ours and theirs:
@@ -216,7 +245,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--via", nargs="+", default=["specgate", "smg", "litellm"],
-                        choices=["specgate", "smg", "litellm"], help="gateways in front of the instant worker")
+                        choices=["specgate", "specgate-otel", "smg", "litellm"],
+                        help="gateways in front of the instant worker (specgate-otel: trace export on, --otel-sample)")
     parser.add_argument("--real", action="store_true", help="also direct vs specgate with the real engine")
     parser.add_argument("--real-duration", type=float, default=60.0,
                         help="seconds per real-engine measurement (must exceed one request's latency)")
@@ -225,6 +255,8 @@ def main() -> None:
     parser.add_argument("--gateway-tree", type=Path, default=None,
                         help="run specgate's gateway from this checkout (e.g. `git worktree add /tmp/before REV`), "
                              "to compare commits side by side")
+    parser.add_argument("--otel-sample", type=float, default=1.0,
+                        help="specgate-otel's sampled share of requests (OTEL_TRACES_SAMPLER_ARG; default every one)")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--markdown", type=Path, default=None, help="write the table as Markdown")
     args = parser.parse_args()
@@ -244,6 +276,8 @@ def main() -> None:
                       "--log-level", "warning"], f"{real}/health", tmp / "worker.log"):
             rows += run_worker_set("real", real, "SmolLM2-135M-Instruct", ["specgate"], args, tmp)
     env = environment()
+    if "specgate-otel" in args.via:
+        env["otel_sample"] = f"{args.otel_sample:g}"
     text = table(rows, env)
     print("\n" + text)
     if args.out:

@@ -151,7 +151,7 @@ def run(args, clients: list[int]) -> int:
     from backends.engine.model_store import load_prepared
     from backends.engine.runner import load_model
     from bench.engine import render
-    from gateway.workloads import sample
+    from replay.workloads import sample
 
     prepared = load_prepared()
     model = load_model(str(prepared.path), "float32")

@@ -72,13 +72,13 @@ def running(argv: list[str], health_url: str, log: Path, ok=(200,), *, timeout: 
 
 
 @contextlib.contextmanager
-def worker(tmp: Path, *flags: str, calibrate: bool = False) -> Iterator[str]:
+def worker(tmp: Path, *flags: str, calibrate: bool = False, env: dict[str, str] | None = None) -> Iterator[str]:
     """A real `specgate worker`; yields its base URL. ``--no-calibrate`` keeps startup ~10 s, unless
-    ``calibrate`` (its start-up step costs are what a test reads)."""
+    ``calibrate`` (its start-up step costs are what a test reads). ``env``: added to this process's."""
     port = free_port()
     argv = [str(BIN / "specgate"), "worker", "--port", str(port), *([] if calibrate else ["--no-calibrate"]),
             "--log-level", "warning", *flags]
-    with running(argv, f"http://127.0.0.1:{port}/health", tmp / f"worker-{port}.log"):
+    with running(argv, f"http://127.0.0.1:{port}/health", tmp / f"worker-{port}.log", env=env):
         yield f"http://127.0.0.1:{port}"
 
 

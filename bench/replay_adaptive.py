@@ -11,12 +11,12 @@ here as its docs ask, offline, per hardware: at each closed-loop load the fixed 
 geomean TPOT, keyed by that load's concurrency (so the table is the best fixed arm of every c-load). A last
 column, ``oracle:per-request``, is every request served by the fixed arm that was fastest for it, chosen after
 the fact (exact at c1; under load a reference). Two more references choose k per round knowing what no engine
-knows (gateway/replay/walk.Clairvoyant): ``ngram-k{K}-informed`` the trace's own acceptance rate of every draft
+knows (replay/walk.Clairvoyant): ``ngram-k{K}-informed`` the trace's own acceptance rate of every draft
 position in every n-gram match context (in-sample: the best a controller predicting from the match length
 alone can know), ``ngram-k{K}-oracle`` every round's accepted run (perfect prediction). The gap between them
 is what a better predictor of a round's acceptance could still win; the gap between the controller and
 ``informed`` is what learning costs. ``--informed request+match ...`` adds ``informed`` references keyed by other
-features of a round known before it is verified (gateway/replay/book.FEATURES): whether any predictor from them
+features of a round known before it is verified (replay/book.FEATURES): whether any predictor from them
 could reach a target.
 
 Prints, per load: (1) mixed stream, paired geomean TPOT of each per-round contender over the best single
@@ -44,11 +44,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from gateway.replay.book import FEATURES, RoundBook
-from gateway.replay.choosers import FixedChooser, PolicyChooser, Prices
-from gateway.replay.report import ALL, interval, ratio, split, summarise
-from gateway.replay.run import blocks, load_policy, parse_arm, sweep
-from gateway.replay.sim import Load, Simulation
+from replay.book import FEATURES, RoundBook
+from replay.choosers import FixedChooser, PolicyChooser, Prices
+from replay.report import ALL, interval, ratio, split, summarise
+from replay.run import blocks, load_policy, parse_arm, sweep
+from replay.sim import Load, Simulation
 from policies.costmodel import load_cost_model
 from policies.trace import read_trace
 

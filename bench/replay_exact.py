@@ -6,7 +6,7 @@
 Replay (``backends/engine/counterfactual.py``) claims that for a greedy request the rounds any fixed
 proposer would run follow from the prompt and output ids alone (plus, for the self-draft, one teacher-forced
 pass's match flags). ``tests/engine/test_counterfactual.py`` checks that on a few short prompts; this runs
-the same comparison on the seeded workload sample (``gateway.trace_build.workload_requests``, the draw
+the same comparison on the seeded workload sample (``replay.trace_build.workload_requests``, the draw
 ``specgate trace build`` makes), every request translated as the worker translates a chat body (chat
 template, tools, sampling checks; greedy, ``max_tokens`` capped) and served on one fp32 engine, stepped here.
 
@@ -45,7 +45,7 @@ from typing import Any
 from bench.processes import cpu_model
 from bench.workloads import DEFAULT_ROOT
 
-SLICES = ("code", "tool_call", "prose", "long_context", "code_edit")  # gateway/workloads.py's, all five
+SLICES = ("code", "tool_call", "prose", "long_context", "code_edit")  # replay/workloads.py's, all five
 PROPOSERS = ("ngram", "draft_model")
 NEAR_TIE = 1e-3  # DraftMatches.near_ties: an order of magnitude above the largest logit difference measured
 
@@ -122,7 +122,7 @@ class RoundTap:
 
 
 def translate(engine: Any, line: Any, max_new_tokens: int, rid: str) -> Any:
-    """A workload line as the worker serves it (gateway/trace_build.py's translation): greedy, ``max_tokens``
+    """A workload line as the worker serves it (replay/trace_build.py's translation): greedy, ``max_tokens``
     capped, no speculation."""
     import msgspec
 
@@ -130,7 +130,7 @@ def translate(engine: Any, line: Any, max_new_tokens: int, rid: str) -> Any:
     from backends.sglang import openai_wire
     from backends.worker.errors import BadRequest
     from backends.worker.translate import Limits, chat_request
-    from gateway.trace_build import served_body
+    from replay.trace_build import served_body
 
     limits = Limits(context_length=engine.context_length, default_speculation=SpeculationParams())
     try:
@@ -290,7 +290,7 @@ def execute(args: argparse.Namespace, command: str) -> int:
     """Load the model, run, print the command, environment, table and runtime. 0: every round equal (or
     the documented stop-token case); 1: anything else differs, or the input cannot be run; 2: no model."""
     from backends.engine.model_store import ModelNotPrepared, load_prepared
-    from gateway.trace_build import workload_requests
+    from replay.trace_build import workload_requests
 
     try:
         lines = workload_requests(args.workloads, args.per_slice, args.seed, args.max_prompt_chars, args.slices)

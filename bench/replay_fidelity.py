@@ -27,11 +27,12 @@ import sys
 from pathlib import Path
 
 from bench.serve.run import MIXED
-from gateway.replay.book import RoundBook
-from gateway.replay.choosers import Prices
-from gateway.replay.report import percentile
-from gateway.replay.run import parse_arm, sweep
-from gateway.replay.sim import Load
+from bench.serving_fit import fit, fit_serving_concurrent
+from replay.book import RoundBook
+from replay.choosers import Prices
+from replay.report import percentile
+from replay.run import parse_arm, sweep
+from replay.sim import Load
 from policies.costmodel import load_cost_model
 from policies.trace import read_trace
 
@@ -221,7 +222,6 @@ def fit_serving(run: dict, book: RoundBook, costs):
     used: every other cell (other arms, other loads) is a prediction."""
     from msgspec import structs
 
-    from bench.serving_cost import fit
 
     request = {r.id: r for r in book.requests}
     measured = [(len(request[r["item"]].prompt_ids), len(request[r["item"]].output_ids), r["tpot_s"])
@@ -234,46 +234,6 @@ def fit_serving(run: dict, book: RoundBook, costs):
     print(f"serving_s fitted on {len(gaps)} plain c1 requests: {serving * 1e3:.1f} ms per round "
           f"(gaps p10-p90 {1e3 * gaps[len(gaps) // 10]:.1f}-{1e3 * gaps[9 * len(gaps) // 10]:.1f} ms)\n")
     return structs.replace(costs, serving_s=serving)
-
-
-def fit_serving_concurrent(run: dict, book: RoundBook, costs, load: str, order, steps: int = 40,
-                           streams: int | None = None):
-    """The cost model with ``serving_concurrent_s`` set so that replay's plain TPOT p50 at ``load`` (the run's
-    order) equals the measured p50 of the run's plain requests there: bisection between 0 and 1 s (replay's TPOT
-    grows with it); None when the run has no plain requests at ``load``. ``streams``: set the ``serving_streams``
-    table's entry at that stream count instead (added, or replaced; the other entries kept)."""
-    from msgspec import structs
-
-    def with_value(value: float):
-        if streams is None:
-            return structs.replace(costs, serving_concurrent_s=value)
-        table = dict(zip(costs.serving_streams, costs.serving_streams_s)) | {streams: value}
-        counts = sorted(table)
-        return structs.replace(costs, serving_streams=counts, serving_streams_s=[table[n] for n in counts])
-
-    measured = [r["tpot_s"] for r in run["requests"]
-                if r["arm"] == "plain" and r["load"] == load and r["ok"] and r["tpot_s"]]
-    if not measured:
-        return None
-    target = percentile(measured, 50)
-    plain = parse_arm("plain", book)
-    max_running = run.get("settings", {}).get("max_running_requests", 16)  # the worker's flag, as main replays
-
-    def replayed(value: float) -> float:
-        trial = with_value(value)
-        served = sweep(Prices(book, trial), [plain], [load], 1, "by-slice", max_running=max_running,
-                       max_total_tokens=65536, processes=1, order=order)[(plain.name, load, 0)]
-        return percentile([s.tpot for s in served if s.tpot], 50)
-
-    low, high = 0.0, 1.0
-    for _ in range(steps):
-        middle = (low + high) / 2
-        low, high = (middle, high) if replayed(middle) < target else (low, middle)
-    value = round((low + high) / 2, 6)
-    name = "serving_concurrent_s" if streams is None else f"serving_streams_s at {streams} streams"
-    print(f"{name} fitted on {len(measured)} plain {load} requests: {value * 1e3:.1f} ms per round "
-          f"(replayed TPOT p50 {replayed(value) * 1e3:.1f} ms, measured {target * 1e3:.1f} ms)\n")
-    return with_value(value)
 
 
 def relative(rows: list[dict], loads: list[str]) -> None:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from msgspec import structs
 
-from gateway.replay.book import RoundBook
-from gateway.replay.choosers import Prices
-from gateway.replay.run import Contender, load_policy, parse_arm, sweep
+from replay.book import RoundBook
+from replay.choosers import Prices
+from replay.run import Contender, load_policy, parse_arm, sweep
 from policies.costmodel import load_cost_model
 from policies.trace import read_trace, write_trace
 

@@ -10,7 +10,7 @@ directly: a real worker and a real gateway (plain decoding, ``deploy/policies/be
 loopback ports, one streaming client sending ``--requests`` greedy requests one after another (prompts cut
 from real text, several lengths), and per request its measured TPOT against replay's TPOT of the same request
 on the cost model without ``serving_s`` (the same prompt and output lengths, plain rounds as
-gateway/replay/profile.py prices them). ``serving_s`` is the median of the differences; the cost model is
+replay/profile.py prices them). ``serving_s`` is the median of the differences; the cost model is
 written to ``--out`` with it (the rest unchanged). Run it on the machine and in the hour of the calibration.
 
 ``--concurrency N [N ...]`` (each >= 2) measures instead what each round costs when a step streams N
@@ -41,6 +41,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.serving_fit import fit, fit_serving_concurrent, replayed_tpot
+
 LENGTHS = (300, 1200, 3000, 6000)  # prompt characters, cycled: short prose to a long document
 
 
@@ -52,29 +54,6 @@ def prompts(text: str, count: int) -> list[str]:
         start = (n * 2477) % max(1, len(text) - length)
         out.append("Continue this text:\n\n" + text[start:start + length])
     return out
-
-
-def replayed_tpot(costs, prompt_tokens: int, output_tokens: int) -> float:
-    """TPOT of a plain request alone, as replay prices it: its rounds after the first (the first token is the
-    TTFT), each a one-token forward at its cached context plus the per-round seconds outside it."""
-    from gateway.replay.book import PLAIN
-    from gateway.replay.profile import profile
-
-    rounds = ((0,) * output_tokens,) * 3
-    p = profile(costs, prompt_tokens, output_tokens, PLAIN, rounds)
-    return sum(p.serial[1:] + p.alone[1:]) / (output_tokens - 1)
-
-
-def fit(costs, measured: list[tuple[int, int, float]]) -> tuple[float, list[float]]:
-    """(serving_s, each request's gap): ``measured`` holds (prompt tokens, output tokens, TPOT seconds) per request;
-    the gap is measured TPOT minus replay's on ``costs`` without serving_s (one streamed round per plain token)."""
-    from msgspec import structs
-
-    base = structs.replace(costs, serving_s=0.0)
-    gaps = [tpot - replayed_tpot(base, prompt, output) for prompt, output, tpot in measured if output >= 2]
-    if not gaps:
-        raise ValueError("no request produced two tokens or more: nothing to measure TPOT on")
-    return max(0.0, statistics.median(gaps)), gaps
 
 
 def idle_schedule(count: int) -> list[tuple[int, bool]]:
@@ -213,7 +192,6 @@ def fit_concurrent(costs, measured: list[tuple[int, int, float]], clients: int):
     """``costs`` with the ``serving_streams`` entry at ``clients`` fitted on ``measured`` ((prompt tokens, output
     tokens, TPOT) per request, in the order the ``clients`` closed-loop clients took them): replay's plain
     requests of those lengths at c``clients``, in that order, matched at the TPOT p50."""
-    from bench.replay_fidelity import fit_serving_concurrent
 
     load = f"c{clients}"
     book = plain_book(costs, [(prompt, output) for prompt, output, _ in measured])
@@ -225,7 +203,7 @@ def fit_concurrent(costs, measured: list[tuple[int, int, float]], clients: int):
 def plain_book(costs, lengths: list[tuple[int, int]]):
     """A RoundBook of greedy requests of these (prompt tokens, output tokens), for replaying them plain (plain
     rounds depend on the lengths alone; the ids are placeholders), on ``costs``' model revision."""
-    from gateway.replay.book import RoundBook
+    from replay.book import RoundBook
     from policies.features import RequestFeatures
     from policies.trace import FORMAT, Header, Sampling, Served, Trace, TraceRequest
 

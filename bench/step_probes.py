@@ -3,7 +3,7 @@
     python -m bench.step_probes [--repeats 7] [--threads 2]
 
 - **A step that mixes rounds with a prefill chunk.** Replay prices it as its rounds plus its chunk
-  (gateway/replay/profile.step_s). Measured: B one-token rounds at context 256, a 256-token chunk after 512
+  (replay/profile.step_s). Measured: B one-token rounds at context 256, a 256-token chunk after 512
   cached tokens, each alone, and both in ONE ``forward_batch``; printed as the one forward over the sum.
 - **A forward after the worker sat idle.** Under Poisson arrivals a lone request often starts on an idle
   engine; replay prices its rounds as if back to back. Measured: a one-token forward at context 256 after

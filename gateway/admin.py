@@ -18,7 +18,7 @@ re-check:
   the current file's header (model, revision, tokenizer), its size and the files kept, and how many
   finished requests were recorded or not, and why (never a record's content).
 - ``POST /admin/replay``: ``{"policy": "<candidate policy YAML>", "last": 500, "loads": ["trace"], "seeds": 3}``
-  -> the candidate and the policy in force replayed on the newest recorded requests (gateway/replay/
+  -> the candidate and the policy in force replayed on the newest recorded requests (replay/
   candidate.py): markdown and figures, and ``costs``, what priced them: ``tracing.costs``' file, else the live
   step costs of the first healthy worker reporting them (one of the trace's revision when there is one;
   ``policies.live_costs.from_server_info``). Refused (409) when tracing is off or there is neither; one at a
@@ -218,8 +218,8 @@ def admin_router(state: GatewayState) -> Router:
 def _replay_now(state: GatewayState, config: Any, body: ReplayBody, live: Reports) -> Response[bytes]:
     """The candidate and the policy in force on the newest ``body.last`` recorded requests (a thread);
     ``live``: the workers' step-cost reports, used when ``config.costs`` names no file."""
-    from gateway.replay.candidate import ReplayTimeout, recorded, replay_candidate
-    from gateway.replay.sim import Load
+    from replay.candidate import ReplayTimeout, recorded, replay_candidate
+    from replay.sim import Load
     from policies.costmodel import CostModelError
     from policies.errors import PolicyError
     from policies.load import load_policy

@@ -26,6 +26,7 @@ from backends.sglang.errors import WorkerError, WorkerHTTPError, WorkerStreamErr
 from backends.sglang.token_ids import request_fields
 from gateway.errors import ApiError, from_worker
 from gateway.holds import Holds, Stopwatch, worker_fault
+from gateway.request_spans import RequestSpans
 from gateway.stages import Admitted, Dispatched
 from gateway.state import Active, GatewayState
 from policies.decide import Decision
@@ -65,9 +66,11 @@ class NotServed(Exception):
 
 
 async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, holds: Holds, waited: Stopwatch,
-                   send: Callable[[SGLangClient, dict[str, Any]], Awaitable[T]]) -> tuple[Dispatched, T]:
+                   send: Callable[..., Awaitable[T]], spans: RequestSpans | None = None) -> tuple[Dispatched, T]:
     """Run ``send`` on a worker chosen by the plan, retrying as the module docstring says. On success
-    the worker's slot is in ``holds``; a failed attempt's slot is given back here. NotServed otherwise."""
+    the worker's slot is in ``holds``; a failed attempt's slot is given back here. NotServed otherwise.
+    With ``spans`` (trace export on) each attempt is a ``dispatch`` span, and ``send`` gets a third argument:
+    the ``traceparent`` headers that make the worker's span its child."""
     backend = state.backend
     tried: set[str] = set()
     last: WorkerError | None = None
@@ -91,10 +94,20 @@ async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, 
                 fwd["custom_params"] = {"speculation": spec}
             pool.acquire(url)
             backend.in_flight += 1
+            span = None
             try:
-                with waited:
-                    result = await send(backend.client(url), fwd)
+                if spans is None:
+                    with waited:
+                        result = await send(backend.client(url), fwd)
+                else:
+                    span, trace_headers = spans.attempt(attempts, pool_name, proposer, k, url, fwd["rid"])
+                    with waited:
+                        result = await send(backend.client(url), fwd, trace_headers)
+                    if span is not None:
+                        span.end()
             except (asyncio.CancelledError, WorkerError) as exc:
+                if span is not None:
+                    RequestSpans.attempt_failed(span, type(exc).__name__, str(exc) or "cancelled")
                 pool.release(url)  # this attempt's slot; a served attempt's goes into holds
                 backend.in_flight -= 1
                 if not isinstance(exc, WorkerHTTPError):  # the client left, or a timeout or broken
@@ -136,20 +149,25 @@ async def close_quietly(upstream: Any) -> None:
         await upstream.aclose()
 
 
-def sender(admitted: Admitted) -> Callable[[SGLangClient, dict[str, Any]], Awaitable[Any]]:
+def sender(admitted: Admitted) -> Callable[..., Awaitable[Any]]:
     """The worker call: the whole JSON answer, or a stream opened up to its first chunk. A request selected
-    for the trace also asks for its token ids (``backends/sglang/token_ids.py``)."""
+    for the trace also asks for its token ids (``backends/sglang/token_ids.py``); ``headers``: the attempt's
+    ``traceparent`` when trace export is on."""
     chat = admitted.arrival.endpoint == "chat"
     ids = request_fields(chat) if admitted.trace_ids else {}
     if not admitted.stream:
-        async def whole(client: SGLangClient, fwd: dict[str, Any]) -> OpenAIResult[Any]:
+        async def whole(client: SGLangClient, fwd: dict[str, Any], headers: dict[str, str] | None = None
+                        ) -> OpenAIResult[Any]:
             fwd = {**fwd, **ids} if ids else fwd
-            return await (client.chat_completions(fwd) if chat else client.completions(fwd))
+            return await (client.chat_completions(fwd, headers=headers) if chat
+                          else client.completions(fwd, headers=headers))
         return whole
 
-    async def opened(client: SGLangClient, fwd: dict[str, Any]) -> tuple[Any, OpenAIResult[Any]]:
+    async def opened(client: SGLangClient, fwd: dict[str, Any], headers: dict[str, str] | None = None
+                     ) -> tuple[Any, OpenAIResult[Any]]:
         fwd = {**fwd, "stream_options": {"include_usage": True}, **ids}  # the gateway always asks for usage
-        stream = client.chat_completions_stream(fwd) if chat else client.completions_stream(fwd)
+        stream = client.chat_completions_stream(fwd, headers=headers) if chat \
+            else client.completions_stream(fwd, headers=headers)
         try:
             first = await stream.__anext__()
         except StopAsyncIteration:

@@ -37,7 +37,9 @@ from gateway.dispatch import NotServed, abort_upstream, close_quietly, dispatch,
 from gateway.errors import ApiError
 from gateway.holds import Holds, Stopwatch
 from gateway.relay import DONE, Tally, inject, relay_stream
+from gateway.request_spans import RequestSpans
 from gateway.requests import ChatRequest, CompletionRequest, parse_body
+from gateway.slo_headers import request_slo
 from gateway.stages import Admitted, Arrival, Dispatched, Ending, Finished
 from gateway.state import Active, GatewayState
 from policies.decide import Decision, decide
@@ -78,11 +80,14 @@ def admit(state: GatewayState, arrival: Arrival, active: Active, route: str, bod
     wanted = active.wanted_headers
     picked = {h: headers[h] for h in wanted if h in headers} if wanted else None
     trace_ids = state.recorder.select(route, arrival.request_id) == "record"
+    policy = active.policy
+    slo = request_slo(headers, route, policy.route_slo(route), policy.route_slo_override(route))
     features = features_from_openai(body, route=route, headers=picked, wanted_headers=set(wanted) if wanted else None,
-                                    repeat=active.reads_repeat or trace_ids)  # a trace keeps every feature
+                                    repeat=active.reads_repeat or trace_ids,  # a trace keeps every feature
+                                    slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms)
     _check_model_and_window(state, request, features.prompt_tokens)
     return Admitted(
-        trace_ids=trace_ids,
+        trace_ids=trace_ids, slo=slo,
         arrival=arrival, active=active, route=route, body=body, features=features, stream=request.stream,
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         echo=isinstance(request, CompletionRequest) and request.echo,
@@ -126,6 +131,8 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
     ending: Ending | None = None
     handed_over: float | None = None  # perf_counter when a whole answer was handed to the server
     relaying: tuple[Any, SGLangClient] | None = None  # a worker stream being relayed, until it ends
+    otel = state.otel  # OpenTelemetry export (telemetry/otel.py); None: off, and no span object is built
+    spans = RequestSpans(otel, request.headers, endpoint) if otel is not None else None
 
     def head_headers() -> dict[str, str]:
         overhead = max(0.0, time.perf_counter() - arrival.t0 - waited.seconds)
@@ -142,11 +149,15 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
             if admitted.trace_ids:
                 tally.want_ids()
             holds.take_limits(admitted)
+            if spans is not None:
+                spans.stage("admit")
             decision = decide(active.policy, admitted.features, state.snapshot(), rng=state.rng,
                               exploring=state.exploring)
             holds.count(decision)
+            if spans is not None:
+                spans.stage("decide", {"specgate.slice": decision.slice, "specgate.rule": decision.rule})
             answered, served = await unless_client_leaves(
-                request.receive, dispatch(state, admitted, decision, holds, waited, sender(admitted)))
+                request.receive, dispatch(state, admitted, decision, holds, waited, sender(admitted), spans))
         except (ApiError, NotServed) as exc:
             error = exc.error if isinstance(exc, NotServed) else exc
             retries = exc.retries if isinstance(exc, NotServed) else 0
@@ -160,6 +171,8 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
         assert served is not None
         dispatched, result = served
         retries = dispatched.retries
+        if spans is not None:
+            spans.dispatched()
 
         def info() -> bytes:
             assert decision is not None and dispatched is not None
@@ -202,12 +215,15 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
             arrival=arrival, route=route, stream=stream, admitted=admitted, decision=decision, dispatched=dispatched,
             retries=retries, relayed=relayed, ending=ending or stages.INTERNAL, e2e_s=time.perf_counter() - arrival.t0,
             overhead_s=max(0.0, (handed_over or time.perf_counter()) - arrival.t0 - waited.seconds),
-            mean_concurrency=mean, slo=active.policy.route_slo(route) if route else None,
+            mean_concurrency=mean,
+            slo=admitted.slo if admitted is not None else active.policy.route_slo(route) if route else None,
             pair_version=active.pair_versions.get(pool, ""))
         learned = stages.outcome(finished)  # the learner and telemetry hear of it once, from one value
         if learned is not None:
             state.learn(learned)
         record = stages.record(finished)
+        if spans is not None:
+            spans.finish(finished, record)
         state.telemetry.observe(record)
         state.observe_gates(record)
         state.recorder.finish(finished)

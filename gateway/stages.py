@@ -31,7 +31,7 @@ from telemetry.record import RequestRecord
 
 if TYPE_CHECKING:
     from gateway.errors import ApiError
-    from gateway.state import Active
+    from gateway.active import Active
 
 
 class Arrival(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -53,6 +53,7 @@ class Admitted(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     echo: bool  # completions with echo: a stream's first text is the prompt, not a generated token
     cost_tokens: int  # reserved against the route's tokens_per_min: prompt + max_tokens (or a default)
     trace_ids: bool = False  # selected for the trace: the worker is asked for token ids (gateway/tracing.py)
+    slo: Slo | None = None  # the SLO in force: its x-slo-* headers over the route's (gateway/slo_headers.py)
 
 
 class Dispatched(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -116,7 +117,7 @@ class Finished(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     e2e_s: float
     overhead_s: float  # e2e minus the time spent awaiting workers (frozen at hand-over for whole answers)
     mean_concurrency: float  # requests in flight over its life, itself included
-    slo: Slo | None
+    slo: Slo | None  # the request's own (its x-slo-* headers over its route's): slo_met and goodput judge by it
     pair_version: str
 
     @property
@@ -266,7 +267,7 @@ def outcome(f: Finished) -> Outcome | None:
 
 
 def slo_met(f: Finished) -> bool | None:
-    """DistServe: TTFT and TPOT both within the route's SLO. A non-streaming client sees only the
+    """DistServe: TTFT and TPOT both within the request's SLO (``Finished.slo``). A non-streaming client sees only the
     whole answer, so there the deadline is ttft_slo + tpot_slo * (n - 1) on the e2e time."""
     return _slo_met(f, f.ending.status == "ok", _tpot(f)[1])
 

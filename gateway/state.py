@@ -12,13 +12,13 @@ import asyncio
 import bisect
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import structlog
 
+from gateway.active import Active
 from gateway.auth import KeyRing
 from gateway.backend import Backend, pool_state, topology
 from gateway.gates.book import GateBook
@@ -34,23 +34,12 @@ from policies.features import reads_prompt_repeat, referenced_headers
 from policies.schema import Policy
 from policies.snapshot import PoolState, Snapshot, load_concurrency, worker_load
 from policies.stats import LearningState, Outcome
-from telemetry import Telemetry
+from telemetry import Telemetry, otel
 from telemetry.record import RequestRecord
 
 log = structlog.get_logger("specgate.gateway")
 
 GATE_TICK_S = 0.5  # how often the pair gates sync with the workers' identities and start due runs
-
-
-@dataclass(frozen=True, slots=True)
-class Active:
-    policy: Policy
-    version: str
-    keys: KeyRing
-    wanted_headers: frozenset[str]
-    reads_repeat: bool  # some condition looks at prompt_repeat
-    limiters: dict[str, RouteLimiter]
-    pair_versions: dict[str, str]
 
 
 class GatewayState:
@@ -74,6 +63,8 @@ class GatewayState:
                                  count=self.telemetry.count_trace)
         self.watcher = PolicyWatcher(self.path, version, apply=self.apply_policy, reject=self.reject_policy,
                                      interval_s=settings.reload_interval_s, check=self.tracing_problems)
+        # OpenTelemetry trace export (telemetry/otel.py: OTEL_* environment variables); None: off
+        self.otel = otel.configure("specgate-gateway")
         self.rng = random.Random()
         self.in_flight = 0
         self.exploring: dict[str, int] = {}  # exploration_key -> explorations of it in flight
@@ -121,6 +112,8 @@ class GatewayState:
             task.cancel()
         await self.backend.stop()
         self.recorder.close()
+        if self.otel is not None:
+            await asyncio.to_thread(self.otel.shutdown)  # flushes the spans still queued
 
     def spawn(self, coro: Any) -> None:
         """Fire-and-forget work (aborts, closing a stream) that must survive a cancelled request."""

@@ -14,7 +14,7 @@ Per request, three steps:
 2. A selected request **asks its worker for token ids** (``backends/sglang/token_ids.py``); the gateway takes
    them out of the client's answer.
 3. **Finish** (``finish``, called once from ``lifecycle.serve``'s ``finally``): a ``policies.trace.TraceRequest``
-   built from the ``Finished`` value and appended as one line (``gateway/trace_file.py``: 0600, rotation,
+   built from the ``Finished`` value and appended as one line (``replay/trace_file.py``: 0600, rotation,
    never a partial line). Its fields come from values already checked (the parsed request, its features,
    the worker's answer decoded into ``wire`` Structs), the format's own checks run when it is built, and
    the ids are checked non-negative; decoding each line again as ``read_trace`` does would cost several
@@ -53,7 +53,7 @@ import structlog
 
 from backends.sglang.wire import ServerInfo
 from gateway.stages import Finished
-from gateway.trace_file import TooLarge, TraceFile, directory_problem
+from replay.trace_file import TooLarge, TraceFile, directory_problem
 from policies.schema import Policy, Tracing
 from policies.trace import FORMAT, Header, Sampling, Served, TraceRequest, encode_line
 

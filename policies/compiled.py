@@ -65,7 +65,8 @@ def _feature_preds(when: SliceWhen) -> list[tuple[str, Pred]]:
         values, label = _one_of(cond)
         out.append((f"header {header.lower()} {label}",
                     lambda c, h=header.lower(), s=values: c.f.headers.get(h) in s))
-    for name in ("prompt_tokens", "max_tokens", "temperature", "code_score", "prompt_repeat"):
+    for name in ("prompt_tokens", "max_tokens", "temperature", "code_score", "prompt_repeat", "slo_ttft_ms",
+                 "slo_tpot_ms"):
         cond = getattr(when, name)
         if cond is not None:
             test, label = _num(cond)

@@ -218,7 +218,7 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
         forward ran that many times over: exact for an engine that runs one sequence per forward (a file
         holding batch [1]), and an upper bound on a batching engine, whose forward grows slower until it
         saturates; measure the batch sizes a pool serves (``specgate trace calibrate --batches``). A step
-        of sequences at different shapes: gateway.replay.profile.step_s."""
+        of sequences at different shapes: replay.profile.step_s."""
         _check_query(tokens=tokens, context=context, batch=batch)
         sizes = self.batch
         if batch >= sizes[-1]:

@@ -58,6 +58,9 @@ class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     code_score: float = 0.0
     prompt_repeat: float | None = 0.0  # None: not computed (the gateway computes it only for a policy that reads it)
     budget_tokens: int | None = None
+    # the request's SLO in force: its x-slo-ttft-ms / x-slo-tpot-ms header, else its route's (None: no target)
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
 
     @property
     def budget(self) -> int | None:
@@ -128,9 +131,10 @@ def _message_text(content: Any) -> str:
 
 
 def features_from_openai(body: dict[str, Any], *, route: str = "default", headers: dict[str, str] | None = None,
-                         wanted_headers: set[str] | None = None, repeat: bool = True) -> RequestFeatures:
+                         wanted_headers: set[str] | None = None, repeat: bool = True,
+                         slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> RequestFeatures:
     """Features of an OpenAI chat/completions request body (already validated by the gateway);
-    ``repeat=False`` leaves ``prompt_repeat`` None (not computed)."""
+    ``repeat=False`` leaves ``prompt_repeat`` None (not computed); ``slo_*``: the request's SLO in force."""
     if "messages" in body:
         text = "\n".join(_message_text(m.get("content")) for m in body.get("messages") or [])
     else:
@@ -147,4 +151,4 @@ def features_from_openai(body: dict[str, Any], *, route: str = "default", header
         response_format=fmt_type if fmt_type in ("text", "json_object", "json_schema") else None,
         prompt_tokens=approx_tokens(text), max_tokens=max_tokens, temperature=body.get("temperature"),
         stream=bool(body.get("stream", False)), headers=lowered, code_score=code_score(text),
-        prompt_repeat=prompt_repeat(text) if repeat else None)
+        prompt_repeat=prompt_repeat(text) if repeat else None, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)

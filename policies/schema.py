@@ -41,6 +41,21 @@ class Slo(_Strict, kw_only=True):
                    tpot_ms=override.tpot_ms if override.tpot_ms is not None else self.tpot_ms)
 
 
+class SloOverride(_Strict, kw_only=True):
+    """Whether a route's clients may state their own SLO per request (the ``x-slo-ttft-ms`` and ``x-slo-tpot-ms``
+    headers, docs/api.md), and how tight: a header below ``min_ttft_ms`` / ``min_tpot_ms`` is refused (400), as
+    is any such header when ``allow`` is false. Without this section a route accepts them."""
+
+    allow: bool = True
+    min_ttft_ms: PosFloat | None = None
+    min_tpot_ms: PosFloat | None = None
+
+    def __post_init__(self) -> None:
+        if not self.allow and (self.min_ttft_ms is not None or self.min_tpot_ms is not None):
+            raise ValueError("min_ttft_ms and min_tpot_ms bound the SLO headers a route allows; with allow: false "
+                             "remove them")
+
+
 class RateLimit(_Strict, kw_only=True):
     requests_per_s: PosFloat | None = None
     tokens_per_min: PosInt | None = None
@@ -56,6 +71,7 @@ class Route(_Strict, kw_only=True):
     api_keys_env: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
     api_keys_file: str | None = None
     slo: Slo | None = None
+    slo_override: SloOverride | None = None
     rate_limit: RateLimit | None = None
     max_concurrency: PosInt | None = None
 
@@ -108,6 +124,9 @@ class SliceWhen(_Strict, kw_only=True):
     stream: bool | None = None
     code_score: ScoreCond | None = None
     prompt_repeat: ScoreCond | None = None
+    # the request's own SLO: its x-slo-* header, else its route's (absent: the condition does not hold)
+    slo_ttft_ms: NumCond | None = None
+    slo_tpot_ms: NumCond | None = None
     headers: dict[str, StrCond] | None = None
 
 
@@ -341,6 +360,10 @@ class Policy(_Strict, kw_only=True, weakref=True):
         """The route's effective SLO: its own fields over the default."""
         route = self.route(name)
         return self.slo.merged(route.slo if route else None)
+
+    def route_slo_override(self, name: str) -> SloOverride | None:
+        route = self.route(name)
+        return route.slo_override if route else None
 
     def pool_pair_version(self, pool: str) -> str:
         """The pair version a pool serves ('' for proposer none without a pair)."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import build_parser
+from cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -217,7 +217,7 @@ def test_a_fresh_clone_with_nothing_beside_it_runs_the_readme(tmp_path, prepared
     argv = [str(BIN / Path(argv[0]).name), *argv[1:]]
     done = run(argv, timeout=900)
     header, _ = json.JSONDecoder().raw_decode(done.stdout)  # the benchmark prints its header first
-    from gateway.workloads import SLICES, sample
+    from replay.workloads import SLICES, sample
 
     drawn = sample(clone / "workloads", 1, 0, 3000)
     assert header["prompts"] == {s: [i.id for i in drawn if i.slice == s] for s in SLICES}

@@ -33,7 +33,7 @@ def test_workload_data_lives_only_in_the_sample_with_its_licenses():
 
 
 def test_the_sample_holds_what_its_readme_says():
-    from gateway.workloads import load_all
+    from replay.workloads import load_all
     from workloads import SAMPLE_DIR
 
     counts = {s: len(items) for s, items in load_all(SAMPLE_DIR).items()}
@@ -76,7 +76,7 @@ def test_nothing_outside_tests_imports_tests():
 
 def test_the_product_never_imports_its_benchmarks():
     # docs/architecture.md, "Parts and layers": bench/ is "not imported by the product"; `specgate bench` finds benchmarks through the
-    # specgate.bench entry points instead (gateway/cli/bench.py)
+    # specgate.bench entry points instead (cli/bench.py)
     repo = TESTS.parent
     offenders = []
     for top in ("gateway", "policies", "backends", "telemetry"):
@@ -124,3 +124,102 @@ def test_the_gateway_starts_without_scipy_or_numpy():
     code = "import sys, gateway.app; print(sorted({'scipy', 'numpy', 'torch'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# The parts, bottom to top (docs/architecture.md, "Parts and layers"): a part may import only parts of a lower
+# layer (or its own). Tests and deploy/ are outside the graph.
+LAYERS = {"workloads": 0, "policies": 0, "telemetry": 0, "backends": 1, "replay": 2, "gateway": 3, "cli": 4,
+          "bench": 5}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the checkout's modules it imports, at any depth (inside functions and TYPE_CHECKING blocks too,
+    so a cycle hidden by a local import still counts)."""
+    repo = TESTS.parent
+    modules = {}
+    for part in LAYERS:
+        for path in (repo / part).rglob("*.py"):
+            name = ".".join(path.relative_to(repo).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            else:
+                continue
+            found |= {t for t in map(resolve, targets) if t and t != name}
+        graph[name] = found
+    return graph
+
+
+def test_parts_import_only_downward_and_no_module_imports_itself_in_a_cycle():
+    graph = import_graph()
+    upward = sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                    if LAYERS[b.split(".")[0]] > LAYERS[a.split(".")[0]]
+                    or (LAYERS[b.split(".")[0]] == LAYERS[a.split(".")[0]] and b.split(".")[0] != a.split(".")[0]))
+    assert upward == []
+    # Tarjan's strongly connected components: any of more than one module is a cycle
+    index, low, stack, on_stack, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert cycles == []
+
+
+def test_every_top_level_part_is_in_the_layers():
+    repo = TESTS.parent
+    parts = {p.parent.name for p in repo.glob("*/__init__.py")} - {"tests"}
+    assert parts == set(LAYERS)
+
+
+def test_policies_are_pure():
+    # policies/ decides from values: the standard library, msgspec and yaml only, never torch, litestar or httpx
+    allowed = set(sys.stdlib_module_names) | {"msgspec", "yaml", "policies", "__future__"}
+    offenders = []
+    for path in (TESTS.parent / "policies").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            offenders += [f"{path.name}:{node.lineno}: {name}" for name in names if name.split(".")[0] not in allowed]
+    assert offenders == []

@@ -1,7 +1,7 @@
 """A small sample of the public benchmark prompts specgate tests and benchmarks on (README.md beside this file).
 
 ``SAMPLE_DIR`` is the default of every ``--workloads`` option and of the tests; ``$SPECGATE_WORKLOADS`` or
-``--workloads DIR`` point at a full copy of the sets instead (same layout, see ``gateway/workloads.py``).
+``--workloads DIR`` point at a full copy of the sets instead (same layout, see ``replay/workloads.py``).
 """
 
 from __future__ import annotations

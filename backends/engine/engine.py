@@ -25,7 +25,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
@@ -44,35 +44,9 @@ from backends.engine.scheduler import Scheduler
 from backends.engine.sequence import Sequence, Status, new_sequence
 from backends.engine.types import EngineLoad, FinishReason, GenerateRequest, RequestOutput, RoundStats, TokenLogprob
 from backends.engine.verify import verify_greedy, verify_sampled
+from backends.engine.work import OutputCallback, Slot, Work
 
 log = logging.getLogger("specgate.engine")
-OutputCallback = Callable[[RequestOutput], None]
-
-
-@dataclass(slots=True)
-class _Slot:
-    """Tensor-side state of one running sequence (the Sequence itself holds no torch objects)."""
-
-    cache: object
-    generator: torch.Generator
-    penalty: PenaltyState | None
-    proposer: SequenceProposer | None
-    adaptive: object | None  # a controller of backends/engine/adaptive.py
-    on_output: OutputCallback
-
-
-@dataclass(slots=True)
-class _Work:
-    """One sequence's part of a step: the tokens it feeds, the logits it keeps, and its round's draft."""
-
-    seq: Sequence
-    slot: _Slot
-    feed: list[int]
-    keep: int  # logits kept (0: a round keeps one per fed token)
-    proposal: Proposal = EMPTY
-    budget: int = 0  # the k chosen (a proposer may find fewer drafts)
-    started: float = 0.0
-    lossy: bool = False  # fault injection lossy_accept: the first draft is committed unverified (faults.py)
 
 
 class Engine:
@@ -95,7 +69,7 @@ class Engine:
                                    config.max_waiting_requests)
         self._draft_runner: ModelRunner | None = None
         self._suffix_store: SuffixStore | None = None
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[str, Slot] = {}
         self._shared_controllers: dict = {}  # engine-wide per-round controllers (adaptive.controller_for)
         self.faults = FaultInjector(self.runner.vocab_size)  # test-only; mode "off" unless a worker sets it
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -217,19 +191,19 @@ class Engine:
                 seq.finish = FinishReason(type="abort", message="aborted by request", status_code=499)
                 self._finish(seq)
 
-    def _schedule(self) -> list[_Work]:
+    def _schedule(self) -> list[Work]:
         """This step's work: a round for every decoding sequence (drafts proposed now, draft-model drafts in
         one batch), then prefill chunks in admission order within what is left of ``max_batch_tokens``."""
         running = self.scheduler.running
         decoding = [seq for seq in running if seq.status is Status.DECODE]
-        works: list[_Work] = []
-        drafts: list[tuple[_Work, DraftJob]] = []
+        works: list[Work] = []
+        drafts: list[tuple[Work, DraftJob]] = []
         self.costs.step_seqs = len(decoding)  # a round's cost is the step's: it shares the others' tokens
         self.costs.step_base = max(0, len(decoding) - 1)
         joint = [seq for seq in decoding if self._joint(self._slots[seq.rid])]
         joint = joint if len(joint) > 1 else []  # one alone: its controller's own best_k, as at c1
         jointly = {seq.rid for seq in joint}
-        planned: dict[int, _Work] = {}
+        planned: dict[int, Work] = {}
         for seq in decoding:  # the others first: the joint plan prices the step with their widths
             if seq.rid in jointly:
                 continue
@@ -252,7 +226,7 @@ class Engine:
         works.extend(self._plan_prefills(running, self.config.max_batch_tokens - sum(len(w.feed) for w in works)))
         return works
 
-    def _plan_prefills(self, running: list[Sequence], left: int) -> list[_Work]:
+    def _plan_prefills(self, running: list[Sequence], left: int) -> list[Work]:
         """The step's prefill chunks, within the ``left`` tokens the rounds left of ``max_batch_tokens``: each
         prefilling prompt at most ``prefill_chunk`` tokens, shortest remaining prompt first (admission order
         among equals), so a short prompt is not queued behind long ones that fill the budget. A long prompt
@@ -273,7 +247,7 @@ class Engine:
         """Shortest remaining prompt first, admission order among equals (a stable sort)."""
         return sorted(prefilling, key=lambda seq: len(seq.prompt_ids) - seq.prefilled)
 
-    def _plan_prefill(self, seq: Sequence, slot: _Slot, left: int) -> _Work | None:
+    def _plan_prefill(self, seq: Sequence, slot: Slot, left: int) -> Work | None:
         target = len(seq.prompt_ids) - 1  # the last prompt token is fed by the first round
         end = min(target, seq.prefilled + max(0, left))
         if seq.prefilled == target:
@@ -282,9 +256,9 @@ class Engine:
         if end == seq.prefilled:
             return None  # no room in this step
         fed = list(seq.prompt_ids[seq.prefilled:end])
-        return _Work(seq, slot, fed, keep=len(fed) if seq.request.prompt_logprobs else 1)
+        return Work(seq, slot, fed, keep=len(fed) if seq.request.prompt_logprobs else 1)
 
-    def _prefilled(self, work: _Work, logits: torch.Tensor) -> None:
+    def _prefilled(self, work: Work, logits: torch.Tensor) -> None:
         seq, request = work.seq, work.seq.request
         end = seq.prefilled + len(work.feed)
         if request.prompt_logprobs:  # position i predicts prompt token i + 1; no penalties: nothing generated yet
@@ -294,16 +268,17 @@ class Engine:
             nxt = list(seq.prompt_ids[seq.prefilled + 1:end + 1])
             seq.prompt_logprobs.extend(token_logprobs(scaled, nxt, request.logprobs or 0))
         seq.prefilled = seq.cache_len = end
+        seq.stats.prefill_chunks += 1
         if end == len(seq.prompt_ids) - 1:
             seq.status = Status.DECODE
 
     @staticmethod
-    def _joint(slot: _Slot) -> bool:
+    def _joint(slot: Slot) -> bool:
         """Planned with the step's others (:func:`plan_step`): specgate's controller over a proposer whose drafts
         come first and cost nothing more by k (n-gram)."""
         return isinstance(slot.adaptive, BetaDraftLength) and slot.proposer.prefix_drafts
 
-    def _plan_jointly(self, joint: list[Sequence], seqs: int) -> dict[int, _Work]:
+    def _plan_jointly(self, joint: list[Sequence], seqs: int) -> dict[int, Work]:
         """The rounds of ``joint``'s sequences, their drafts chosen together: each proposes its drafts and draws
         its controller's gains, then ``plan_step`` allocates the drafts that maximise the step's committed tokens
         per second, the step priced with the others' widths (already planned) and every round's overhead."""
@@ -329,19 +304,19 @@ class Engine:
         for (seq, slot, proposal, _, started), k in zip(proposed, ks):
             if k < len(proposal.tokens):
                 proposal = replace(proposal, tokens=proposal.tokens[:k])
-            works[seq.rid] = _Work(seq, slot, [seq.context[-1], *proposal.tokens], keep=0, proposal=proposal,
+            works[seq.rid] = Work(seq, slot, [seq.context[-1], *proposal.tokens], keep=0, proposal=proposal,
                                    budget=k, started=started)
             costs.step_base += k
         return works
 
     @staticmethod
-    def _propose(seq: Sequence, slot: _Slot) -> Proposal:
+    def _propose(seq: Sequence, slot: Slot) -> Proposal:
         """A prefix-drafting proposer's drafts for every k the round may take (its cap)."""
         k_cap = max(0, min(seq.request.speculation.draft_tokens, seq.remaining - 1))
         return slot.proposer.propose(seq.context, k_cap, seq.request.sampling, slot.penalty,
                                      slot.generator) if k_cap else EMPTY
 
-    def _plan_round(self, seq: Sequence, slot: _Slot, batch: int) -> tuple[_Work, DraftJob | None]:
+    def _plan_round(self, seq: Sequence, slot: Slot, batch: int) -> tuple[Work, DraftJob | None]:
         """Choose k and draft (model-free proposers now; a draft model's job is returned for the batch)."""
         started = time.perf_counter()
         params = seq.request.sampling
@@ -360,11 +335,11 @@ class Engine:
                     job = DraftJob(slot.proposer, context, k, params, slot.penalty, slot.generator)
                 elif k:
                     proposal = slot.proposer.propose(context, k, params, slot.penalty, slot.generator)
-        work = _Work(seq, slot, [context[-1], *proposal.tokens], keep=0, proposal=proposal, budget=k,
+        work = Work(seq, slot, [context[-1], *proposal.tokens], keep=0, proposal=proposal, budget=k,
                      started=started)
         return work, job
 
-    def _verify(self, work: _Work, logits: torch.Tensor, step: BatchResult) -> None:
+    def _verify(self, work: Work, logits: torch.Tensor, step: BatchResult) -> None:
         """Postprocess a round: verify, commit through the stops, roll the cache back, record, emit."""
         forward_s = step.seconds
         seq, slot, proposal = work.seq, work.slot, work.proposal
@@ -416,7 +391,7 @@ class Engine:
             self._emit(seq, slot)
 
     @staticmethod
-    def _emit(seq: Sequence, slot: _Slot) -> None:
+    def _emit(seq: Sequence, slot: Slot) -> None:
         try:
             slot.on_output(seq.event())
         except Exception:  # a consumer that went away must not stop the engine
@@ -427,7 +402,7 @@ class Engine:
         return new_sequence(request, decode=self._decode, eos_ids=self.eos_ids, vocab=self.runner.vocab_size,
                             context_length=self.context_length)
 
-    def _new_slot(self, seq: Sequence, on_output: OutputCallback) -> _Slot:
+    def _new_slot(self, seq: Sequence, on_output: OutputCallback) -> Slot:
         params, spec = seq.request.sampling, seq.request.speculation
         generator = torch.Generator()
         generator.manual_seed(params.sampling_seed if params.sampling_seed is not None
@@ -448,7 +423,7 @@ class Engine:
             seed = params.sampling_seed if params.sampling_seed is not None else zlib.crc32(seq.rid.encode())
             adaptive = controller_for(spec, lambda k_max: [self.costs.round_s(name, k) for k in range(k_max + 1)],
                                       seed=seed, shared=self._shared_controllers)
-        return _Slot(cache=self.runner.new_cache(seq.reserved_tokens), generator=generator, penalty=penalty,
+        return Slot(cache=self.runner.new_cache(seq.reserved_tokens), generator=generator, penalty=penalty,
                      proposer=proposer, adaptive=adaptive, on_output=on_output)
 
     @property

@@ -35,7 +35,7 @@ from backends.engine.types import FAULT_MODES, FaultMode, SamplingParams
 from backends.engine.verify import Verdict, verify_greedy, verify_sampled
 
 if TYPE_CHECKING:
-    from backends.engine.engine import _Work
+    from backends.engine.work import Work
 
 RANDOM_DRAFT_SEED = 0  # random drafts are reproducible run to run (the engine thread alone draws them)
 
@@ -54,7 +54,7 @@ class FaultInjector:
             raise ValueError(f"fault mode must be one of {', '.join(FAULT_MODES)}, got {mode!r}")
         self.mode = mode  # type: ignore[assignment]
 
-    def inject(self, works: list[_Work]) -> None:
+    def inject(self, works: list[Work]) -> None:
         """Apply the mode, read once for this step, to the step's decode rounds, once their drafts exist."""
         mode = self.mode
         if mode == "off":

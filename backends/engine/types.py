@@ -211,6 +211,7 @@ class RequestStats:
     plain_s: float = 0.0  # sum of RoundStats.plain_s
     neighbour_s: float = 0.0  # sum of RoundStats.neighbour_s: seconds its drafts added to the others' steps
     queue_s: float = 0.0  # waiting before the first forward
+    prefill_chunks: int = 0  # forwards that fed part of its prompt (at most --chunked-prefill-size tokens each)
     first_token_s: float | None = None  # from submit to the first committed token
     e2e_s: float | None = None
 

@@ -230,13 +230,13 @@ class SGLangClient:
 
     async def _request(self, method: str, path: str, *, json: Any = None,
                        params: Mapping[str, str] | None = None,
-                       control: bool = False) -> httpx.Response:
+                       control: bool = False, headers: Mapping[str, str] | None = None) -> httpx.Response:
         timeout = (httpx.Timeout(self.timeouts.control, connect=self.timeouts.connect)
                    if control else httpx.USE_CLIENT_DEFAULT)
         for attempt in range(2):
             try:
                 response = await self.http.request(method, path, json=json, params=params,
-                                                   timeout=timeout)
+                                                   timeout=timeout, headers=headers)
                 break
             except _DROPPED as exc:  # before any answer byte: once more, on another connection
                 if attempt:
@@ -246,31 +246,33 @@ class SGLangClient:
         await self._raise_for_status(response)
         return response
 
-    async def _post_json(self, path: str, body: Any) -> bytes:
+    async def _post_json(self, path: str, body: Any, headers: Mapping[str, str] | None = None) -> bytes:
         """POST a JSON body, return the 2xx answer's bytes (``H1Pool`` when enabled, else httpx)."""
         if self._h1 is None:
-            return (await self._request("POST", path, json=body)).content
-        response = await self._h1.post(path, _JSON.encode(body))
+            return (await self._request("POST", path, json=body, headers=headers)).content
+        response = await self._h1.post(path, _JSON.encode(body), headers)
         if response.status >= 400:
             self._raise_http(response.status, _phrase(response.status), response.body, response.headers)
         return response.body
 
-    async def _stream_payloads(self, path: str, body: Any) -> AsyncIterator[bytes]:
+    async def _stream_payloads(self, path: str, body: Any, headers: Mapping[str, str] | None = None
+                               ) -> AsyncIterator[bytes]:
         """POST ``body`` and yield each SSE data payload; raise typed errors, incl. error chunks. A
         connection dropped before the answer's status line is retried once (:data:`_DROPPED`)."""
         for attempt in range(2):
             try:
-                async for payload in self._stream_once(path, body):
+                async for payload in self._stream_once(path, body, headers):
                     yield payload
                 return
             except _Unanswered as exc:  # raised before the first payload, so nothing was yielded
                 if attempt:
                     raise self._translate(exc.cause, bytes_received=False) from exc.cause
 
-    async def _stream_once(self, path: str, body: Any) -> AsyncIterator[bytes]:
+    async def _stream_once(self, path: str, body: Any, headers: Mapping[str, str] | None = None
+                           ) -> AsyncIterator[bytes]:
         received = status_seen = False
         try:
-            async with self.http.stream("POST", path, json=body) as response:
+            async with self.http.stream("POST", path, json=body, headers=headers) as response:
                 status_seen = True
                 await self._raise_for_status(response)
                 done = False
@@ -337,35 +339,37 @@ class SGLangClient:
             out["stream_options"] = {"include_usage": True}
         return out
 
-    async def chat_completions(self, body: Mapping[str, Any], *, spec_details: bool = True
-                               ) -> OpenAIResult[ChatCompletionResponse]:
-        """Non-streaming ``/v1/chat/completions``; adds ``return_spec_tokens_details: true``."""
+    async def chat_completions(self, body: Mapping[str, Any], *, spec_details: bool = True,
+                               headers: Mapping[str, str] | None = None) -> OpenAIResult[ChatCompletionResponse]:
+        """Non-streaming ``/v1/chat/completions``; adds ``return_spec_tokens_details: true``. ``headers``: extra
+        request headers of this call (the gateway's ``traceparent``)."""
         content = await self._post_json("/v1/chat/completions",
-                                        self._openai_body(body, False, spec_details, False))
+                                        self._openai_body(body, False, spec_details, False), headers)
         return OpenAIResult(content, self._decode(ChatCompletionResponse, content, "/v1/chat/completions"))
 
     async def chat_completions_stream(self, body: Mapping[str, Any], *, spec_details: bool = True,
-                                      include_usage: bool = True
+                                      include_usage: bool = True, headers: Mapping[str, str] | None = None
                                       ) -> AsyncIterator[OpenAIResult[ChatCompletionChunk]]:
         """Streaming chat: yields each chunk (raw data payload + parsed), the sglext and usage
         chunks included (``choices == []``). ``include_usage`` adds ``stream_options`` unless set."""
         body = self._openai_body(body, True, spec_details, include_usage)
-        async for payload in self._stream_payloads("/v1/chat/completions", body):
+        async for payload in self._stream_payloads("/v1/chat/completions", body, headers):
             yield OpenAIResult(payload, self._decode(ChatCompletionChunk, payload, "chat chunk",
                                                      bytes_received=True))
 
-    async def completions(self, body: Mapping[str, Any], *, spec_details: bool = True
-                          ) -> OpenAIResult[CompletionResponse]:
+    async def completions(self, body: Mapping[str, Any], *, spec_details: bool = True,
+                          headers: Mapping[str, str] | None = None) -> OpenAIResult[CompletionResponse]:
         """Non-streaming ``/v1/completions``."""
-        content = await self._post_json("/v1/completions", self._openai_body(body, False, spec_details, False))
+        content = await self._post_json("/v1/completions", self._openai_body(body, False, spec_details, False),
+                                        headers)
         return OpenAIResult(content, self._decode(CompletionResponse, content, "/v1/completions"))
 
     async def completions_stream(self, body: Mapping[str, Any], *, spec_details: bool = True,
-                                 include_usage: bool = True
+                                 include_usage: bool = True, headers: Mapping[str, str] | None = None
                                  ) -> AsyncIterator[OpenAIResult[CompletionResponse]]:
         """Streaming ``/v1/completions``; each chunk's ``choices[].text`` is a delta."""
         body = self._openai_body(body, True, spec_details, include_usage)
-        async for payload in self._stream_payloads("/v1/completions", body):
+        async for payload in self._stream_payloads("/v1/completions", body, headers):
             yield OpenAIResult(payload, self._decode(CompletionResponse, payload,
                                                      "completion chunk", bytes_received=True))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import httptools
@@ -130,13 +131,16 @@ class H1Pool:
             raise WorkerConnectError(self.url, f"ConnectError: {exc}") from None
         return conn
 
-    def _payload(self, path: str, body: bytes) -> bytes:
+    def _payload(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+        extra = b"".join(b"\r\n" + k.encode("latin-1") + b": " + v.encode("latin-1")
+                         for k, v in headers.items()) if headers else b""
         return (b"POST " + path.encode("latin-1") + b" HTTP/1.1\r\nhost: " + self._host_header +
-                b"\r\naccept: */*\r\ncontent-type: application/json\r\ncontent-length: " +
+                b"\r\naccept: */*\r\ncontent-type: application/json" + extra + b"\r\ncontent-length: " +
                 str(len(body)).encode() + b"\r\n\r\n" + body)
 
-    async def post(self, path: str, body: bytes) -> H1Response:
-        payload = self._payload(path, body)
+    async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> H1Response:
+        """POST ``body``; ``headers``: extra request headers (the gateway's ``traceparent``)."""
+        payload = self._payload(path, body, headers)
         while self._idle:
             conn = self._idle.pop()
             if conn.closed:

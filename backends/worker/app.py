@@ -21,6 +21,7 @@ from backends.sglang import wire
 from backends.sglang import openai_wire
 from backends.worker.errors import WorkerRequestError, error_body, from_decode_error
 from backends.worker.faults import FaultRequest
+from backends.worker.otel_spans import WorkerSpan, traced
 from backends.worker.responses import OpenAIShaper, generate_body
 from backends.worker.runtime import EngineFactory, WorkerRuntime
 from backends.worker.settings import WorkerSettings
@@ -76,7 +77,7 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
         req = generate_request(body, bridge.engine.tokenizer, runtime.limits)
         prompt_tokens, version = len(req.input_ids), settings.weight_version
         texts = runtime.token_texts if body.return_text_in_logprobs else None
-        events = bridge.events(req)
+        events = _events(runtime, request, "generate", runtime.served_model_name, req)
 
         prompt_from = body.logprob_start_len if req.prompt_logprobs else None
 
@@ -97,14 +98,14 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
 
     async def openai(request: Request, req: GenerateRequest, body: Any, chat: bool, echo: str = ""
                      ) -> Response | Stream:
-        bridge = runtime.ready_bridge()
+        runtime.ready_bridge()  # 503 while loading, before anything is built
         shaper = OpenAIShaper(chat=chat, rid=req.rid, model=body.model or runtime.served_model_name,
                               prompt_tokens=len(req.input_ids), weight_version=settings.weight_version,
                               spec_details=body.return_spec_tokens_details, logprobs=req.logprobs,
                               texts=runtime.token_texts, echo=echo, prompt_ids=req.input_ids,
                               input_ids=body.return_input_ids_in_sglext if chat else body.return_token_ids,
                               output_ids=body.return_output_ids_in_sglext if chat else body.return_token_ids)
-        events = bridge.events(req)
+        events = _events(runtime, request, "chat" if chat else "completions", shaper.model, req)
         if not body.stream:
             return await _answer(request, events, shaper.response)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -208,6 +209,21 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
         exception_handlers={WorkerRequestError: on_refusal, Exception: on_crash},
         state={"runtime": runtime}, debug=False,
     )
+
+
+def _events(runtime: WorkerRuntime, request: Request, endpoint: str, model: str, req: GenerateRequest
+            ) -> AsyncIterator[Any]:
+    """Submit ``req`` (refusals raise here) and iterate its engine events; with trace export on
+    (``runtime.otel``), inside the request's span (``backends/worker/otel_spans.py``)."""
+    if runtime.otel is None:
+        return runtime.ready_bridge().events(req)
+    span = WorkerSpan(runtime.otel, request.headers, endpoint, model, req)
+    try:
+        events = runtime.ready_bridge().events(req)
+    except Exception as exc:
+        span.refused(exc)
+        raise
+    return traced(events, span)
 
 
 async def _answer(request: Request, events: AsyncIterator[Any], shape: Callable[[Any], msgspec.Struct]

@@ -28,6 +28,7 @@ from backends.worker.logprobs import TokenTexts
 from backends.worker.metrics import WorkerMetrics
 from backends.worker.settings import PROPOSER_ALGORITHM, WorkerSettings
 from backends.worker.translate import Limits
+from telemetry import otel
 
 log = logging.getLogger("specgate.worker")
 EngineFactory = Callable[[EngineConfig], Engine]
@@ -78,6 +79,8 @@ class WorkerRuntime:
         self.tokenizer_digest: str | None = None  # reported in /server_info (a trace header names it)
         self.startup_error: str | None = None
         self._loader: asyncio.Task | None = None
+        # OpenTelemetry trace export (telemetry/otel.py: OTEL_* environment variables); None: off
+        self.otel = otel.configure("specgate-worker")
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -104,6 +107,8 @@ class WorkerRuntime:
             await asyncio.wait({self._loader}, timeout=60)
         if self.engine is not None:
             await asyncio.to_thread(self.engine.shutdown)
+        if self.otel is not None:
+            await asyncio.to_thread(self.otel.shutdown)  # flushes the spans still queued
 
     def ready_bridge(self) -> EngineBridge:
         if self.bridge is None:

@@ -262,7 +262,7 @@ def section(result: dict, cells: list[SameConfigCell] | None = None,
         for (arm, load), (n, kinds) in explored.items():
             what = ", ".join(f"{k} {v}" for k, v in kinds.most_common()) or "-"
             lines.append(f"| {arm} | {load} | {sum(kinds.values())} / {n} | {what} |")
-    from bench.serve.run import PRESETS
+    from bench.serve.presets import PRESETS
 
     full = PRESETS["full"]
     est = duration_estimate(result, full["per_slice"], full["max_tokens"], len(full["loads"]))

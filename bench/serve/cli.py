@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
-    from bench.serve.run import PRESETS
+    from bench.serve.presets import PRESETS
 
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:

@@ -8,11 +8,11 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from bench.workloads import WorkItem
-from gateway.replay.sim import Load
+from replay.sim import Load
 
 
 class LoadPoint(Load):
-    """A load point of the serving benchmark: replay's ``Load`` (gateway/replay/sim.py: the same labels and
+    """A load point of the serving benchmark: replay's ``Load`` (replay/sim.py: the same labels and
     the same seeded Poisson gaps, so a replay reproduces a benchmark cell), without ``trace``, which needs
     recorded arrival times."""
 

@@ -20,7 +20,7 @@ import psutil
 
 from bench.processes import free_port, running
 
-_CLI = "import sys; from gateway.cli import main; sys.exit(main())"
+_CLI = "import sys; from cli import main; sys.exit(main())"
 
 
 class RssSampler:

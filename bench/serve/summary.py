@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from bench.serve.analyse import explored
 from bench.serve.client import Result
-from gateway.replay.report import percentile  # one percentile rule for measured and replayed cells
+from replay.report import percentile  # one percentile rule for measured and replayed cells
 
 QUANTILES = (50, 90, 99)
 

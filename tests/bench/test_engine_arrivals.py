@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from bench.engine_arrivals import arrivals, serve
 from backends.engine.types import SpeculationParams
-from gateway.replay.sim import Load
+from replay.sim import Load
 
 
 def test_poisson_offsets_are_the_serving_benchmarks_and_a_closed_loop_has_none():

@@ -30,7 +30,7 @@ def test_pooled_accept_length_sums_tokens_and_forwards():
 
 
 def test_suffix_own_tree_replay_does_not_see_earlier_outputs():
-    pytest.importorskip("arctic_inference", reason="the suffix proposer needs arctic-inference (make setup)")
+    # arctic-inference (the suffix proposer's trees) is part of `make setup`, like the suffix tests of tests/engine
     prompt, output = (1, 2, 3, 4), tuple(range(100, 130))
     records = [Recorded(prompt=prompt, output=(), max_new_tokens=len(output))] * 2
     base = {"engine-plain": [Run(f"p{i}", "code", output, len(output), 0.0) for i in range(2)]}

@@ -9,7 +9,7 @@ import pytest
 
 from bench.prefill_budget import AdmissionOrder, FirstComeShared, SharedBudget, main
 from tests.engine.engine_helpers import make_tiny_engine, run_all
-from tests.engine.test_batching import feed_three_prompts
+from tests.engine.batching_helpers import feed_three_prompts
 
 
 @pytest.mark.parametrize("engine_class, want", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from bench.replay_adaptive import main
-from tests.gateway.test_replay_cli import PINNED, files  # noqa: F401  (a pytest fixture)
+from tests.gateway.replay_helpers import PINNED, files  # noqa: F401  (a pytest fixture)
 
 
 def test_a_policy_with_nothing_to_learn_costs_nothing_to_learn(files, tmp_path, capsys):  # noqa: F811
@@ -28,9 +28,9 @@ def test_a_policy_with_nothing_to_learn_costs_nothing_to_learn(files, tmp_path, 
 
 def test_warm_policy_serves_each_pass_whole_in_its_own_order_and_the_measured_one_in_the_arms_order(files, tmp_path):  # noqa: F811
     from bench.replay_adaptive import warm_policy
-    from gateway.replay.book import RoundBook
-    from gateway.replay.choosers import Prices
-    from gateway.replay.run import blocks, load_policy
+    from replay.book import RoundBook
+    from replay.choosers import Prices
+    from replay.run import blocks, load_policy
     from policies.costmodel import load_cost_model
     from policies.trace import read_trace
 

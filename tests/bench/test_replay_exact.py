@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.replay_exact import AFTER_STOP, DIFFER, EQUAL, RoundTap, compare_rounds, main, run, table
-from gateway.trace_build import RequestLine
+from replay.trace_build import RequestLine
 from tests.engine.engine_helpers import make_tiny_engine
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import bench.serving_cost as serving_cost
 from policies.costmodel import load_cost_model, write_cost_model
-from tests.gateway.test_replay_cli import PLAIN_TPOT, REVISION, costs
+from tests.gateway.replay_helpers import PLAIN_TPOT, REVISION, costs
 
 
 def test_replayed_tpot_is_replays_plain_tpot():
@@ -91,7 +91,7 @@ def test_repeats_keep_the_median_measurement_of_c1_and_of_each_count(tmp_path, m
 
 
 def test_a_cost_model_of_other_weights_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
-    from tests.gateway.test_replay_cli import OTHER
+    from tests.gateway.replay_helpers import OTHER
 
     path = tmp_path / "costs.json"
     write_cost_model(path, costs(revision=OTHER))
@@ -138,8 +138,8 @@ def test_concurrency_fits_the_serving_streams_table_count_by_count_on_replays_pl
                                                                                           capsys):
     from msgspec import structs
 
-    from gateway.replay.choosers import Prices
-    from gateway.replay.run import parse_arm, sweep
+    from replay.choosers import Prices
+    from replay.run import parse_arm, sweep
 
     lengths = [(18, 12), (30, 8), (12, 12), (25, 10), (40, 9), (16, 12), (22, 11), (35, 10)]
     truth = structs.replace(costs(), serving_s=0.003, serving_streams=[2, 4], serving_streams_s=[0.0071, 0.0024])

@@ -61,7 +61,7 @@ def test_gpu_compose_gateway_has_every_route_key_and_prometheus_scrapes_every_se
     assert policy_path == "/etc/specgate/policy/gpu-compose.yaml"
     policy = load_yaml(POLICIES / "gpu-compose.yaml")
     needed = {r["api_keys_env"] for r in policy["routes"]} | {"SPECGATE_ADMIN_TOKEN"}
-    assert set(gateway["environment"]) == needed
+    assert set(gateway["environment"]) == needed | {"OTEL_EXPORTER_OTLP_ENDPOINT"}
     example = {line.split("=")[0] for line in (COMPOSE / "example.env").read_text().splitlines()
                if line and not line.startswith("#")}
     assert needed <= example
@@ -84,3 +84,18 @@ def test_gpu_compose_gateway_has_every_route_key_and_prometheus_scrapes_every_se
 def test_every_host_path_the_gpu_compose_mounts_exists():
     missing = [str(p.relative_to(DEPLOY)) for p in _host_sources("gpu") if not p.exists()]
     assert missing == []
+
+
+@pytest.mark.parametrize(("name", "exporters"), [("cpu", ("worker", "gateway")), ("gpu", ("gateway",))])
+def test_traces_go_to_the_compose_collector_which_receives_otlp_http(name, exporters):
+    services = compose_services(name)
+    collector = services["otel-collector"]
+    assert collector["image"] == "otel/opentelemetry-collector:0.138.0"
+    assert collector["volumes"] == ["../otel/collector.yaml:/etc/otelcol/config.yaml:ro"]
+    assert collector["command"] == ["--config=/etc/otelcol/config.yaml"]
+    for service in exporters:
+        assert services[service]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318"
+    config = load_yaml(DEPLOY / "otel" / "collector.yaml")
+    assert config["receivers"]["otlp"]["protocols"]["http"]["endpoint"] == "0.0.0.0:4318"
+    assert config["service"]["pipelines"]["traces"] == {"receivers": ["otlp"], "processors": ["batch"],
+                                                        "exporters": ["debug"]}

@@ -14,7 +14,7 @@ from deploy_files import (
     POLICIES, compose_sglang_commands, find, k8s_objects, k8s_pool_commands, load_yaml, parse_launch_args,
     sglang_algorithm, worker_flags,
 )
-from gateway.cli import build_parser
+from cli import build_parser
 from policies.load import load_policy
 
 SPECGATE = Path(sys.executable).parent / "specgate"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from deploy_files import compose_services, find, k8s_objects
-from gateway.cli import build_parser
+from cli import build_parser
 
 
 def _commands() -> dict[str, list[str]]:
-    commands = {f"compose-cpu:{svc}": spec["command"] for svc, spec in compose_services("cpu").items()}
+    commands = {f"compose-cpu:{svc}": spec["command"] for svc, spec in compose_services("cpu").items()
+                if spec["image"].startswith("specgate:")}  # not the collector
     commands["compose-gpu:gateway"] = compose_services("gpu")["gateway"]["command"]
     gateway = find(k8s_objects(), "Deployment", "specgate-gateway")
     commands["k8s:gateway"] = gateway["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -12,6 +12,7 @@ from backends.engine.step_costs import StepCosts
 from backends.engine.config import EngineConfig
 from backends.engine.engine import Engine
 from backends.engine.runner import Feed, ModelRunner
+from backends.engine.sequence import Status
 from backends.engine.types import GenerateRequest, RequestOutput, RequestStats
 from workloads import default_dir
 
@@ -162,6 +163,20 @@ def assert_cache_matches_fresh_prefill(runner: ModelRunner, cache, token_ids: li
                                        rtol=KV_RTOL, atol=KV_ATOL,
                                        msg=lambda m: f"{where}, layer {layer} {name} vs a fresh prefill of "
                                                      f"{n} tokens: {m}")
+
+
+def check_caches(engine) -> None:
+    """Lengths, then the key/value tensors themselves, of every decoding sequence's caches."""
+    for seq in engine.scheduler.running:
+        if seq.status is Status.DECODE and seq.output_ids:
+            slot = engine._slots[seq.rid]
+            expected = len(seq.prompt_ids) + len(seq.output_ids) - 1
+            assert engine.runner.cache_len(slot.cache) == seq.cache_len == expected
+            assert_cache_matches_fresh_prefill(engine.runner, slot.cache, seq.context[:-1], f"{seq.rid} target cache")
+            proposer = slot.proposer
+            if proposer is not None and proposer.name == "draft_model" and proposer.fed:
+                assert_cache_matches_fresh_prefill(engine.draft_runner, proposer.cache, proposer.fed,
+                                                   f"{seq.rid} draft cache")
 
 
 class RoundLog:

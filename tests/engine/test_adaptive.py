@@ -152,11 +152,11 @@ def spans(r: int, k: int, rng: random.Random) -> int:
 @pytest.mark.parametrize("name, accept", [("never", bernoulli(0.0)), ("p0.3", bernoulli(0.3)),
                                           ("p0.6", bernoulli(0.6)), ("p0.9", bernoulli(0.9)),
                                           ("always", bernoulli(1.0)), ("spans", spans)])
-def test_within_eight_percent_of_the_best_fixed_k_on_scripted_acceptance(name, accept):
-    """The docstring's tuning claim: mean over 50 seeds of tokens/s against the best fixed k (0..8). Over 200
-    seeds the ratio is 0.92 at p = 0.9 (sd 0.005), 0.93 at 1, 0.96 at 0.3 and 1.03 on spans; a 50-seed mean
-    has an sd of ~0.01, so the bound sits 2 sd below the worst case (at 0.92 it passed or failed with the
-    controller's random stream)."""
+def test_within_ten_percent_of_the_best_fixed_k_on_scripted_acceptance(name, accept):
+    """The docstring's tuning claim ("near the best fixed k"), as a number: the mean over 50 seeds of tokens/s
+    is at least 90% of the best fixed k's (0..8). Over 200 seeds the ratio is 0.92 at p = 0.9 (sd 0.005), 0.93
+    at 1, 0.96 at 0.3 and 1.03 on spans; a 50-seed mean has an sd of ~0.01, so ten percent sits 2 sd below the
+    worst case (eight percent, 0.92, passed or failed with the controller's random stream)."""
     best = max(statistics.mean(run(k, accept, seed=s) for s in range(50)) for k in range(9))
     mine = statistics.mean(run(beta(seed=s), accept, seed=s) for s in range(50))
     assert mine >= 0.90 * best

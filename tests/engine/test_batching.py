@@ -18,14 +18,8 @@ import pytest
 
 from backends.engine.sequence import Status
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
-from tests.engine.engine_helpers import CacheRecorder, final, make_tiny_engine, run_all
-
-GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
-
-
-def prompt(n: int, start: int) -> tuple[int, ...]:
-    return tuple(start + (i % 7) * 13 + (i // 7) for i in range(n))
-
+from tests.engine.batching_helpers import GREEDY, StepLog, feed_three_prompts, prompt
+from tests.engine.engine_helpers import final, make_tiny_engine, run_all
 
 # rid: (speculation, base prompt length, its first id); the bases are ones on which the proposer gets drafts
 # accepted on this seeded model (the outputs are deterministic; the test asserts acceptance, not a rate)
@@ -53,44 +47,6 @@ def mixed(real_tokenizer) -> list[GenerateRequest]:
         requests.append(GenerateRequest(rid=rid, input_ids=base + echo + base, speculation=spec,
                                         sampling=SAMPLED if rid.startswith("sampled") else GREEDY))
     return requests
-
-
-class StepLog:
-    """Per ``engine.step()``: who was running when the step was scheduled, what each fed, and how many target
-    forwards the step made (a CacheRecorder on the target runner counts them)."""
-
-    def __init__(self, engine) -> None:
-        self.engine = engine
-        self.recorder = CacheRecorder(engine.runner)
-        self.steps: list[dict] = []
-        self._schedule = engine._schedule
-        engine._schedule = self._record  # the instance attribute shadows the method
-
-    def _record(self):
-        running = [seq for seq in self.engine.scheduler.running]
-        works = self._schedule()
-        self.steps.append({
-            "running": [seq.rid for seq in running],
-            "caches": {id(self.engine._slots[seq.rid].cache) for seq in running},
-            "works": [(w.seq.rid, w.seq.status, len(w.feed)) for w in works],
-            "forwards": len(self.recorder.batches),
-        })
-        return works
-
-    def step(self) -> bool:
-        busy = self.engine.step()
-        step = self.steps[-1]
-        step["forwards"] = len(self.recorder.batches) - step["forwards"]
-        step["batch"] = self.recorder.batches[-1] if step["forwards"] else 0  # sequences in its last forward
-        step["fed"] = {cache for cache, _ in self.recorder.fed[len(self.recorder.fed) - step["batch"]:]}
-        return busy
-
-    def submit(self, requests) -> dict[str, list]:
-        events: dict[str, list] = {}
-        for request in requests:
-            events[request.rid] = []
-            self.engine.submit(request, events[request.rid].append)
-        return events
 
 
 def alone(tokenizer, request: GenerateRequest, **config):
@@ -184,23 +140,6 @@ def test_a_long_prompt_is_prefilled_in_chunks_mixed_into_decode_steps(real_token
     for request in [*decoders, long]:
         assert events[request.rid][-1].output_ids == alone(real_tokenizer, request, **config).output_ids, \
             request.rid
-
-
-THREE_PROMPTS = (("a", 60, 300), ("b", 50, 700), ("c", 10, 1100))  # rid, prompt length, first id
-
-
-def feed_three_prompts(engine) -> tuple[list[GenerateRequest], dict[str, list], list[list], list[list]]:
-    """a (59 tokens to prefill), b (49) and c (9), admitted in that order, run to the end: (requests, their
-    events, per step the prefill chunks as (rid, tokens), per step the rids that decoded a round)."""
-    log = StepLog(engine)
-    requests = [GenerateRequest(rid=rid, input_ids=prompt(n, start), sampling=GREEDY)
-                for rid, n, start in THREE_PROMPTS]
-    events = log.submit(requests)
-    while log.step():
-        pass
-    chunks = [[(rid, n) for rid, status, n in step["works"] if status is Status.PREFILL] for step in log.steps]
-    rounds = [sorted(rid for rid, status, _ in step["works"] if status is Status.DECODE) for step in log.steps]
-    return requests, events, chunks, rounds
 
 
 def test_prompts_prefilling_together_are_fed_shortest_remaining_first(real_tokenizer):

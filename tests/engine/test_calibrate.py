@@ -11,7 +11,7 @@ from backends.engine.calibrate import default_text, run_rounds, self_check
 from backends.engine.startup_costs import CALIBRATION_BATCHES, CALIBRATION_WIDTHS, measure_steps
 from backends.engine.step_costs import StepCosts
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
-from gateway.cli import build_parser, main
+from cli import build_parser, main
 from policies.costmodel import from_measurements, load_cost_model, write_cost_model
 
 REVISION = "sha256:" + "00" * 32

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.engine.counterfactual import Recorded, mean_accept_length, replay
-from gateway.trace_build import from_trace
+from replay.trace_build import from_trace
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
 from tests.engine.engine_helpers import RoundLog, run_all
 

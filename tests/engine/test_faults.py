@@ -15,8 +15,7 @@ import torch
 
 from backends.engine.faults import FaultInjector
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
-from tests.engine.engine_helpers import RoundLog, final, make_tiny_engine
-from tests.engine.test_round_invariants import check_caches
+from tests.engine.engine_helpers import RoundLog, check_caches, final, make_tiny_engine
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
 SAMPLED = SamplingParams(max_new_tokens=24, temperature=0.8, ignore_eos=True, sampling_seed=7)

@@ -24,8 +24,7 @@ from hypothesis import strategies as st
 
 from backends.engine.sequence import Status
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
-from tests.engine.engine_helpers import (CacheRecorder, RoundLog, assert_cache_matches_fresh_prefill,
-                                         make_tiny_engine, run_all)
+from tests.engine.engine_helpers import CacheRecorder, RoundLog, check_caches, make_tiny_engine, run_all
 
 
 @pytest.fixture(scope="module")
@@ -74,20 +73,6 @@ def install_cache_checks(engine, errors: list[str]):
     target_recorder = CacheRecorder(engine.runner, on_target_forward)
     draft_recorder = CacheRecorder(engine.draft_runner)
     return target_recorder, draft_recorder
-
-
-def check_caches(engine) -> None:
-    """Lengths, then the key/value tensors themselves, of every decoding sequence's caches."""
-    for seq in engine.scheduler.running:
-        if seq.status is Status.DECODE and seq.output_ids:
-            slot = engine._slots[seq.rid]
-            expected = len(seq.prompt_ids) + len(seq.output_ids) - 1
-            assert engine.runner.cache_len(slot.cache) == seq.cache_len == expected
-            assert_cache_matches_fresh_prefill(engine.runner, slot.cache, seq.context[:-1], f"{seq.rid} target cache")
-            proposer = slot.proposer
-            if proposer is not None and proposer.name == "draft_model" and proposer.fed:
-                assert_cache_matches_fresh_prefill(engine.draft_runner, proposer.cache, proposer.fed,
-                                                   f"{seq.rid} draft cache")
 
 
 WORDS = st.sampled_from([28, 253, 314, 327, 338, 355, 411, 506, 2683, 7018])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.processes import free_port
-from gateway.cli import main
+from cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = REPO / "deploy" / "policies" / "default.yaml"

@@ -3,34 +3,13 @@ port, so every request that passes admission ends in a 503; everything before th
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.cli import main
+from cli import main
 from gateway.settings import GatewaySettings
-
-MSG = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _policy(tmp_path, routes: str = ""):
-    path = tmp_path / "policy.yaml"
-    path.write_text(f"""version: 1
-{routes}
-slices: [{{name: prose}}]
-pools: {{plain: {{proposer: none, workers: ["http://127.0.0.1:{_closed_port()}"]}}}}
-rules: [{{name: plain, then: bypass}}]
-""")
-    return path
-
+from tests.gateway.gateway_helpers import MSG, closed_policy as _policy, closed_port as _closed_port
 
 @pytest.fixture
 def client(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The replay round book (gateway/replay/book.py): per (request, option) rounds equal to the engine's
+"""The replay round book (replay/book.py): per (request, option) rounds equal to the engine's
 counterfactual replay (n-gram from one proposal per position, the self-draft from match flags), suffix's
 store, estimated rounds of sampled requests, and the options a trace cannot replay. No model: token ids
 are made up, with a small vocabulary so n-gram finds matches."""
@@ -15,7 +15,7 @@ from backends.engine.counterfactual import MatchedDrafts, Recorded, replay_reque
 from backends.engine.proposers.ngram import NgramProposer
 from backends.engine.proposers.suffix import SuffixStore
 from backends.engine.types import RequestStats, RoundStats
-from gateway.replay.book import RoundBook, Option
+from replay.book import RoundBook, Option
 from policies.features import RequestFeatures
 from policies.schema import DraftId, ModelId, Pair, pair_version
 from policies.trace import FORMAT, Header, Sampling, Served, Trace, TraceRequest

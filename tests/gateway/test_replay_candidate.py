@@ -1,4 +1,4 @@
-"""Replaying a candidate policy on recorded traffic (gateway/replay/candidate.py, the ops view), with no
+"""Replaying a candidate policy on recorded traffic (replay/candidate.py, the ops view), with no
 model: a synthetic recording (records as the gateway writes them: no draft match flags, a header without
 pairs) and test_replay_cli's hand-made cost model. ``recorded()``: the growing current file and its rotated
 ones; ``replay_candidate()``: the default policy in force beside a candidate, its ``draft_model`` pool left
@@ -8,42 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from gateway.cli import main
-from gateway.replay.candidate import MAX_REQUESTS, ReplayTimeout, recorded, replay_candidate
+from cli import main
+from replay.candidate import MAX_REQUESTS, ReplayTimeout, recorded, replay_candidate
 from policies.costmodel import write_cost_model
 from policies.load import load_policy, load_policy_file
-from policies.trace import FORMAT, Header, Trace, TraceError, encode_line, read_trace, write_trace
-from tests.gateway.test_replay_cli import CODE_RATIO, PHRASE, PROSE_RATIO, costs, request
-
-DEPLOY = Path(__file__).parents[2] / "deploy" / "policies"
-DEFAULT, NGRAM_K4 = DEPLOY / "default.yaml", DEPLOY / "bench" / "ngram-k4.yaml"
-# the default policy's pairs target this revision: a recording of that model verifies them
-REVISION = "sha256:a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd"
-OTHER = "sha256:" + "ef" * 32
-LEFT_OUT = ("\nLeft out of both policies: pool(s) draft (draft_model: the recording has no draft match flags; a "
-            "trace from specgate trace build has them).\n")
-
-
-def header(revision: str = REVISION) -> Header:
-    """As gateway/tracing.Recorder writes it: no pairs, so no request carries draft match flags."""
-    return Header(format=FORMAT, model="SmolLM2-135M-Instruct", revision=revision, tokenizer="t",
-                  source="specgate serve", created="2026-12-01T00:00:00+00:00")
-
-
-def traffic(n: int, first: int = 0) -> list:
-    """``n`` recorded requests, code and prose alternating, one per second: each has finished (about 0.15 s
-    plain) before the next arrives, so under the ``trace`` load every request runs alone."""
-    out = []
-    for i in range(first, first + n):
-        code = i % 2 == 0
-        r = request(f"r{i}", "code" if code else "prose", PHRASE * 3 if code else list(range(1, 19)),
-                    PHRASE * 2 if code else list(range(31, 43)), 0.5 if code else 0.1)
-        out.append(msgspec.structs.replace(r, arrival_s=float(i)))
-    return out
-
+from policies.trace import Trace, TraceError, encode_line, read_trace, write_trace
+from tests.gateway.candidate_helpers import DEFAULT, LEFT_OUT, NGRAM_K4, OTHER, REVISION, header, traffic
+from tests.gateway.replay_helpers import CODE_RATIO, PROSE_RATIO, costs
 
 def ids(trace: Trace) -> list[str]:
     return [r.id for r in trace.requests]

@@ -1,7 +1,7 @@
-"""The replay's per-request profile and the price of an engine step (gateway/replay/profile.py): each round's
+"""The replay's per-request profile and the price of an engine step (replay/profile.py): each round's
 shape and its seconds outside the forward, counted as the worker counts them, and a step's forward priced as
 one batch of its rounds plus its prefill chunks. Expected values are written out from the hand-made cost
-model of test_replay_sim.py."""
+model of test_replay_sim.py (sim_helpers.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import msgspec
 import pytest
 
 from backends.engine.types import RequestStats, RoundStats
-from gateway.replay.book import PLAIN, Option
-from gateway.replay.profile import profile, step_s
-from policies.costmodel import CostModel, Grid
-from tests.gateway.test_replay_sim import (COSTS, DRAFT_CALL, DRAFT_TOKEN, NGRAM_CALL, NGRAM_SETUP, OVERHEAD, TIGHT,
-                                           forward, prefill)
+from replay.book import PLAIN, Option
+from replay.profile import profile, step_s
+from tests.gateway.sim_helpers import (COSTS, DRAFT_CALL, DRAFT_TOKEN, NGRAM_CALL, NGRAM_SETUP, OVERHEAD, TIGHT,
+                                       batched, forward, prefill)
 
 
 def test_profile_gives_each_rounds_shape_and_seconds_outside_the_forward_and_counts_as_the_worker():
@@ -56,13 +55,6 @@ def test_the_serving_cost_is_paid_once_per_round_and_not_in_the_engine_figures()
     q = profile(COSTS, 10, 2, PLAIN, rounds)
     assert [a - b for a, b in zip(p.serial, q.serial)] == pytest.approx([serving, serving], rel=TIGHT)
     assert (p.draft_s, p.verify_s) == (q.draft_s, q.verify_s)  # what the worker reports is the engine's alone
-
-
-def batched(four: float) -> CostModel:
-    """COSTS measured at batch 1 and 4: a forward of 4 sequences costs ``four`` times one of 1."""
-    grid = COSTS.forward[0]
-    return msgspec.structs.replace(COSTS, batch=[1, 4], forward=[grid, Grid(
-        tokens=grid.tokens, context=grid.context, seconds=[[four * v for v in row] for row in grid.seconds])])
 
 
 def test_a_step_prices_its_rounds_as_one_forward_of_the_batch_and_adds_its_prefill_chunks():

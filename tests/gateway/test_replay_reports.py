@@ -9,11 +9,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from gateway.replay.book import PLAIN, Option, RoundBook
-from gateway.replay.choosers import FixedChooser, Prices
-from gateway.replay.sim import Load, Simulation
+from replay.book import PLAIN, Option, RoundBook
+from replay.choosers import FixedChooser, Prices
+from replay.sim import Load, Simulation
 from policies.trace import Trace
-from tests.gateway.test_replay_sim import COSTS, HEADER, OVERHEAD, copy_friendly, forward, prices_of, request, simulate
+from tests.gateway.sim_helpers import COSTS, HEADER, OVERHEAD, copy_friendly, forward, prices_of, request, simulate
 
 
 def test_each_request_reports_the_workers_plain_counterfactual():

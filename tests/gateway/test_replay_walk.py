@@ -1,4 +1,4 @@
-"""Per-round draft lengths in replay (gateway/replay/walk.py): a walker asks the engine's real controller
+"""Per-round draft lengths in replay (replay/walk.py): a walker asks the engine's real controller
 for k every turn and replays each round exactly. A controller that always answers k is the fixed arm to the
 last second; SGLang's shared controller is stepped once per simulated engine step; and on a bimodal trace
 (requests that copy their prompt, requests that never repeat) specgate's per-round controller beats plain,
@@ -12,15 +12,15 @@ import statistics
 
 import pytest
 
-from gateway.replay.book import PLAIN as PLAIN_ARM
-from gateway.replay.book import Option
-from gateway.replay.choosers import FixedChooser
-from gateway.replay.run import Contender, blocks, parse_arm, sweep
-from gateway.replay.profile import CachedCosts
-from gateway.replay.sim import Load, Simulation
+from replay.book import PLAIN as PLAIN_ARM
+from replay.book import Option
+from replay.choosers import FixedChooser
+from replay.run import Contender, blocks, parse_arm, sweep
+from replay.profile import CachedCosts
+from replay.sim import Load, Simulation
 from policies.schema import DraftId, ModelId, Pair, pair_version
 from policies.trace import FORMAT, Header
-from tests.gateway.test_replay_sim import REVISION, prices_of, request, simulate
+from tests.gateway.sim_helpers import REVISION, prices_of, request, simulate
 
 SELF8 = Pair(target=ModelId(model="m", revision=REVISION), draft=DraftId(kind="layer_truncated", layers=8))
 V = pair_version(SELF8)
@@ -157,8 +157,7 @@ def test_match_lengths_are_the_engines_proposers():
 def test_the_beta_controller_prices_k_in_the_step_it_joins():
     """As the engine's StepCosts.round_s: a round of k drafts in a step of B sequences costs the B-sequence
     forward the others share (they feed one token each), its draft and the overhead."""
-    from tests.gateway.test_replay_profile import batched
-    from tests.gateway.test_replay_sim import COSTS
+    from tests.gateway.sim_helpers import COSTS, batched
 
     costs = batched(1.6)
     prices = prices_of(copying("a", 1))
@@ -182,8 +181,8 @@ def test_per_round_ngram_sequences_of_a_simulated_step_are_planned_together(monk
     """As Engine._schedule: when a step holds two or more specgate-controlled n-gram sequences, their k come from
     ONE plan_step over their drawn gains (committing at least one token per decoding sequence), and each walks
     exactly the drafts planned for it; once a sequence decodes alone its controller chooses alone."""
-    import gateway.replay.sim as sim_module
-    from gateway.replay.walk import Walker
+    import replay.sim as sim_module
+    from replay.walk import Walker
 
     plans, walked = [], []
     real_plan, real_round = sim_module.plan_step, Walker.next_round
@@ -214,7 +213,7 @@ def test_per_round_ngram_sequences_of_a_simulated_step_are_planned_together(monk
 
 def walk_alone(prices, i: int, option: Option):
     """Request ``i``'s walker run to its end, every round alone in its step."""
-    from gateway.replay.choosers import RunState
+    from replay.choosers import RunState
 
     walker = prices.walker(i, option, RunState(0))
     walker.bind({})
@@ -245,7 +244,7 @@ def test_the_informed_reference_knows_the_traces_rates_by_match_context():
     draft j + 1 (its first j drafts accepted, at least j + 1 drafted), the share that accept it; the informed
     walker's gains are their running products."""
     from backends.engine.adaptive import match_context
-    from gateway.replay.choosers import RunState
+    from replay.choosers import RunState
 
     prices = prices_of(copying("a", 1), novel("b", 2), repetitive("c", 3))
     book = prices.book
@@ -271,7 +270,7 @@ def test_the_informed_reference_knows_the_traces_rates_by_match_context():
 def test_informed_keyed_by_other_features_counts_each_key_apart():
     """informed=request+found: rates per (request, drafts found), counted as context_rates defines them; a request's
     walker looks its own key up; unknown or repeated features, and features on another strategy, are refused."""
-    from gateway.replay.choosers import RunState
+    from replay.choosers import RunState
 
     prices = prices_of(copying("a", 1), novel("b", 2), repetitive("c", 3))
     book = prices.book

@@ -1,4 +1,4 @@
-"""`specgate trace build` (gateway/trace_build.py): a trace built on the real model replays ngram, suffix and
+"""`specgate trace build` (replay/trace_build.py): a trace built on the real model replays ngram, suffix and
 the self-draft exactly as the engine runs them; its inputs are read strictly."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import stat
 import pytest
 
 from backends.engine.counterfactual import replay
-from gateway.trace_build import from_trace
+from replay.trace_build import from_trace
 from backends.engine.types import GenerateRequest, SamplingParams, SpeculationParams
-from gateway.cli import main
-from gateway.trace_build import (
+from cli import main
+from replay.trace_build import (
     BuildError, RequestLine, policy_pairs, read_requests, self_draft_pair, served_body, tokenizer_digest,
 )
 from policies.features import features_from_openai
@@ -96,7 +96,7 @@ def test_build_from_the_workloads(prepared_model, tmp_path, capsys):
     assert main(["trace", "build", "--slices", "tool_call", "--per-slice", "2",
                  "--max-new-tokens", "4", "--route", "ops", "--num-threads", "1", "--out", str(out)]) == 0
     trace = read_trace(out)
-    from gateway.workloads import sample
+    from replay.workloads import sample
 
     items = sample(workloads_dir(), 2, 0, 6000, ("tool_call",))
     assert [(r.id, r.slice, r.route) for r in trace.requests] == [(i.id, "tool_call", "ops") for i in items]

@@ -1,17 +1,17 @@
-"""`specgate trace calibrate --from-worker URL` (gateway/cli/trace.py) where it must refuse: a worker that
+"""`specgate trace calibrate --from-worker URL` (cli/trace.py) where it must refuse: a worker that
 does not answer, and an SGLang server, which reports no step costs (a stand-in: tests/backends/
 replay_server.py serving SGLang's recorded /server_info). A real worker's costs written to a file:
 tests/integration/test_worker_step_costs.py. And `specgate replay --costs URL` / `policy explain --replay
---costs URL` (gateway/cli/costs.py): a worker's live costs price replay exactly as the same costs in a file do
+--costs URL` (cli/costs.py): a worker's live costs price replay exactly as the same costs in a file do
 (the stand-in serving a specgate worker's /server_info, scripted)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from gateway.cli import main
+from cli import main
 from tests.backends.replay_server import ReplayServer, Reply
-from tests.gateway.test_gateway_app import _closed_port
+from tests.gateway.gateway_helpers import closed_port as _closed_port
 
 
 def from_worker(url: str, out) -> int:
@@ -48,7 +48,7 @@ def test_out_in_a_missing_directory(capsys, tmp_path):
 
 
 def test_the_summary_of_a_live_model_names_its_one_context_and_per_token_draft_costs():
-    from gateway.cli.trace import _summary
+    from cli.trace import _summary
     from policies.live_costs import from_server_info
     from tests.policies.test_costmodel_from_worker import URL, report
 
@@ -78,7 +78,7 @@ def test_replay_priced_by_a_workers_live_costs_equals_the_same_costs_in_a_file(c
 
     from policies.costmodel import write_cost_model
     from policies.live_costs import from_server_info
-    from tests.gateway.test_replay_cli import REQUESTS
+    from tests.gateway.replay_helpers import REQUESTS
     from tests.policies.test_costmodel_from_worker import REVISION, report
     from policies.trace import FORMAT, Header, write_trace
 
@@ -102,7 +102,7 @@ def test_replay_priced_by_a_workers_live_costs_equals_the_same_costs_in_a_file(c
 def test_replay_and_explain_refuse_a_worker_that_cannot_price(capsys, tmp_path):
     import msgspec
 
-    from tests.gateway.test_replay_cli import REQUESTS
+    from tests.gateway.replay_helpers import REQUESTS
     from tests.policies.test_costmodel_from_worker import REVISION, report
     from policies.trace import FORMAT, Header, write_trace
 

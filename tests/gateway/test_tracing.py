@@ -1,4 +1,4 @@
-"""The trace recorder (gateway/tracing.py, gateway/trace_file.py) on ``Finished`` values built here: what it
+"""The trace recorder (gateway/tracing.py, replay/trace_file.py) on ``Finished`` values built here: what it
 writes reads back with ``policies.trace.read_trace``; 0600 whatever the umask; rotation keeps whole files;
 sampling and the route filter; every request it does not record is counted with its reason; no log line
 carries a token id or a prompt."""
@@ -17,7 +17,7 @@ import structlog
 
 from backends.sglang.wire import ServerInfo
 from gateway.stages import OK, Admitted, Arrival, Dispatched, Ending, Finished, Relayed
-from gateway.trace_file import TraceFile
+from replay.trace_file import TraceFile
 from gateway.tracing import RESULTS, Recorder, TraceConfig, resolve, sampled
 from policies.decide import Decision
 from policies.features import RequestFeatures
@@ -198,10 +198,10 @@ def test_a_failed_write_leaves_the_file_whole_and_the_next_one_succeeds(tmp_path
             return real_write(fd, bytes(data[:40]))  # a short write: part of the line lands
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("gateway.trace_file.os.write", disk_full)
+    monkeypatch.setattr("replay.trace_file.os.write", disk_full)
     with structlog.testing.capture_logs() as logs:
         rec.finish(finished("r2"))
-    monkeypatch.setattr("gateway.trace_file.os.write", real_write)
+    monkeypatch.setattr("replay.trace_file.os.write", real_write)
     assert path.read_bytes() == before  # truncated back to the last whole line
     rec.finish(finished("r3"))
     assert [r.id for r in read_trace(path).requests] == ["r1", "r3"]
@@ -217,7 +217,7 @@ def test_a_new_file_whose_header_cannot_be_written_is_removed(tmp_path, monkeypa
     def broken(fd, data):
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr("gateway.trace_file.os.write", broken)
+    monkeypatch.setattr("replay.trace_file.os.write", broken)
     rec.finish(finished("r1"))
     assert not path.exists() and rec.counts["write_error"] == 1
     monkeypatch.undo()
@@ -271,7 +271,7 @@ def test_resolve_the_flag_names_the_file_and_the_section_the_rest(tmp_path):
 
 
 def test_trace_file_refuses_a_line_that_fits_no_file(tmp_path):
-    from gateway.trace_file import TooLarge
+    from replay.trace_file import TooLarge
 
     f = TraceFile(tmp_path / "t.jsonl", max_bytes=1024, keep=1)
     with pytest.raises(TooLarge):

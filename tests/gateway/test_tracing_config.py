@@ -9,11 +9,11 @@ import pytest
 from litestar.testing import TestClient
 
 from gateway.app import create_app
-from gateway.cli import main
+from cli import main
 from gateway.settings import GatewaySettings
 from policies.errors import PolicyError
 from policies.load import load_policy
-from tests.gateway.test_gateway_app import MSG, _policy
+from tests.gateway.gateway_helpers import MSG, closed_policy as _policy
 
 ADMIN = {"authorization": "Bearer adm"}
 BASE = """version: 1

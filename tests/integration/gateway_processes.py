@@ -1,9 +1,21 @@
-"""Gateway integration test content: the policy pointed at test workers and the prompts the tests send.
+"""Gateway integration test content: the policy pointed at test workers, the prompts the tests send, and what
+the tests read off a worker (the tokens it generated).
 
 The processes themselves (`specgate serve`, `specgate worker`) start through ``bench.processes``.
 """
 
 from __future__ import annotations
+
+import httpx
+
+
+def generated_tokens(worker: str) -> int:
+    """Every token the worker has generated since it started (``sglang:generation_tokens`` on /metrics): the
+    difference across a scenario tells a request the worker aborted from one it ran to its ``max_tokens``."""
+    text = httpx.get(f"{worker}/metrics", timeout=10).text
+    return round(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("sglang:generation_tokens_total")))
+
 
 # a prompt the default policy classifies as code (code_score >= 0.3)
 CODE = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n# write mul(a, b) like above\n"

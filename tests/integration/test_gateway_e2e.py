@@ -37,7 +37,12 @@ def test_non_streaming_chat_carries_the_decision(client):
     info = raw.http_response.json()["specgate"]
     assert (info["slice"], info["pool"], info["rule"]) == (d["slice"], d["pool"], d["rule"])
     assert info["draft_tokens"] == int(d["draft-tokens"])
-    assert info["verify_rounds"] >= 1 and info["accept_length"] >= 1.0
+    # SGLang's accept length: the tokens committed over the verify rounds (each round's bonus token included);
+    # plain decoding commits one token a round
+    assert info["completion_tokens"] == completion.usage.completion_tokens and info["verify_rounds"] >= 1
+    assert info["accept_length"] == pytest.approx(info["completion_tokens"] / info["verify_rounds"])
+    if info["draft_tokens"] == 0:
+        assert (info["verify_rounds"], info["accept_length"]) == (info["completion_tokens"], 1.0)
     assert info["explored"] is ("auto: exploring " in info["reason"])
     # auto (rule learned) weighed plain and the ngram pool's draft lengths; a pinned or bypass rule weighed none
     posterior = info["posterior_tpot_ms"]

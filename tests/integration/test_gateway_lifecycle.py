@@ -5,8 +5,11 @@ tokens-per-minute budget, and ``auto`` deciding (a fresh learner explores, so ex
 taken). Each scenario ends requests one way (invalid body, limiter refusal, a worker's refusal, a worker
 read timeout, a client leaving before the answer, mid-stream and before the stream's first byte, a
 policy reload with new limits mid-request) and then asserts that ``/admin/requests`` is back at exactly
-its idle values: no request in flight, no exploration slot, no route reservation, no worker slot. The
-wait for idle polls with a generous deadline; no assertion depends on this machine's speed.
+its idle values: no request in flight, no exploration slot, no route reservation, no worker slot. A scenario
+that ends a request early also asserts that the worker stopped it: across the scenario the worker generated
+fewer tokens than the request's ``max_tokens`` (a request that was never aborted upstream runs to all of
+them), which is a count of the worker's own tokens, not a wall-clock bound. The waits for idle poll with a
+generous deadline that only a hang exceeds; no assertion depends on this machine's speed.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ import pytest
 
 from bench.processes import ADMIN, MODEL, gateway, write_policy
 from bench.reliability.cluster import policy_yaml
-from tests.integration.gateway_processes import CODE
+from tests.integration.gateway_processes import CODE, generated_tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 KEY = {"authorization": "Bearer life-key-1"}
-LONG = {"max_tokens": 400, "ignore_eos": True}  # outlasts every step of a scenario on any machine
+# ~57 s of this machine's worker (~57 ms a token); a client leaves after 1 s or a few chunks, so aborted, it
+# generates a small part of them on any machine, and never aborted, all of them
+LONG = {"max_tokens": 1000, "ignore_eos": True}
+HANG_S = 300  # the deadline of a wait for idle: only a hang exceeds it
 
 
 def _policy(worker: str, revision: str, max_concurrency: int = 1) -> str:
@@ -50,20 +56,28 @@ def _idle(worker: str) -> dict:
             "pools": {"plain": {worker: 0}, "ngram": {worker: 0}}}
 
 
-def _assert_back_to_idle(gw: str, worker: str, after: str) -> None:
+def _assert_back_to_idle(gw: str, worker: str, after: str, generated_before: int | None = None) -> None:
     """Poll (the record of a whole answer lands one loop turn after it is sent; an abort is fire-and-forget)
-    until nothing is held, then compare exactly. Tokens refill at ~16.7k/s, so a second restores them."""
-    deadline, held = time.monotonic() + 60, _held(gw)
+    until nothing is held, then compare exactly. Tokens refill at ~16.7k/s, so a second restores them.
+
+    With ``generated_before`` (the worker's ``generated_tokens`` before the scenario, whose requests are LONG):
+    the worker must go idle having generated fewer than ``LONG["max_tokens"]`` tokens since, i.e. the gateway
+    stopped its request upstream instead of leaving it to finish on its own."""
+    deadline, held = time.monotonic() + HANG_S, _held(gw)
     while held != _idle(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
         held = _held(gw)
     assert held == _idle(worker), f"after {after}: the gateway still holds {held}"
     loads = httpx.get(f"{worker}/v1/loads", timeout=10).json()["loads"][0]
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while loads["num_running_reqs"] and time.monotonic() < deadline:
         time.sleep(0.1)
         loads = httpx.get(f"{worker}/v1/loads", timeout=10).json()["loads"][0]
     assert loads["num_running_reqs"] == 0, f"after {after}: the worker still runs {loads}"
+    if generated_before is not None:
+        generated = generated_tokens(worker) - generated_before
+        assert generated < LONG["max_tokens"], \
+            f"after {after}: the worker generated {generated} of {LONG['max_tokens']} tokens: it was never aborted"
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +135,7 @@ def test_a_worker_refusal_holds_nothing(stack):
 @pytest.mark.parametrize("where", ["json", "mid-stream", "before-first-byte"])
 def test_a_client_that_leaves_gives_everything_back(stack, where):
     gw, worker, _, _ = stack
+    before = generated_tokens(worker)
     if where == "json":
         with pytest.raises(httpx.ReadTimeout):  # gives up while the worker computes the whole answer
             httpx.post(f"{gw}/v1/chat/completions", json=_chat(**LONG), headers=KEY,
@@ -132,12 +147,13 @@ def test_a_client_that_leaves_gives_everything_back(stack, where):
                 lines = r.iter_lines()
                 assert [line for _, line in zip(range(6), lines) if line]
         # leaving the block closes the connection; before-first-byte read nothing of the body
-    _assert_back_to_idle(gw, worker, f"a client left ({where})")
+    _assert_back_to_idle(gw, worker, f"a client left ({where})", before)
 
 
 def test_a_policy_reload_with_new_limits_mid_request_leaves_no_reservation(stack):
     gw, worker, path, revision = stack
     version = httpx.get(f"{gw}/admin/policy", headers=ADMIN, timeout=10).json()["version"]
+    before = generated_tokens(worker)
     try:
         with httpx.Client(timeout=120) as http, _open_stream(http, gw) as r:
             lines = r.iter_lines()
@@ -159,14 +175,15 @@ def test_a_policy_reload_with_new_limits_mid_request_leaves_no_reservation(stack
         deadline = time.monotonic() + 60
         while _held(gw)["routes"]["capped"]["max_concurrency"] != 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-    _assert_back_to_idle(gw, worker, "a reload with new limits mid-request")
+    _assert_back_to_idle(gw, worker, "a reload with new limits mid-request", before)
 
 
 def test_a_worker_read_timeout_gives_everything_back(tmp_path, worker_url, revision):
     path = write_policy(tmp_path / "policy.yaml", _policy(worker_url, revision))
     with gateway(tmp_path, path, "--upstream-read-timeout-s", "0.5", env={"LIFE_KEYS": "life-key-1"}) as gw:
+        before = generated_tokens(worker_url)
         r = httpx.post(f"{gw}/v1/chat/completions", json=_chat(**LONG), headers=KEY, timeout=120)
         assert r.status_code in (502, 503, 504), r.text
         assert "timed out" in r.json()["error"]["message"] or "timeout" in r.json()["error"]["message"].lower(), \
             r.text
-        _assert_back_to_idle(gw, worker_url, "every attempt timed out")
+        _assert_back_to_idle(gw, worker_url, "every attempt timed out", before)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from backends.sglang.client import SGLangClient
 from backends.sglang.errors import WorkerHTTPError
 from backends.sglang.wire import GenerateRequest, SamplingParams
 from bench.processes import worker
+from tests.integration.gateway_processes import generated_tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 CODE = ("Copy the line.\nLine: the quick brown fox jumps over the lazy dog\n"
@@ -97,21 +99,27 @@ def test_abort_request_stops_a_stream(url):
 
 
 def test_client_disconnect_aborts_the_engine_request(url):
+    """The client leaves after the first chunk of a 1000-token request; the worker must stop it there. Told
+    apart from a request left to finish by the worker's own token count, not by a time window: the worker
+    goes idle having generated far fewer than the 1000 tokens (a request never aborted generates them all)."""
+    max_new = 1000
+
     async def go():
         async with httpx.AsyncClient(base_url=url, timeout=30) as http, SGLangClient(url) as client:
-            body = {"text": CODE, "stream": True, "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+            body = {"text": CODE, "stream": True, "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True}}
             async with http.stream("POST", "/generate", json=body) as response:
                 async for line in response.aiter_lines():
                     if line.startswith("data: "):
                         break
-            for _ in range(50):  # 300 tokens would take ~30 s; the abort frees the slot at the next turn
-                load = await _loads(client)
-                if load.num_running_reqs == 0:
-                    return load
+            deadline = time.monotonic() + 300  # only a hang exceeds it
+            while (load := await _loads(client)).num_running_reqs and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             return load
+    before = generated_tokens(url)
     load = _run(go())
+    generated = generated_tokens(url) - before
     assert (load.num_running_reqs, load.num_waiting_reqs, load.num_used_tokens) == (0, 0, 0)
+    assert generated < max_new, f"the worker generated all {generated} tokens: the disconnect never aborted it"
 
 
 def test_concurrent_requests_queue_and_overload_answers_429(url):

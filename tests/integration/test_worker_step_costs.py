@@ -10,7 +10,7 @@ import pytest
 
 from backends.engine.startup_costs import CALIBRATION_BATCHES, CALIBRATION_WIDTHS
 from bench.processes import worker
-from gateway.cli import main
+from cli import main
 from policies.costmodel import load_cost_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-
 import msgspec
 import pytest
 
 from backends.sglang.pair import PairIdentity
 from backends.sglang.wire import ServerInfo
+from tests.worker.worker_helpers import REPEAT, sse as _sse
 
-REPEAT = "alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta alpha beta"
 META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version"}
 SPEC_KEYS = {"spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
              "spec_num_proposed_drafts", "spec_correct_drafts_histogram", "spec_accepted_per_position",
@@ -27,12 +25,6 @@ def _sane_timings(fields: dict, e2e: float | None = None) -> None:
         assert 0 <= fields["queue_time"] <= first
     if e2e is not None:
         assert first <= e2e and abs(first + decode - e2e) < 1e-9
-
-
-def _sse(response) -> list:
-    events = [line[len("data: "):] for line in response.text.split("\n\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 def _generate(worker, speculation=None, **sampling):

@@ -5,8 +5,6 @@ other has too, and none the worker sends is silently dropped by the client."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 import pytest
 
@@ -15,7 +13,7 @@ from backends.sglang import wire
 from backends.sglang import openai_wire
 from backends.worker.app import _stream_error
 from backends.worker.errors import NotReady, Overloaded, error_body
-from tests.worker.test_endpoints import REPEAT
+from tests.worker.worker_helpers import REPEAT, STREAM, assert_read_in_full, lost, payloads
 
 NGRAM = {"speculation": {"proposer": "ngram", "draft_tokens": 3}}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": REPEAT}], "max_tokens": 4, "temperature": 0,
@@ -25,38 +23,6 @@ COMPLETION = {"prompt": REPEAT, "max_tokens": 4, "temperature": 0, "ignore_eos":
 GENERATE = {"text": REPEAT, "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": 2,
             "return_text_in_logprobs": True,
             "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True, "custom_params": NGRAM}}
-STREAM = {"stream": True, "stream_options": {"include_usage": True}}
-
-
-def lost(sent: Any, read: Any, path: str = "$") -> list[str]:
-    """Paths of what ``sent`` (the worker's JSON) has and ``read`` (the decoded Struct, as builtins) lacks."""
-    if isinstance(sent, dict):
-        if not isinstance(read, dict):
-            return [path]
-        return [p for key, value in sent.items()
-                for p in ([f"{path}.{key}"] if key not in read else lost(value, read[key], f"{path}.{key}"))]
-    if isinstance(sent, list):
-        if not isinstance(read, list) or len(read) != len(sent):
-            return [path]
-        return [p for i, (a, b) in enumerate(zip(sent, read)) for p in lost(a, b, f"{path}[{i}]")]
-    return []
-
-
-def assert_read_in_full(raw: bytes, kind: type, *, exact: bool = True) -> None:
-    """``exact``: the decoded Struct also re-encodes to what was sent (it adds and changes nothing)."""
-    sent = msgspec.json.decode(raw)
-    read = msgspec.json.decode(msgspec.json.encode(msgspec.json.decode(raw, type=kind)))
-    assert lost(sent, read) == [], f"{kind.__name__} drops what the worker sent"
-    if exact:
-        assert read == sent
-
-
-def payloads(response) -> list[bytes]:
-    """The SSE data payloads, [DONE] excluded (checked to be last)."""
-    assert response.status_code == 200, response.text
-    events = [e[len(b"data: "):] for e in response.content.split(b"\n\n") if e.startswith(b"data: ")]
-    assert events[-1] == b"[DONE]"
-    return events[:-1]
 
 
 def test_generate_with_logprobs_and_speculation(worker):

@@ -10,7 +10,7 @@ import uvicorn
 import backends.worker.app
 from backends.engine.types import SpeculationParams, SuffixSettings
 from backends.worker.settings import WorkerSettings
-from gateway.cli import build_parser
+from cli import build_parser
 
 EXPECTED = {"--host", "--port", "--model-dir", "--dtype", "--max-running-requests", "--max-total-tokens",
             "--max-queued-requests", "--max-batch-tokens", "--chunked-prefill-size", "--draft-layers", "--speculative-algorithm",

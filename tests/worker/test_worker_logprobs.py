@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.worker.test_endpoints import REPEAT, _sse
+from tests.worker.worker_helpers import REPEAT, sse as _sse
 
 NGRAM = {"speculation": {"proposer": "ngram", "draft_tokens": 4}}
 

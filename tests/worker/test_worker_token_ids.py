@@ -10,7 +10,7 @@ import pytest
 
 from backends.sglang import openai_wire
 from backends.sglang.token_ids import TokenIds, request_fields, strip
-from tests.worker.test_wire_roundtrip import STREAM, assert_read_in_full, payloads
+from tests.worker.worker_helpers import STREAM, assert_read_in_full, payloads
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Count: one two three"}], "max_tokens": 6,
         "temperature": 0, "ignore_eos": True, "return_spec_tokens_details": True}

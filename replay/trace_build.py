@@ -1,7 +1,7 @@
 """`specgate trace build`: run requests once, plain greedy, on the embedded engine and write their trace.
 
 Each request is an OpenAI chat body (what a gateway receives, and what ops keep), given as a JSON Lines file
-of :class:`RequestLine` or drawn from the workloads (``gateway/workloads.py``). It is served as the
+of :class:`RequestLine` or drawn from the workloads (``replay/workloads.py``). It is served as the
 embedded worker would serve it with ``temperature: 0`` and ``max_tokens`` capped: the worker's own
 translation (``backends/worker/translate.chat_request``: chat template, tools, sampling checks) gives the
 prompt ids, the policy's own ``features_from_openai`` the features. Requests run one after another, so a
@@ -74,8 +74,8 @@ def read_requests(path: str | Path) -> list[RequestLine]:
 def workload_requests(root: str | Path | None, per_slice: int, seed: int = 0, max_chars: int = 6000,
                       slices: Sequence[str] | None = None, route: str = "default") -> list[RequestLine]:
     """The seeded per-slice sample of the workloads under ``root`` (``None``: the default directory;
-    ``gateway.workloads.sample``, the benchmarks' draw) as chat requests; BFCL items carry their ``tools``."""
-    from gateway.workloads import SLICES, sample
+    ``replay.workloads.sample``, the benchmarks' draw) as chat requests; BFCL items carry their ``tools``."""
+    from replay.workloads import SLICES, sample
 
     items = sample(root, per_slice, seed, max_chars, tuple(slices or SLICES))
     return [RequestLine(id=item.id, route=route, slice=item.slice,

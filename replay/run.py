@@ -1,5 +1,5 @@
 """The sweep behind ``specgate replay``: every contender (a fixed arm or a policy file) at every load and
-seed, simulated (gateway/replay/sim.py), in parallel worker processes.
+seed, simulated (replay/sim.py), in parallel worker processes.
 
 Seeds vary what is random in serving: the order of an interleaved stream (seed-shuffled), the Poisson
 gaps, the policy's exploration draws and the estimated rounds of sampled requests. A fixed arm with exact
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.replay.book import PLAIN, Option, RoundBook
-from gateway.replay.choosers import FixedChooser, PolicyChooser, Prices
-from gateway.replay.sim import Load, Served, Simulation
+from replay.book import PLAIN, Option, RoundBook
+from replay.choosers import FixedChooser, PolicyChooser, Prices
+from replay.sim import Load, Served, Simulation
 
 MIXES = ("interleaved", "by-slice")
 _ARM = re.compile(r"^(?P<proposer>ngram|suffix|draft(?P<layers>\d+)?)-k(?P<k>\d+)"
@@ -43,7 +43,7 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
     the 20-layer one when the trace carries several). A per-round draft length up to k appends the engine's
     controller (backends/engine/adaptive.py): ``ngram-k8-beta`` (specgate's), ``ngram-k7-sglang`` (SGLang's
     --speculative-adaptive), ``ngram-k8-vllm=1:8,4:4,16:2`` (vLLM's per-batch-size table, LO:K or LO-HI:K);
-    ``ngram-k16-oracle`` and ``ngram-k16-informed`` are replay's references (gateway/replay/walk.Clairvoyant: one
+    ``ngram-k16-oracle`` and ``ngram-k16-informed`` are replay's references (replay/walk.Clairvoyant: one
     knows every round's accepted run, the other the trace's acceptance by match context), for n-gram only;
     ``ngram-k16-informed=request+match`` keys the rates by other features known before a round is verified
     (book.FEATURES, joined by +)."""

@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.replay.sim import Served
+from replay.sim import Served
 
 ALL = "all"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
-_CLI = "import sys; from gateway.cli import main; sys.exit(main())"
+_CLI = "import sys; from cli import main; sys.exit(main())"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -259,7 +259,7 @@ class RoundBook:
         ``adaptive.match_context``), the conditional acceptance of draft positions 1..NGRAM_SPAN over every
         output position of every greedy request of the trace: at position p the draft holds lens[p] tokens and
         its first runs[p] are accepted. What replay's ``informed`` reference knows
-        (gateway/replay/walk.Clairvoyant): the trace's own rates, in-sample, exactly. The finer the key, the
+        (replay/walk.Clairvoyant): the trace's own rates, in-sample, exactly. The finer the key, the
         closer to knowing each round's own outcome (``request+exact+found+position`` nearly names a round), so a
         fine key's figures say what a predictor that good would reach, not that one can be learned."""
         self.check_features(features)

@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
-        importlib.import_module(f"gateway.cli.{name}").register(sub)
+        importlib.import_module(f"cli.{name}").register(sub)
     return parser
 
 

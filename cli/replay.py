@@ -65,12 +65,12 @@ def _fail(message: str, code: int = 1) -> int:
 def _replay(args: argparse.Namespace) -> int:
     import os
 
-    from gateway.replay.book import RoundBook
-    from gateway.replay.choosers import Prices
-    from gateway.replay.report import comparisons, markdown, plots, summarise
-    from gateway.replay.run import Contender, load_policy, parse_arm, sweep
-    from gateway.replay.sim import Load
-    from gateway.cli.costs import load_costs
+    from replay.book import RoundBook
+    from replay.choosers import Prices
+    from replay.report import comparisons, markdown, plots, summarise
+    from replay.run import Contender, load_policy, parse_arm, sweep
+    from replay.sim import Load
+    from cli.costs import load_costs
     from policies.costmodel import CostModelError
     from policies.trace import TraceError, read_trace
 

@@ -8,7 +8,7 @@ Events, in time order (ties: finishes, then arrivals, then engine turns, then by
   ``Scheduler`` (running cap, KV reservation, FIFO), then ONE forward: a round of every decoding sequence,
   then prefill chunks of the others, shortest remaining prompt first (at most ``prefill_chunk`` tokens each,
   within what the rounds leave of ``max_batch_tokens``), priced by the cost model as one step
-  (:func:`gateway.replay.profile.step_s`) plus each round's seconds outside the forward. Every unit of the
+  (:func:`replay.profile.step_s`) plus each round's seconds outside the forward. Every unit of the
   step ends when the step ends; a sequence whose prompt is prefilled decodes from the next step;
 - **finish**: the answer's last token; the chooser learns (the gateway's Outcome), a closed-loop client
   sends its next request at that instant.
@@ -30,7 +30,7 @@ from operator import add
 
 from backends.engine.adaptive import plan_step
 from backends.engine.scheduler import Scheduler
-from gateway.replay.profile import Profile, step_s
+from replay.profile import Profile, step_s
 
 FINISH, ARRIVAL, TURN = 0, 1, 2
 
@@ -75,7 +75,7 @@ class Flight:
     Scheduler reads and writes."""
 
     index: int
-    profile: Profile | None  # None while a walker (gateway/replay/walk.py) picks its rounds turn by turn
+    profile: Profile | None  # None while a walker (replay/walk.py) picks its rounds turn by turn
     reserved_tokens: int
     arrival: float
     choice: object
@@ -155,7 +155,7 @@ def _drafts_share(costs, decoded: list[Flight], rounds: list[tuple[int, int]], s
 class Simulation:
     """One run: ``blocks`` of request indices (one block per slice with ``--mix by-slice``, each starting
     when the previous one has finished, as the serving benchmark's cells; one block when interleaved).
-    ``chooser`` (gateway/replay/choosers.py) decides, profiles and learns; its ``prices`` hold the workers'
+    ``chooser`` (replay/choosers.py) decides, profiles and learns; its ``prices`` hold the workers'
     cost models and their ``prefill_chunk`` and ``max_batch_tokens`` (the worker's flags)."""
 
     def __init__(self, chooser, load: Load, blocks: Sequence[Sequence[int]], seed: int, *,

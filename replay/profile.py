@@ -4,7 +4,7 @@ The engine (backends/engine/engine.py) batches continuously: every step runs ONE
 round of every decoding sequence (the last committed token and its k drafts) and then prefill chunks of
 admitted prompts, shortest remaining first, each at most ``prefill_chunk`` tokens, within what the rounds leave of
 ``max_batch_tokens`` (the last prompt token is left for the first round). So a round's seconds depend on
-the step it shares, and the simulator (gateway/replay/sim.py) prices steps: a :class:`Profile` holds each
+the step it shares, and the simulator (replay/sim.py) prices steps: a :class:`Profile` holds each
 round's shape (tokens fed, cached context) and its seconds outside the forward (the proposer's call, the
 per-round overhead, the serving path's cost per streamed round), computed once per (request, option) and
 reused at every load and seed; :func:`step_s` prices the forward of a step from the cost model.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.replay.book import Option, Rounds
+from replay.book import Option, Rounds
 
 
 class CachedCosts:

@@ -1,7 +1,7 @@
 """A request whose draft length the engine picks every round (``adaptive`` with a strategy of
 backends/engine/adaptive.py), walked one unit per simulated engine turn.
 
-A fixed option's rounds are a function of the request alone (gateway/replay/book.py), so its profile is
+A fixed option's rounds are a function of the request alone (replay/book.py), so its profile is
 computed once. A per-round controller's k depends on what it observed so far and, for the SGLang and vLLM
 controllers, on the engine's batch at that turn (SGLang's EMA is shared by the sequences of one engine and
 moves once per engine step; vLLM's table reads the batch size). So the walker asks the real controller for
@@ -20,8 +20,8 @@ from dataclasses import replace
 
 from backends.engine.adaptive import best_k, controller_for, match_context
 from backends.engine.types import SpeculationParams
-from gateway.replay.book import NGRAM_SPAN, Option
-from gateway.replay.profile import Profile, profile, round_parts
+from replay.book import NGRAM_SPAN, Option
+from replay.profile import Profile, profile, round_parts
 
 
 # replay only (:class:`Clairvoyant`): a controller that knows each round's accepted run (oracle), or the trace's

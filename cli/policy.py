@@ -185,9 +185,9 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    """``policy explain FILE --replay TRACE``: gateway/replay/candidate.py on the newest requests."""
-    from gateway.replay.candidate import ReplayTimeout, recorded, replay_candidate
-    from gateway.cli.costs import load_costs
+    """``policy explain FILE --replay TRACE``: replay/candidate.py on the newest requests."""
+    from replay.candidate import ReplayTimeout, recorded, replay_candidate
+    from cli.costs import load_costs
     from policies.costmodel import CostModelError
     from policies.trace import TraceError
 
@@ -198,7 +198,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.last < 1 or args.seeds < 1:
         print("error: --last and --seeds must be at least 1", file=sys.stderr)
         return 2
-    from gateway.replay.sim import Load
+    from replay.sim import Load
 
     try:
         for label in args.loads:

@@ -8,7 +8,7 @@ concurrency over the request's life; the worker's per-position counts). Policies
 code that runs in production, on another clock. Each pool's worker URL is one simulated worker; pools that
 name the same URL share it (the default policy's three pools are one embedded worker).
 
-:class:`Prices` turns (request, option) into a :class:`~gateway.replay.profile.Profile`, memoized for the
+:class:`Prices` turns (request, option) into a :class:`~replay.profile.Profile`, memoized for the
 exact options and recomputed per run for suffix (its tree depends on the order) and for sampled requests
 (drawn per run, labelled estimated).
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from gateway.replay.book import PLAIN, Option, RoundBook
-from gateway.replay.profile import Profile, profile
+from replay.book import PLAIN, Option, RoundBook
+from replay.profile import Profile, profile
 from policies.decide import decide, exploration_key
 from policies.snapshot import PoolState, load_concurrency
 from policies.stats import LearningState, Outcome
@@ -45,11 +45,11 @@ class Choice:
 class Prices:
     """Profiles of (request, option) on one cost model, and the simulated workers' settings as the worker's
     flags name them: ``context_length`` caps the KV reservation as ``Sequence.reserved_tokens`` does;
-    ``prefill_chunk`` and ``max_batch_tokens`` shape every engine step (gateway/replay/sim.py)."""
+    ``prefill_chunk`` and ``max_batch_tokens`` shape every engine step (replay/sim.py)."""
 
     def __init__(self, book: RoundBook, costs, prefill_chunk: int = 256, context_length: int = 8192,
                  per_worker: dict | None = None, max_batch_tokens: int = 512) -> None:
-        from gateway.replay.profile import CachedCosts
+        from replay.profile import CachedCosts
 
         self.book, self.costs = book, CachedCosts(costs)
         self.per_worker = {url: CachedCosts(model) for url, model in (per_worker or {}).items()}
@@ -101,9 +101,9 @@ class Prices:
 
 
     def walker(self, i: int, option: Option, run: RunState):
-        """A :class:`~gateway.replay.walk.Walker` for a per-round option (its controller seeded per run and
+        """A :class:`~replay.walk.Walker` for a per-round option (its controller seeded per run and
         request); a sampled request's per-position runs are drawn from its slice's rates."""
-        from gateway.replay.walk import Walker, drawn_positions
+        from replay.walk import Walker, drawn_positions
 
         r = self.book.requests[i]
         n = len(r.output_ids)

@@ -8,7 +8,7 @@ while they hold the same model revision, newest requests kept. A recording carri
 (the gateway has no model), so a ``draft_model`` pool cannot be replayed from it: such pools are left out
 of both policies (unhealthy in every simulated snapshot, so ``decide()`` never picks them) and named in
 the answer; ``specgate trace build`` traces carry the flags. Both policies, plain decoding and the arms
-given are simulated at each load with the same seeds (gateway/replay/run.py), one process, and the sweep
+given are simulated at each load with the same seeds (replay/run.py), one process, and the sweep
 stops with an error when it passes ``deadline_s``.
 """
 
@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.replay.book import RoundBook
-from gateway.replay.choosers import PolicyChooser, Prices
-from gateway.replay.report import ALL, comparisons, markdown, summarise
-from gateway.replay.run import Contender, parse_arm, sweep
+from replay.book import RoundBook
+from replay.choosers import PolicyChooser, Prices
+from replay.report import ALL, comparisons, markdown, summarise
+from replay.run import Contender, parse_arm, sweep
 from policies.trace import Trace, TraceError, read_trace
 
 MAX_REQUESTS = 5000

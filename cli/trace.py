@@ -119,7 +119,7 @@ def _build(args: argparse.Namespace) -> int:
     if model is None:
         return 2
 
-    from gateway.trace_build import BuildError, build, policy_pairs, read_requests, self_draft_pair, workload_requests
+    from replay.trace_build import BuildError, build, policy_pairs, read_requests, self_draft_pair, workload_requests
 
     try:
         pairs = {}
@@ -233,7 +233,7 @@ def _from_worker(url: str, out: Path) -> int:
     (policies.live_costs.from_server_info), written as a measured one is."""
     from datetime import datetime, timezone
 
-    from gateway.cli.costs import live_cost_model
+    from cli.costs import live_cost_model
     from policies.costmodel import CostModelError, write_cost_model
 
     if not out.parent.is_dir():

@@ -1,0 +1,48 @@
+"""An OTLP/HTTP trace sink for ``bench.gateway``'s tracing arm: accepts ``POST /v1/traces`` and answers 200 with
+an empty ``ExportTraceServiceResponse`` (zero bytes), counting what it received. It stands in for a collector so
+the measurement is the gateway's own tracing cost (span building, the batch processor, its export thread), not a
+collector's.
+
+    .venv/bin/python -m bench.otlp_sink --port 4318
+"""
+
+from __future__ import annotations
+
+import argparse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class _Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as a collector
+    posts = 0
+    received = 0
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        _Sink.posts += 1
+        _Sink.received += len(body)
+        self.send_response(200 if self.path == "/v1/traces" else 404)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:  # noqa: N802 - the health check bench.processes.running polls
+        text = f"{_Sink.posts} posts, {_Sink.received} bytes\n".encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    ThreadingHTTPServer(("127.0.0.1", args.port), _Sink).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""When trace export is on (telemetry/otel.py): only with an OTLP endpoint in the standard environment variables,
+and never with the SDK disabled; off, nothing of OpenTelemetry is even imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from telemetry import otel
+
+ON = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+
+
+@pytest.mark.parametrize(("env", "on"), [
+    ({}, False),
+    (ON, True),
+    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, True),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, False),
+    ({**ON, "OTEL_SDK_DISABLED": "true"}, False),
+    ({**ON, "OTEL_SDK_DISABLED": "TRUE"}, False),
+    ({**ON, "OTEL_SDK_DISABLED": "false"}, True),
+    ({**ON, "OTEL_TRACES_EXPORTER": "none"}, False),
+    ({"OTEL_SERVICE_NAME": "x", "OTEL_TRACES_SAMPLER": "always_on"}, False),
+])
+def test_on_only_with_an_endpoint_and_the_sdk_enabled(env, on):
+    assert otel.enabled(env) is on
+
+
+def test_off_the_gateway_builds_no_tracer_and_imports_no_opentelemetry(tmp_path):
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nslices: [{name: s}]\npools: {plain: {proposer: none, workers: "
+                      '["http://127.0.0.1:9"]}}\n')
+    code = ("import sys; from gateway.settings import GatewaySettings; from gateway.state import GatewayState; "
+            f"s = GatewayState(GatewaySettings(policy_path={str(policy)!r})); "
+            "print(s.otel, sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "None []"
+
+
+def test_on_the_service_name_comes_from_the_environment():
+    tracing = otel.configure("specgate-gateway", {**ON, "OTEL_SERVICE_NAME": "edge-gw"})
+    assert tracing is not None
+    try:
+        assert (tracing.service, tracing.provider.resource.attributes["service.name"]) == ("edge-gw", "edge-gw")
+    finally:
+        tracing.shutdown()
+    tracing = otel.configure("specgate-worker", ON)
+    assert tracing is not None
+    try:
+        assert tracing.service == "specgate-worker"
+    finally:
+        tracing.shutdown()
