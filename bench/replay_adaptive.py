@@ -51,6 +51,7 @@ from replay.run import blocks, load_policy, parse_arm, sweep
 from replay.sim import Load, Simulation
 from policies.costmodel import load_cost_model
 from policies.trace import read_trace
+from telemetry.progress import Progress
 
 SLO = (2.0, 0.150)  # deploy/policies/default.yaml
 
@@ -188,15 +189,19 @@ def main(argv: list[str] | None = None) -> int:
         fixed.append("draft-k2")
     common = dict(max_running=args.max_running_requests, max_total_tokens=1 << 16, processes=args.processes)
     arms = {n: parse_arm(n, book) for n in fixed}
-    results = sweep(prices, list(arms.values()), args.loads, args.seeds, "interleaved", **common)
+    with Progress("fixed arms", None) as bar:
+        results = sweep(prices, list(arms.values()), args.loads, args.seeds, "interleaved", progress=bar.reached,
+                        **common)
     table = vllm_table(results, fixed, args.loads, args.seeds, slice_of)
     adaptive = [f"ngram-k{args.k_max}-beta", "ngram-k7-sglang", f"ngram-k{args.k_max}-vllm={table}"]
-    results.update(sweep(prices, [parse_arm(n, book) for n in adaptive], args.loads, args.seeds, "interleaved",
-                         **common))
+    with Progress("adaptive arms", None) as bar:
+        results.update(sweep(prices, [parse_arm(n, book) for n in adaptive], args.loads, args.seeds, "interleaved",
+                             progress=bar.reached, **common))
     references = [f"ngram-k{args.k_max}-informed", *(f"ngram-k{args.k_max}-informed={f}" for f in args.informed),
                   f"ngram-k{args.k_max}-oracle"]
-    results.update(sweep(prices, [parse_arm(n, book) for n in references], args.loads, args.seeds, "interleaved",
-                         **common))
+    with Progress("references", None) as bar:
+        results.update(sweep(prices, [parse_arm(n, book) for n in references], args.loads, args.seeds,
+                             "interleaved", progress=bar.reached, **common))
     learning_cost: dict[tuple[str, str], list[float]] = {}
     learned: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
     for path in args.policy:

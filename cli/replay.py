@@ -133,14 +133,10 @@ def _replay(args: argparse.Namespace) -> int:
     from telemetry.progress import Progress
 
     with Progress("replay runs", None) as bar:
-        def progress(done: int, total: int) -> None:
-            bar.set_total(total)
-            bar.advance(done - bar.done)
-
         try:
             results = sweep(prices, contenders, args.loads, args.seeds, args.mix,
                             max_running=args.max_running_requests, max_total_tokens=args.max_total_tokens,
-                            processes=processes, progress=progress)
+                            processes=processes, progress=bar.reached)
         except ValueError as exc:
             return _fail(str(exc))
     slices = list(dict.fromkeys(r.slice for r in trace.requests if r.output_ids))

@@ -76,6 +76,12 @@ class Progress:
         if self._rich is not None:
             self._rich.update(self._task, total=total)
 
+    def reached(self, done: int, total: int) -> None:
+        """A ``progress(done, total)`` callback (replay's sweep reports this way)."""
+        if total != self.total:
+            self.set_total(total)
+        self.advance(done - self.done)
+
     def note(self, text: str) -> None:
         if self._rich is not None:
             self._rich.console.print(text, highlight=False, markup=False)

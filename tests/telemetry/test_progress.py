@@ -66,3 +66,11 @@ def test_on_a_terminal_a_bar_with_the_count():
     text = out.getvalue()
     assert "a line above the bar" in text and "code ngram-k4" in text and "3/4" in text
     assert "(75%)" not in text  # the plain line's form is not used on a terminal
+
+
+def test_a_sweeps_done_of_total_callback_moves_the_count_to_where_it_reports():
+    out, clock = io.StringIO(), Clock()
+    with Progress("replay runs", None, stream=out, clock=clock, every_s=1e9) as bar:
+        for done in (1, 2, 4):  # a process pool may report two jobs at once
+            bar.reached(done, 4)
+    assert bar.done == 4 and out.getvalue().splitlines() == ["replay runs: 4/4 (100%), 0s elapsed, ~0s left"]
