@@ -150,7 +150,9 @@ def _explain(args: argparse.Namespace) -> int:
     try:
         body = json.loads(args.request.read_text())
         if isinstance(body, dict) and ("messages" in body or "prompt" in body):
-            features = features_from_openai(body, route=route, wanted_headers=referenced_headers(policy))
+            slo = policy.route_slo(route)  # as the gateway without x-slo-* headers (a features JSON may set them)
+            features = features_from_openai(body, route=route, wanted_headers=referenced_headers(policy),
+                                            slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms)
         else:
             features = msgspec.convert(body, RequestFeatures)
         if args.stats is not None:

@@ -23,6 +23,7 @@ from policies.gate_settings import (  # noqa: F401  (re-exported: the policy fil
 from policies.schema_base import (  # noqa: F401  (re-exported)
     DraftLen, Fraction, Name, PosFloat, PosInt, Proposer, ResponseFormat, Url, _Strict,
 )
+from speculation import parse_k_by_batch  # noqa: F401  (the policy's k_by_batch parser; re-exported)
 
 
 DEFAULT_ROUTE = "default"
@@ -166,22 +167,6 @@ class DraftRange(_Strict, kw_only=True):
     def __post_init__(self) -> None:
         if self.min > self.max:
             raise ValueError(f"min {self.min} > max {self.max}; swap them")
-
-
-def parse_k_by_batch(text: str) -> tuple[tuple[int, int], ...]:
-    """vLLM's schedule written ``"1-3:8,4-15:4,16-4096:0"`` (inclusive ranges, ``LO-HI:K`` or ``LO:K``) as
-    ascending (lowest batch size, k) pairs."""
-    pairs = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        span, sep, k = item.partition(":")
-        lo = span.split("-")[0]
-        if not sep or not lo.isdigit() or not k.isdigit() or int(lo) < 1:
-            raise ValueError(f"k_by_batch: {item!r} is not LO-HI:K or LO:K (batch sizes >= 1, k >= 0), "
-                             "e.g. 1-3:8,4-15:4,16-4096:0")
-        pairs.append((int(lo), int(k)))
-    if not pairs:
-        raise ValueError("k_by_batch is empty; write ranges like 1-3:8,4-15:4,16-4096:0")
-    return tuple(sorted(pairs))
 
 
 class Pool(_Strict, kw_only=True):

@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from speculation import PoolProposer
+
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Base for everything the policy file owns."""
@@ -18,6 +20,6 @@ PosFloat = Annotated[float, Meta(gt=0)]
 PosInt = Annotated[int, Meta(ge=1)]
 Fraction = Annotated[float, Meta(ge=0, le=1)]
 DraftLen = Annotated[int, Meta(ge=1, le=64)]
-Proposer = Literal["none", "ngram", "suffix", "draft_model", "eagle", "eagle3", "standalone"]
+Proposer = PoolProposer  # speculation.POOL_PROPOSERS
 ResponseFormat = Literal["none", "text", "json_object", "json_schema"]
 Url = Annotated[str, Meta(pattern=r"^https?://[^\s/]+", description="http(s)://host:port")]

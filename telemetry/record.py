@@ -17,7 +17,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     route: str  # policy route name ("default" when auth is off)
     slice: str  # policy slice name
     pool: str  # policy pool name ("" when the request never reached a pool)
-    proposer: str  # none | ngram | draft_model | eagle | eagle3 | standalone
+    proposer: str  # one of speculation.POOL_PROPOSERS
     rule: str  # policy rule that decided ("" when rejected before deciding)
     reason: str = ""  # the decision's human-readable reason (logs only)
     draft_tokens: int = 0  # k chosen (0 = bypass)

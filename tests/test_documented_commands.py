@@ -222,3 +222,16 @@ def test_a_fresh_clone_with_nothing_beside_it_runs_the_readme(tmp_path, prepared
     drawn = sample(clone / "workloads", 1, 0, 3000)
     assert header["prompts"] == {s: [i.id for i in drawn if i.slice == s] for s in SLICES}
     assert "engine-plain" in done.stdout, done.stdout[-2000:]
+
+
+def test_every_page_says_first_who_it_is_for():
+    # docs are organised by what a reader came to do: each page opens with whom it serves
+    pages = [*DOCS, REPO / "CONTRIBUTING.md", REPO / "workloads" / "README.md"]
+    openings = {p.relative_to(REPO).as_posix(): next(line for line in p.read_text(encoding="utf-8").splitlines()[1:]
+                                                     if line.strip()) for p in pages}
+    assert {page: line for page, line in openings.items() if not line.startswith("For ")} == {}
+
+
+def test_the_readme_and_the_results_page_stay_short():
+    assert len((REPO / "README.md").read_text(encoding="utf-8").splitlines()) <= 170
+    assert len((REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8").splitlines()) <= 400

@@ -59,6 +59,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from speculation import MAX_DRAFT_TOKENS
+
 PRIOR_STRENGTH = 1.0  # pseudo-rounds of the prior
 DISCOUNT = 0.95  # per round: the posterior remembers ~20 rounds
 POOL_DISCOUNT = 0.999  # per round of a context: the engine-wide estimate remembers ~1000 rounds
@@ -67,7 +69,7 @@ POOL_DISCOUNT = 0.999  # per round of a context: the engine-wide estimate rememb
 # 80 workload requests, mixed, 20 seeds, two samples of the workloads: TPOT 0.5-1.0% lower at every load than
 # with 8; docs/runs/2026-12-03-issue26-auto/README.md, "Counterfactual plain evidence")
 POOL_STRENGTH = 128.0
-MAX_POSITIONS = 16  # types.MAX_DRAFT_TOKENS
+MAX_POSITIONS = MAX_DRAFT_TOKENS  # a controller tracks acceptance at every draft position a round can have
 DEFAULT_PRIOR = 0.5  # a_j when the gateway sends no prior: Beta(0.5, 0.5)
 GAIN_FLOOR = 1e-3  # a draft adding fewer expected tokens than this is never planned (plan_step)
 SGLANG_CANDIDATES = (1, 3, 7)

@@ -13,13 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Proposer = Literal["none", "ngram", "draft_model", "suffix"]
-PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft_model", "suffix")
-NgramMatch = Literal["earliest", "latest"]
-NGRAM_MATCHES: tuple[str, ...] = ("earliest", "latest")
-SCOPE_MAX_CHARS = 128
-MAX_DRAFT_TOKENS = 16
-ADAPTIVE_STRATEGIES: tuple[str, ...] = ("beta", "sglang", "vllm")  # backends/engine/adaptive.py
+from speculation import (  # noqa: F401  (the vocabulary, defined once; re-exported for the engine's modules)
+    ADAPTIVE_STRATEGIES, MAX_DRAFT_TOKENS, NGRAM_MATCHES, PROPOSERS, SCOPE_MAX_CHARS, NgramMatch, Proposer,
+)
+
 # test-only faults in speculation (backends/engine/faults.py); "off" is exact speculative decoding
 FaultMode = Literal["off", "lossy_accept", "random_draft"]
 FAULT_MODES: tuple[str, ...] = ("off", "lossy_accept", "random_draft")

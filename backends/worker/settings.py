@@ -24,6 +24,7 @@ from backends.engine.types import (
     SuffixSettings,
 )
 from backends.net import is_loopback
+from speculation import parse_k_by_batch
 
 SpeculativeAlgorithm = Literal["NGRAM", "STANDALONE", "SUFFIX"]
 # SGLang's algorithm name -> the engine's proposer (STANDALONE = a separate draft model; ours is the
@@ -110,7 +111,6 @@ class WorkerSettings:
                              f"{flag('speculative_adaptive_strategy')} vllm, which needs it "
                              "(e.g. 1-3:8,4-15:4,16-4096:0)")
         if table:
-            from policies.schema import parse_k_by_batch
 
             try:
                 parse_k_by_batch(table)
@@ -163,7 +163,6 @@ class WorkerSettings:
             return SpeculationParams(proposer="none", draft_tokens=self.speculative_num_draft_tokens, **ngram)
         table = ()
         if self.speculative_num_tokens_per_batch_size:
-            from policies.schema import parse_k_by_batch
 
             table = parse_k_by_batch(self.speculative_num_tokens_per_batch_size)
         return SpeculationParams(proposer=ALGORITHM_PROPOSER[self.speculative_algorithm],  # type: ignore[arg-type]

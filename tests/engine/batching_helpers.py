@@ -1,5 +1,5 @@
-"""Helpers shared by the batching tests (tests/engine/test_batching.py, tests/bench/test_prefill_budget.py): the
-prompts they feed and a log of what each engine step scheduled and fed."""
+"""Helpers of the batching tests (tests/engine/test_batching.py): the prompts they feed and a log of what each
+engine step scheduled and fed."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@
   the first differing position below ``TIE_GAP``, where fp32 summation order may decide the argmax); every
   divergence is printed with its gap.
 
-Two sizes of the identity test: ``fast`` (``make test``, 8 prompts x 16 tokens) and ``full`` (``make
-test-full``, 32 prompts x 32 tokens).
+Two sizes of the identity test: ``fast`` (``make test``, 8 prompts x 16 tokens, each speculative configuration
+also on the two tool_call prompts) and ``full`` (``make test-full``, 32 prompts x 32 tokens); in both, every
+speculative configuration must get drafts accepted.
 """
 
 from __future__ import annotations

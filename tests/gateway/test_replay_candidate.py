@@ -18,6 +18,7 @@ from policies.trace import Trace, TraceError, encode_line, read_trace, write_tra
 from tests.gateway.candidate_helpers import DEFAULT, LEFT_OUT, NGRAM_K4, OTHER, REVISION, header, traffic
 from tests.gateway.replay_helpers import CODE_RATIO, PROSE_RATIO, costs
 
+
 def ids(trace: Trace) -> list[str]:
     return [r.id for r in trace.requests]
 

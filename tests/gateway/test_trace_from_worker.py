@@ -50,7 +50,7 @@ def test_out_in_a_missing_directory(capsys, tmp_path):
 def test_the_summary_of_a_live_model_names_its_one_context_and_per_token_draft_costs():
     from cli.trace import _summary
     from policies.live_costs import from_server_info
-    from tests.policies.test_costmodel_from_worker import URL, report
+    from tests.policies.costmodel_helpers import URL, report
 
     assert _summary(from_server_info(report(), URL)) == [
         "forward, width 1: 20.00 ms at context 32",
@@ -79,7 +79,7 @@ def test_replay_priced_by_a_workers_live_costs_equals_the_same_costs_in_a_file(c
     from policies.costmodel import write_cost_model
     from policies.live_costs import from_server_info
     from tests.gateway.replay_helpers import REQUESTS
-    from tests.policies.test_costmodel_from_worker import REVISION, report
+    from tests.policies.costmodel_helpers import REVISION, report
     from policies.trace import FORMAT, Header, write_trace
 
     trace, cost_file = tmp_path / "trace.jsonl", tmp_path / "live.json"
@@ -103,7 +103,7 @@ def test_replay_and_explain_refuse_a_worker_that_cannot_price(capsys, tmp_path):
     import msgspec
 
     from tests.gateway.replay_helpers import REQUESTS
-    from tests.policies.test_costmodel_from_worker import REVISION, report
+    from tests.policies.costmodel_helpers import REVISION, report
     from policies.trace import FORMAT, Header, write_trace
 
     trace = tmp_path / "trace.jsonl"

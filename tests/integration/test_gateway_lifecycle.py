@@ -26,8 +26,9 @@ from tests.integration.gateway_processes import CODE, generated_tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 KEY = {"authorization": "Bearer life-key-1"}
-# ~57 s of this machine's worker (~57 ms a token); a client leaves after 1 s or a few chunks, so aborted, it
-# generates a small part of them on any machine, and never aborted, all of them
+# a client leaves after 1 s (json, 0.5 s a read timeout) or a few chunks; the worker, ~57 ms a token on a 2-core
+# Xeon, would have to be ~60x faster to generate all 1000 by then: aborted, a request generates a small part of
+# them, never aborted, all of them (the worker's own token count tells them apart, whatever its speed)
 LONG = {"max_tokens": 1000, "ignore_eos": True}
 HANG_S = 300  # the deadline of a wait for idle: only a hang exceeds it
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from bench.processes import ADMIN, BIN, REPO, gateway, worker, write_policy
-from tests.integration.test_pair_gates import FAST_EQUIVALENCE, fault, gated_policy, wait_gate
+from tests.integration.gate_helpers import FAST_EQUIVALENCE, fault, gated_policy, wait_gate
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 

@@ -14,42 +14,11 @@ import httpx
 import openai
 import pytest
 
-from bench.processes import ADMIN, BIN, MODEL, free_port, gateway, running, worker, write_policy
-from tests.integration.gateway_processes import CODE, policy_text
+from bench.processes import BIN, MODEL, free_port, gateway, running, worker, write_policy
+from tests.integration.gate_helpers import FAST_EQUIVALENCE, fault, gate, gated_policy, wait_gate
+from tests.integration.gateway_processes import CODE
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
-
-
-def gated_policy(url: str, revision: str, *, gates: str, extra_rules: str = "") -> str:
-    """The integration tests' policy (code pinned to the ngram pool at k=4) with a ``gates:`` section and a rule
-    bypassing the ngram pool while its gate is failed or degraded."""
-    degraded = "  - {name: degraded, when: {pool: ngram, pair_gate: [failed, degraded]}, then: bypass}\n"
-    return policy_text([url], revision=revision, extra_rules=degraded + extra_rules) + "gates:\n" + gates
-
-
-FAST_EQUIVALENCE = "  equivalence: {max_tokens: 24, sampled: null}\n"
-
-
-def fault(worker_url: str, mode: str) -> None:
-    r = httpx.post(f"{worker_url}/specgate/fault", json={"mode": mode}, timeout=10)
-    assert r.status_code == 200 and r.json() == {"mode": mode}
-
-
-def gate(gw: str, pool: str = "ngram") -> dict:
-    r = httpx.get(f"{gw}/admin/pools", headers=ADMIN, timeout=10)
-    assert r.status_code == 200
-    return r.json()[pool]["gate"]
-
-
-def wait_gate(gw: str, states: set[str], timeout: float = 240.0, pool: str = "ngram") -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        view = gate(gw, pool)
-        if view["state"] in states and not view["running"]:
-            return view
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gate of {pool} never reached {states}: {view}")
-        time.sleep(0.5)
 
 
 def ask(client: openai.OpenAI, content: str = CODE, max_tokens: int = 24, **headers: str):

@@ -87,3 +87,20 @@ def test_explain_lists_every_auto_option_with_its_posterior(tmp_path: Path) -> N
     # each option's spread: a prior of 0.3^2 worth 4 requests and 19 requests' worth of zero spread ->
     # s2 = 0.36 / 23; over its 20 requests: sd sqrt(s2 / 20) = 0.03
     assert lines[-1] == "reason: rule 'learned' auto: pool 'ngram-adaptive' k=16, posterior-mean speedup 2.00x over plain"
+
+
+def test_explain_reads_the_routes_slo_as_the_gateway_does(tmp_path: Path) -> None:
+    """Without x-slo-* headers a request's SLO is its route's: a rule on ``slo_tpot_ms`` decides the same in
+    ``explain`` as in the gateway; a features JSON states the SLO a header would have."""
+    policy = tmp_path / "slo.yaml"
+    text = Path(DEFAULT).read_text().replace("\nslo: {ttft_ms: 2000, tpot_ms: 150}", "\nslo: {ttft_ms: 2000, tpot_ms: 40}")
+    policy.write_text(text.replace("\nrules:", "\nrules:\n  - {name: tight-tpot, when: {slo_tpot_ms: {lte: 50}}, "
+                                   "then: bypass}\n#", 1))
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps({"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hi."}]}))
+    out = run("explain", str(policy), "--request", str(req))
+    assert out.returncode == 0, out.stderr
+    assert "rule tight-tpot: matched" in out.stdout
+    req.write_text(json.dumps({"max_tokens": 64, "slo_tpot_ms": 80}))
+    out = run("explain", str(policy), "--request", str(req))
+    assert "rule tight-tpot: no (slo_tpot_ms <= 50)" in out.stdout

@@ -1,4 +1,5 @@
-"""policies/ is pure: every module imports only the stdlib, msgspec, yaml and policies itself."""
+"""policies/ is pure: every module imports only the stdlib, msgspec, yaml, the speculation vocabulary and policies
+itself (never torch, litestar or httpx)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import ast
 import sys
 from pathlib import Path
 
-ALLOWED = {"msgspec", "yaml", "policies"}
+ALLOWED = {"msgspec", "yaml", "policies", "speculation"}
 PACKAGE = Path(__file__).resolve().parents[2] / "policies"
 
 
