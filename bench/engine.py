@@ -167,9 +167,10 @@ def render(tokenizer, item: WorkItem) -> list[int]:
     return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
-def run_dtype(dtype: str, items: list[WorkItem], max_new: int, draft_layers: int,
-              arms: list[str]) -> tuple[dict[str, list[Run]], list[Recorded]]:
-    """Every arm on every prompt (interleaved per prompt); also each prompt as a greedy record for replay."""
+def run_dtype(dtype: str, items: list[WorkItem], max_new: int, draft_layers: int, arms: list[str],
+              rid_prefix: str = "") -> tuple[dict[str, list[Run]], list[Recorded]]:
+    """Every arm on every prompt (interleaved per prompt, in ``items``' order, on one engine per arm); also each
+    prompt as a greedy record for replay. ``rid_prefix`` names the requests (a suffix scope is per arm)."""
     bench = Arms(dtype, max_new, draft_layers)
     runs: dict[str, list[Run]] = {a: [] for a in arms}
     records = []
@@ -179,8 +180,8 @@ def run_dtype(dtype: str, items: list[WorkItem], max_new: int, draft_layers: int
             if n == 0:
                 bench.warm_up(ids)
             for arm in arms:
-                runs[arm].append(bench.run(arm, item, ids, f"{arm}-{n}"))
-                bar.advance(description=f"{item.slice} {item.id} {arm}")
+                runs[arm].append(bench.run(arm, item, ids, f"{rid_prefix}{arm}-{n}"))
+                bar.advance(description=f"{item.slice} {item.id} {arm}: accept length {_fmt(runs[arm][-1].accept)}")
             records.append(Recorded(prompt=tuple(ids), output=(), max_new_tokens=max_new))
     bench.close()
     return runs, records
@@ -337,19 +338,7 @@ def run_stream(args, header: dict) -> dict:
     header["prompts"] = [i.id for i in items]
     results = {**header, "by_dtype": {}}
     for dtype in args.dtypes:
-        bench = Arms(dtype, args.max_new_tokens, args.draft_layers)
-        runs: dict[str, list[Run]] = {a: [] for a in STREAM_ARMS}
-        records = []
-        for n, item in enumerate(items):
-            ids = render(bench.tokenizer, item)
-            if n == 0:
-                bench.warm_up(ids)
-            for arm in STREAM_ARMS:
-                runs[arm].append(bench.run(arm, item, ids, f"stream-{arm}-{n}"))
-            records.append(Recorded(prompt=tuple(ids), output=(), max_new_tokens=args.max_new_tokens))
-            print(f"{dtype} request {n + 1}/{len(items)} {item.id}: " + ", ".join(
-                f"{a} {_fmt(runs[a][-1].accept)}" for a in STREAM_ARMS), file=sys.stderr)
-        bench.close()
+        runs, records = run_dtype(dtype, items, args.max_new_tokens, args.draft_layers, list(STREAM_ARMS), "stream-")
         runs |= replayed(runs, records, STREAM_REPLAYED)
         blocks = [(b, min(b + args.stream_block, len(items))) for b in range(0, len(items), args.stream_block)]
         table = {}
