@@ -141,7 +141,7 @@ class RoundBook:
         proposal per position serves every k and every round boundary; ``rounds`` then only walks the
         positions. The occurrence is found with ``bytes.find``/``rfind`` over the ids packed 4 bytes each (C
         speed; the proposer's dict index costs ~6 ms per request in Python), at a 4-byte-aligned offset.
-        tests/gateway/test_replay_book.py checks the result against ``counterfactual.replay_request``, which
+        tests/replay/test_replay_book.py checks the result against ``counterfactual.replay_request``, which
         runs the engine's own proposer round by round."""
         hit = self._ngram.get(i)
         if hit is None:

@@ -209,7 +209,7 @@ def test_a_fresh_clone_with_nothing_beside_it_runs_the_readme(tmp_path, prepared
 
     run(["make", "setup", f"VENV={venv}"], timeout=600)
     tests = ["tests/bench/test_workloads.py", "tests/test_layout.py",
-             "tests/gateway/test_trace_build.py::test_build_from_the_workloads"]
+             "tests/replay/test_trace_build.py::test_build_from_the_workloads"]
     done = run([str(BIN / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not full", *tests],
                timeout=900)
     assert re.search(r"^\d+ passed", done.stdout.splitlines()[-1]) and "skipped" not in done.stdout, done.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from bench.replay_adaptive import main
-from tests.gateway.replay_helpers import PINNED, files  # noqa: F401  (a pytest fixture)
+from tests.replay.replay_helpers import PINNED, files  # noqa: F401  (a pytest fixture)
 
 
 def test_a_policy_with_nothing_to_learn_costs_nothing_to_learn(files, tmp_path, capsys):  # noqa: F811

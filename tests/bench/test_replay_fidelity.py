@@ -18,7 +18,7 @@ from replay.report import percentile
 from replay.run import parse_arm, sweep
 from policies.costmodel import write_cost_model
 from policies.trace import FORMAT, Header, read_trace, write_trace
-from tests.gateway.replay_helpers import (CODE_NGRAM_TPOT, PLAIN_TPOT, PROSE_NGRAM_TPOT, REQUESTS, REVISION,
+from tests.replay.replay_helpers import (CODE_NGRAM_TPOT, PLAIN_TPOT, PROSE_NGRAM_TPOT, REQUESTS, REVISION,
                                           costs)
 
 ORDER = ["p2", "c1", "p1", "c2"]  # the run's stream: not the trace's order (c1, p1, c2, p2)

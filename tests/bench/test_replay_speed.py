@@ -8,7 +8,7 @@ import re
 from bench import replay_speed
 from policies.costmodel import write_cost_model
 from policies.trace import FORMAT, Header, write_trace
-from tests.gateway.replay_helpers import PINNED, REQUESTS, REVISION, costs
+from tests.replay.replay_helpers import PINNED, REQUESTS, REVISION, costs
 
 
 def files(tmp_path):

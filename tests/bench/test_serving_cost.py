@@ -8,7 +8,7 @@ import pytest
 
 import bench.serving_cost as serving_cost
 from policies.costmodel import load_cost_model, write_cost_model
-from tests.gateway.replay_helpers import PLAIN_TPOT, REVISION, costs
+from tests.replay.replay_helpers import PLAIN_TPOT, REVISION, costs
 
 
 def test_replayed_tpot_is_replays_plain_tpot():
@@ -91,7 +91,7 @@ def test_repeats_keep_the_median_measurement_of_c1_and_of_each_count(tmp_path, m
 
 
 def test_a_cost_model_of_other_weights_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
-    from tests.gateway.replay_helpers import OTHER
+    from tests.replay.replay_helpers import OTHER
 
     path = tmp_path / "costs.json"
     write_cost_model(path, costs(revision=OTHER))

@@ -22,9 +22,9 @@ from policies.live_costs import from_server_info
 from policies.errors import PolicyError
 from policies.load import load_policy
 from policies.trace import encode_line, write_trace
-from tests.gateway.candidate_helpers import DEFAULT, LEFT_OUT, NGRAM_K4, OTHER, REVISION, header, traffic
+from tests.replay.candidate_helpers import DEFAULT, LEFT_OUT, NGRAM_K4, OTHER, REVISION, header, traffic
 from tests.gateway.gateway_helpers import closed_port as _closed_port
-from tests.gateway.replay_helpers import CODE_RATIO, costs
+from tests.replay.replay_helpers import CODE_RATIO, costs
 
 ADMIN = {"authorization": "Bearer adm"}
 CANDIDATE = NGRAM_K4.read_text()

@@ -1,5 +1,5 @@
 """A worker's scripted ``/server_info`` with live step costs, for the tests that turn it into a replay cost model
-(tests/policies/test_costmodel_from_worker.py, tests/gateway/test_trace_from_worker.py)."""
+(tests/policies/test_costmodel_from_worker.py, tests/replay/test_trace_from_worker.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A synthetic recording of gateway traffic (records as the gateway writes them: no draft match flags, a header
-without pairs) for the candidate-replay tests (tests/gateway/test_replay_candidate.py, test_admin_replay.py)."""
+without pairs) for the candidate-replay tests (tests/replay/test_replay_candidate.py, test_admin_replay.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 
 from policies.trace import FORMAT, Header
-from tests.gateway.replay_helpers import PHRASE, request
+from tests.replay.replay_helpers import PHRASE, request
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "policies"
 DEFAULT, NGRAM_K4 = DEPLOY / "default.yaml", DEPLOY / "bench" / "ngram-k4.yaml"

@@ -14,9 +14,9 @@ from cli import main
 from policies.costmodel import write_cost_model
 from policies.errors import PolicyError
 from policies.load import load_policy_file
-from tests.gateway.replay_helpers import (BYPASS, CODE_NGRAM_TPOT, CODE_RATIO, OTHER, PINNED, PLAIN_TPOT,
+from tests.replay.replay_helpers import (BYPASS, CODE_NGRAM_TPOT, CODE_RATIO, OTHER, PINNED, PLAIN_TPOT,
                                           PROSE_NGRAM_TPOT, PROSE_RATIO, REVISION, costs)
-from tests.gateway.replay_helpers import files  # noqa: F401 (a pytest fixture)
+from tests.replay.replay_helpers import files  # noqa: F401 (a pytest fixture)
 
 
 def replay(capsys, trace, cost_file, *args: str) -> tuple[int, str, str]:

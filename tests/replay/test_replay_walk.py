@@ -20,7 +20,7 @@ from replay.profile import CachedCosts
 from replay.sim import Load, Simulation
 from policies.schema import DraftId, ModelId, Pair, pair_version
 from policies.trace import FORMAT, Header
-from tests.gateway.sim_helpers import REVISION, prices_of, request, simulate
+from tests.replay.sim_helpers import REVISION, prices_of, request, simulate
 
 SELF8 = Pair(target=ModelId(model="m", revision=REVISION), draft=DraftId(kind="layer_truncated", layers=8))
 V = pair_version(SELF8)
@@ -157,7 +157,7 @@ def test_match_lengths_are_the_engines_proposers():
 def test_the_beta_controller_prices_k_in_the_step_it_joins():
     """As the engine's StepCosts.round_s: a round of k drafts in a step of B sequences costs the B-sequence
     forward the others share (they feed one token each), its draft and the overhead."""
-    from tests.gateway.sim_helpers import COSTS, batched
+    from tests.replay.sim_helpers import COSTS, batched
 
     costs = batched(1.6)
     prices = prices_of(copying("a", 1))

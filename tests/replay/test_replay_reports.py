@@ -13,7 +13,7 @@ from replay.book import PLAIN, Option, RoundBook
 from replay.choosers import FixedChooser, Prices
 from replay.sim import Load, Simulation
 from policies.trace import Trace
-from tests.gateway.sim_helpers import COSTS, HEADER, OVERHEAD, copy_friendly, forward, prices_of, request, simulate
+from tests.replay.sim_helpers import COSTS, HEADER, OVERHEAD, copy_friendly, forward, prices_of, request, simulate
 
 
 def test_each_request_reports_the_workers_plain_counterfactual():

@@ -15,8 +15,8 @@ from replay.candidate import MAX_REQUESTS, ReplayTimeout, recorded, replay_candi
 from policies.costmodel import write_cost_model
 from policies.load import load_policy, load_policy_file
 from policies.trace import Trace, TraceError, encode_line, read_trace, write_trace
-from tests.gateway.candidate_helpers import DEFAULT, LEFT_OUT, NGRAM_K4, OTHER, REVISION, header, traffic
-from tests.gateway.replay_helpers import CODE_RATIO, PROSE_RATIO, costs
+from tests.replay.candidate_helpers import DEFAULT, LEFT_OUT, NGRAM_K4, OTHER, REVISION, header, traffic
+from tests.replay.replay_helpers import CODE_RATIO, PROSE_RATIO, costs
 
 
 def ids(trace: Trace) -> list[str]:

@@ -1,4 +1,4 @@
-"""The synthetic trace and hand-made cost model of the replay CLI tests (tests/gateway/test_replay_cli.py), whose
+"""The synthetic trace and hand-made cost model of the replay CLI tests (tests/replay/test_replay_cli.py), whose
 replayed TPOTs are computed here by hand; tests of replay's reports, candidates and fidelity use them too."""
 
 from __future__ import annotations

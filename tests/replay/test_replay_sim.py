@@ -22,7 +22,7 @@ from policies.features import RequestFeatures
 from policies.load import load_policy, load_policy_file
 from policies.schema import DraftId, ModelId, Pair, pair_version
 from policies.trace import FORMAT, Header, Trace
-from tests.gateway.sim_helpers import (COSTS, HEADER, OVERHEAD, TIGHT, copy_friendly, forward, prefill, prices_of,
+from tests.replay.sim_helpers import (COSTS, HEADER, OVERHEAD, TIGHT, copy_friendly, forward, prefill, prices_of,
                                        request, simulate)
 
 DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "default.yaml"

@@ -78,7 +78,7 @@ def test_replay_priced_by_a_workers_live_costs_equals_the_same_costs_in_a_file(c
 
     from policies.costmodel import write_cost_model
     from policies.live_costs import from_server_info
-    from tests.gateway.replay_helpers import REQUESTS
+    from tests.replay.replay_helpers import REQUESTS
     from tests.policies.costmodel_helpers import REVISION, report
     from policies.trace import FORMAT, Header, write_trace
 
@@ -102,7 +102,7 @@ def test_replay_priced_by_a_workers_live_costs_equals_the_same_costs_in_a_file(c
 def test_replay_and_explain_refuse_a_worker_that_cannot_price(capsys, tmp_path):
     import msgspec
 
-    from tests.gateway.replay_helpers import REQUESTS
+    from tests.replay.replay_helpers import REQUESTS
     from tests.policies.costmodel_helpers import REVISION, report
     from policies.trace import FORMAT, Header, write_trace
 

@@ -1,4 +1,4 @@
-"""The replay simulator tests' hand-made cost model and trace requests (tests/gateway/test_replay_sim.py and the
+"""The replay simulator tests' hand-made cost model and trace requests (tests/replay/test_replay_sim.py and the
 replay tests beside it): expected times are sums written out by hand from the formulas below."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 from backends.engine.types import RequestStats, RoundStats
 from replay.book import PLAIN, Option
 from replay.profile import profile, step_s
-from tests.gateway.sim_helpers import (COSTS, DRAFT_CALL, DRAFT_TOKEN, NGRAM_CALL, NGRAM_SETUP, OVERHEAD, TIGHT,
+from tests.replay.sim_helpers import (COSTS, DRAFT_CALL, DRAFT_TOKEN, NGRAM_CALL, NGRAM_SETUP, OVERHEAD, TIGHT,
                                        batched, forward, prefill)
 
 
