@@ -47,9 +47,12 @@ def policy_text(source: Path, worker: str) -> str:
 def gateway(tree: Path, policy: Path, log: Path) -> Iterator[tuple[str, int]]:
     """specgate's gateway run from ``tree`` (first on PYTHONPATH); yields (chat URL, process id)."""
     port = free_port()
-    with running([str(BIN / "specgate"), "serve", "--policy", str(policy), "--port", str(port),
-                  "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", log,
-                 env={"PYTHONPATH": str(tree.resolve())}) as proc:
+    # the tree's own CLI: `cli` since the CLI became its own part, `gateway.cli` before (the installed console
+    # script would import this checkout's CLI over the other tree's gateway; -P: the working directory is not on sys.path)
+    module = "cli" if (tree / "cli" / "__init__.py").exists() else "gateway.cli"
+    with running([str(BIN / "python"), "-P", "-c", f"import sys; from {module} import main; sys.exit(main())", "serve",
+                  "--policy", str(policy), "--port", str(port), "--log-level", "warning"],
+                 f"http://127.0.0.1:{port}/ready", log, env={"PYTHONPATH": str(tree.resolve())}) as proc:
         yield f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid
 
 
