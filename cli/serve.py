@@ -3,14 +3,21 @@
 With no API keys in the policy, auth is off; then binding a non-loopback address is refused unless
 ``--allow-unauthenticated-public`` says it is intended. ``--trace FILE`` records served requests as a replay
 trace (``gateway/tracing.py``): the flag names the file, the policy's ``tracing:`` section (if any) the rest.
+``--state URL`` makes the gateway a fleet member (``gateway/fleet.py``, docs/deploy.md); ``--processes N`` then
+serves one port from N such processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import logging
+import os
 import sys
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,6 +50,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="record served requests (prompt and output token ids: user content) as a replay trace in "
                         "FILE (0600, rotated; its folder must exist); the policy's tracing: section, if any, gives "
                         "the size cap, rotation, sample and routes, this flag the file (docs/replay.md)")
+    p.add_argument("--state", metavar="URL", default=None,
+                   help="make this gateway a fleet member: share the learner's sums, exploration, pair gate verdicts, "
+                        "outcomes and route limits through the Valkey/Redis server at URL (valkey://, redis:// or "
+                        "rediss:// host:port/db; overrides the policy's state.url; password: the policy's "
+                        "state.password_env or state.password_file, else $SPECGATE_STATE_PASSWORD when set; "
+                        "docs/deploy.md)")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="serve from N gateway processes sharing the port (one core each), made one gateway by the "
+                        "fleet state (needs --state or the policy's state:); each process exports its own /metrics")
     p.set_defaults(func=_run)
 
 
@@ -57,8 +73,6 @@ def _run(args: argparse.Namespace) -> int:
     from telemetry.logs import configure_logging
 
     configure_logging(json=args.log_json, level=args.log_level)
-    import logging
-
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per worker call otherwise
     try:
         policy = load_policy_file(args.policy)
@@ -77,17 +91,51 @@ def _run(args: argparse.Namespace) -> int:
             admin_token_env=args.admin_token_env, max_body_bytes=args.max_body_bytes,
             log_json=args.log_json, log_level=args.log_level, debug_log_text=args.debug_log_text,
             upstream_read_timeout_s=args.upstream_read_timeout_s,
-            trace_path=str(Path(args.trace).absolute()) if args.trace else None)
+            trace_path=str(Path(args.trace).absolute()) if args.trace else None, state_url=args.state)
         app = create_app(settings)
     except (ValueError, PolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.processes > 1:
+        if policy.state is None and args.state is None:
+            print("error: --processes needs the fleet state (--state URL or the policy's state: section): each "
+                  "process is a gateway of its own, and only a shared store makes them act as one", file=sys.stderr)
+            return 2
+        if settings.trace_path is not None or policy.tracing is not None:
+            print("error: --processes cannot record a trace (one file, several writers); use one process",
+                  file=sys.stderr)
+            return 2
+        del app
+        # each process builds its own app from the same settings (uvicorn's workers share the listening socket)
+        os.environ[SETTINGS_ENV] = msgspec.json.encode(settings).decode()
+        uvicorn.run("cli.serve:app_from_environment", factory=True, workers=args.processes, host=args.host,
+                    port=args.port, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5,
+                    timeout_keep_alive=75)
+        return 0
     app.on_startup.append(_freeze_heap)
     # idle client connections are kept 75 s, longer than common clients keep them (httpx and the openai
     # SDK: 5 s), so the client closes first and never sends on a connection the gateway is closing
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                 timeout_graceful_shutdown=5, timeout_keep_alive=75)
     return 0
+
+
+SETTINGS_ENV = "SPECGATE_SERVE_SETTINGS"  # `--processes N`: the settings each process builds its app from
+
+
+def app_from_environment() -> Any:
+    """One process of `specgate serve --processes N` (uvicorn's factory): the app for the settings the parent
+    checked, a fleet member like every other process of the host."""
+    from gateway.app import create_app
+    from gateway.settings import GatewaySettings
+    from telemetry.logs import configure_logging
+
+    settings = msgspec.json.decode(os.environ[SETTINGS_ENV], type=GatewaySettings)
+    configure_logging(json=settings.log_json, level=settings.log_level)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # as in one process: no INFO line per worker call
+    app = create_app(settings)
+    app.on_startup.append(_freeze_heap)
+    return app
 
 
 def _freeze_heap() -> None:

@@ -3,8 +3,8 @@
 Flags follow SGLang's server flags where one exists (``--speculative-algorithm``,
 ``--speculative-num-draft-tokens``, ``--speculative-ngram-max-match-window-size``, ``--max-running-requests``,
 ``--served-model-name``...), so a pool of these workers is configured like a pool of SGLang servers.
-``--speculative-algorithm SUFFIX`` and the ``--speculative-suffix-*`` flags are specgate's (SGLang has no
-suffix decoding; vLLM calls it ``suffix``). ``--fault-injection`` and ``--fault-mode`` are a test switch
+``--speculative-algorithm SUFFIX`` (and ``HYBRID``: n-gram and suffix, the source picked per round) and the
+``--speculative-suffix-*`` flags are specgate's (SGLang has no suffix decoding; vLLM calls it ``suffix``). ``--fault-injection`` and ``--fault-mode`` are a test switch
 that breaks speculation on purpose (backends/engine/faults.py), refused unless ``--host`` is loopback.
 """
 
@@ -48,11 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "elsewhere without tripping its circuit breaker)")
     p.add_argument("--draft-layers", type=int, default=8,
                    help="depth of the layer-truncated self-draft used by STANDALONE / proposer draft_model")
-    p.add_argument("--speculative-algorithm", choices=("NGRAM", "STANDALONE", "SUFFIX"), default=None,
+    p.add_argument("--speculative-algorithm", choices=("NGRAM", "STANDALONE", "SUFFIX", "HYBRID"), default=None,
                    help="default speculation for requests without an override: NGRAM (prompt lookup), "
-                        "STANDALONE (draft model = the target's first --draft-layers layers) or SUFFIX "
+                        "STANDALONE (draft model = the target's first --draft-layers layers), SUFFIX "
                         "(suffix decoding over the prompt and earlier outputs; specgate's extension, vLLM's "
-                        "`suffix`); omit for plain decoding")
+                        "`suffix`) or HYBRID (NGRAM and SUFFIX drafts every round, the source picked per "
+                        "round; specgate's); omit for plain decoding")
     p.add_argument("--speculative-num-draft-tokens", type=int, default=4,
                    help="draft tokens per round k (1..16) for the default speculation")
     p.add_argument("--speculative-adaptive", action="store_true",

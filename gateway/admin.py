@@ -14,6 +14,8 @@ re-check:
 - ``GET /admin/requests``: what the requests in flight hold now: the in-flight count the policy sees,
   explorations in flight per ``slice|pool``, each route's admission state and each worker's slots
   (all zero and empty when the gateway is idle).
+- ``GET /admin/fleet``: fleet state (``gateway/fleet.py``): the store (scheme and host only), whether it
+  answers, the last sync and its duration, the replicas with a live heartbeat (policy digest, pid, in flight).
 - ``GET /admin/tracing``: trace recording (``gateway/tracing.py``): on or off, the configuration in force,
   the current file's header (model, revision, tokenizer), its size and the files kept, and how many
   finished requests were recorded or not, and why (never a record's content).
@@ -211,8 +213,20 @@ def admin_router(state: GatewayState) -> Router:
         async with running:
             return await asyncio.to_thread(_replay_now, state, config, body, live)
 
+    @get("/fleet", summary="Fleet state: the store's health, last sync, the replicas seen")
+    async def fleet(request: Request[Any, Any, Any]) -> Response[bytes]:
+        if (refused := guard(request)) is not None:
+            return refused
+        if state.fleet is None:
+            return _json({"enabled": False, "replicas": {}})
+        own = state.learning.tables()
+        return _json({"enabled": True, **state.fleet.view(), "exploring": state.exploring,
+                      # this replica's own evidence (what it publishes): requests ever learned per table
+                      "own_evidence": {"arms": sum(s.ever for s in own["arms"].values()),
+                                       "acceptance": sum(s.ever_requests for s in own["acceptance"].values())}})
+
     return Router(path="/admin", route_handlers=[policy, explain_request, pools, check, stats, requests, tracing,
-                                                    replay])
+                                                    replay, fleet])
 
 
 def _replay_now(state: GatewayState, config: Any, body: ReplayBody, live: Reports) -> Response[bytes]:

@@ -30,9 +30,9 @@ from policies.snapshot import PoolState
 log = structlog.get_logger("specgate.gateway")
 
 # policy proposer -> SGLang's --speculative-algorithm
-# (SUFFIX is specgate's embedded worker's; SGLang has no suffix decoding)
-_ALGORITHM = {"none": "none", "ngram": "NGRAM", "suffix": "SUFFIX", "draft_model": "STANDALONE",
-              "standalone": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}
+# (SUFFIX and HYBRID are specgate's embedded worker's; SGLang has no suffix decoding)
+_ALGORITHM = {"none": "none", "ngram": "NGRAM", "suffix": "SUFFIX", "hybrid": "HYBRID",
+              "draft_model": "STANDALONE", "standalone": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3"}
 
 
 def expected_pair(policy: Policy, pool_name: str) -> ExpectedPair | None:

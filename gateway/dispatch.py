@@ -52,7 +52,7 @@ def speculation(pool: Pool, override: dict[str, Any] | None, route: str) -> dict
     """``custom_params.speculation`` of an attempt on ``pool`` (None: send no ``custom_params``)."""
     if override is not None:
         return {**override, "scope": route}
-    if pool.proposer == "suffix":  # a server-mode suffix worker: its launch default, in this route's scope
+    if pool.proposer in ("suffix", "hybrid"):  # a server-mode suffix worker: its default, in this route's scope
         return {"scope": route}
     return None
 
@@ -149,12 +149,12 @@ async def close_quietly(upstream: Any) -> None:
         await upstream.aclose()
 
 
-def sender(admitted: Admitted) -> Callable[..., Awaitable[Any]]:
+def sender(admitted: Admitted, resumable: bool = False) -> Callable[..., Awaitable[Any]]:
     """The worker call: the whole JSON answer, or a stream opened up to its first chunk. A request selected
-    for the trace also asks for its token ids (``backends/sglang/token_ids.py``); ``headers``: the attempt's
-    ``traceparent`` when trace export is on."""
+    for the trace, or a stream that may resume (``gateway/resume.py``), also asks for its token ids
+    (``backends/sglang/token_ids.py``); ``headers``: the attempt's ``traceparent`` when trace export is on."""
     chat = admitted.arrival.endpoint == "chat"
-    ids = request_fields(chat) if admitted.trace_ids else {}
+    ids = request_fields(chat) if admitted.trace_ids or resumable else {}
     if not admitted.stream:
         async def whole(client: SGLangClient, fwd: dict[str, Any], headers: dict[str, str] | None = None
                         ) -> OpenAIResult[Any]:

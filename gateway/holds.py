@@ -64,6 +64,15 @@ class Holds:
     def hold_worker(self, backend: Any, pool: str, url: str) -> None:
         self.worker = (backend, pool, url)
 
+    def move_worker(self, backend: Any, pool: str, url: str) -> None:
+        """A resume (``gateway/resume.py``) continues the answer on ``url``: the failed worker's slot is given back
+        (without a success) and the new one held; the request stays one in flight."""
+        if self.worker is not None:
+            old_backend, old_pool, old_url = self.worker
+            old_backend.pools[old_pool].release(old_url)
+        backend.pools[pool].acquire(url)
+        self.worker, self.worker_failed = (backend, pool, url), False
+
     def fail_worker(self, exc: WorkerError) -> None:
         """The worker failed mid-answer: counted against its health, not released as a success."""
         self.worker_failed = True

@@ -35,8 +35,10 @@ from backends.sglang.token_ids import strip
 from gateway import stages
 from gateway.dispatch import NotServed, abort_upstream, close_quietly, dispatch, sender
 from gateway.errors import ApiError
+from gateway.evidence import wanted
 from gateway.holds import Holds, Stopwatch
 from gateway.relay import DONE, Tally, inject, relay_stream
+from gateway.resume import Progress, Resumer, not_resumable, stops_of
 from gateway.request_spans import RequestSpans
 from gateway.requests import ChatRequest, CompletionRequest, parse_body
 from gateway.slo_headers import request_slo
@@ -47,6 +49,8 @@ from policies.features import features_from_openai
 
 DEFAULT_RESERVED_COMPLETION = 256  # tokens reserved against tokens_per_min when max_tokens is absent
 JSON = "application/json"
+# the token budget replayed for an answer without max_tokens: its drafts were never cut by the budget
+MAX_NEW_UNKNOWN = 1 << 20
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -131,6 +135,8 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
     ending: Ending | None = None
     handed_over: float | None = None  # perf_counter when a whole answer was handed to the server
     relaying: tuple[Any, SGLangClient] | None = None  # a worker stream being relayed, until it ends
+    evidence = False  # its outcome waits for full-information evidence (gateway/evidence.py)
+    resumer: Resumer | None = None  # a stream that may continue on another worker (gateway/resume.py)
     otel = state.otel  # OpenTelemetry export (telemetry/otel.py); None: off, and no span object is built
     spans = RequestSpans(otel, request.headers, endpoint) if otel is not None else None
 
@@ -156,8 +162,15 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
             holds.count(decision)
             if spans is not None:
                 spans.stage("decide", {"specgate.slice": decision.slice, "specgate.rule": decision.rule})
+            may_resume = admitted.stream and active.policy.resume.max_resumes > 0
+            ids = may_resume and not_resumable(admitted.body) is None  # the ids a resume continues from
+            # a greedy answer that can teach auto options it was not served with (gateway/evidence.py)
+            evidence = wanted(decision, admitted.body)
+            if evidence and not admitted.trace_ids:
+                tally.want_ids()
+            ids = ids or evidence
             answered, served = await unless_client_leaves(
-                request.receive, dispatch(state, admitted, decision, holds, waited, sender(admitted), spans))
+                request.receive, dispatch(state, admitted, decision, holds, waited, sender(admitted, ids), spans))
         except (ApiError, NotServed) as exc:
             error = exc.error if isinstance(exc, NotServed) else exc
             retries = exc.retries if isinstance(exc, NotServed) else 0
@@ -176,27 +189,36 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
 
         def info() -> bytes:
             assert decision is not None and dispatched is not None
-            return stages.info_json(arrival, route, decision, dispatched, tally.relayed())
+            return stages.info_json(arrival, route, decision, dispatched, tally.relayed(),
+                                    tuple(resumer.steps) if resumer is not None else ())
 
         if not admitted.stream:
             tally.take(result.parsed)
-            content = inject(strip(result.raw) if admitted.trace_ids else result.raw, info())
+            content = inject(strip(result.raw) if admitted.trace_ids or ids else result.raw, info())
             ending, handed_over = stages.OK, time.perf_counter()
             yield Head(200, head_headers(), content)
             return
         upstream, first = result
         relaying = (upstream, state.backend.client(dispatched.worker))
+        if may_resume:
+            resumer = Resumer(state, admitted, decision, dispatched, holds,
+                              Progress(endpoint == "chat", stops_of(admitted.body)), spans)
         yield Head(200, {**head_headers(), **SSE_HEADERS}, None)
         try:
-            async with contextlib.aclosing(relay_stream(tally, admitted, upstream, first, info, waited)) as chunks:
+            async with contextlib.aclosing(relay_stream(tally, admitted, upstream, first, info, waited, resumer,
+                                                        ids)) as chunks:
                 async for chunk in chunks:
                     yield chunk
             ending, relaying = stages.OK, None
         except WorkerError as exc:
-            holds.fail_worker(exc)
             client, relaying = relaying[1], None  # its worker request is aborted here, not again below
-            state.spawn(abort_upstream(client, dispatched.rid, state.settings.abort_timeout_s))
-            error = ApiError(502, f"the worker failed mid-stream: {exc.message}", code="upstream_error")
+            not_resumed = ""
+            if resumer is None or not resumer.steps:
+                holds.fail_worker(exc)
+                state.spawn(abort_upstream(client, dispatched.rid, state.settings.abort_timeout_s))
+            else:  # the resumer reported the failure and aborted the failed worker's request
+                not_resumed = f"; not resumed: {resumer.steps[-1].outcome}"
+            error = ApiError(502, f"the worker failed mid-stream: {exc.message}{not_resumed}", code="upstream_error")
             ending = Ending(502, "upstream_error", "WorkerError", error.message)
             yield error.stream_chunk()
             yield DONE
@@ -206,8 +228,11 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
     finally:
         if relaying is not None:  # the stream did not end (client left, or a gateway error): stop the worker's part
             upstream, client = relaying
+            rid = dispatched.rid if dispatched else ""
+            if resumer is not None and resumer.rid != rid:  # a resumed stream: its current worker's request
+                client, rid = state.backend.client(resumer.worker), resumer.rid
             state.spawn(close_quietly(upstream))
-            state.spawn(abort_upstream(client, dispatched.rid if dispatched else "", state.settings.abort_timeout_s))
+            state.spawn(abort_upstream(client, rid, state.settings.abort_timeout_s))
         relayed = tally.relayed()
         mean = holds.release(used_tokens=relayed.prompt_tokens + relayed.completion_tokens)
         pool = stages.served_by(decision, dispatched)[0]
@@ -217,9 +242,15 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
             overhead_s=max(0.0, (handed_over or time.perf_counter()) - arrival.t0 - waited.seconds),
             mean_concurrency=mean,
             slo=admitted.slo if admitted is not None else active.policy.route_slo(route) if route else None,
-            pair_version=active.pair_versions.get(pool, ""))
-        learned = stages.outcome(finished)  # the learner and telemetry hear of it once, from one value
-        if learned is not None:
+            pair_version=active.pair_versions.get(pool, ""),
+            resumes=tuple(resumer.steps) if resumer is not None else ())
+        # the learner and telemetry hear of it once, from one value; a resumed answer's TPOT and counters span two
+        # workers (maybe two pools) and the gap between, so the learner does not learn from it
+        learned = None if finished.resumed else stages.outcome(finished)
+        if learned is not None and evidence and dispatched is not None and decision is not None:
+            state.evidence.submit(learned, decision, dispatched.worker, relayed.prompt_ids, relayed.output_ids,
+                                  admitted.features.max_tokens or MAX_NEW_UNKNOWN, state.learn)
+        elif learned is not None:
             state.learn(learned)
         record = stages.record(finished)
         if spans is not None:

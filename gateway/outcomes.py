@@ -9,10 +9,14 @@ route, the success of requests a speculative pool served with the same route's p
 names the route, and a route can only report its own requests (another route's id is unknown to it). Answers:
 200 taken; 400 a bad body (naming the field); 404 an id this gateway does not know (never served, another
 route's, or finished more than ``gates.outcome.ttl_s`` ago); 409 reported already, or the outcome gate is off.
+
+In a fleet (the policy's ``state:``, ``gateway/fleet.py``) any replica takes the outcome of a request any replica
+served, exactly once fleet-wide (``fleet_report``); while the state store is unreachable, only its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -58,6 +62,36 @@ def parse_report(raw: bytes, header_id: str | None) -> tuple[str, float]:
     return rid, float(report.success) if report.success is not None else float(report.score or 0.0)
 
 
+async def fleet_report(state: GatewayState, rid: str, route: str, score: float) -> str | None | bool:
+    """In a fleet (``gateway/fleet.py``): claim the report in the state store, exactly once fleet-wide, for a
+    request any replica served; the other replicas' outcome gates read it from the store's report stream. Returns
+    what ``GateBook.report`` does, or False when the store cannot answer (the caller then uses local state). A
+    request finished here but not flushed yet is flushed first; one another replica finished within its last
+    sync interval is looked up once more after that interval."""
+    fleet = state.fleet
+    outcome = state.gates.settings.outcome if state.gates.settings else None
+    if fleet is None or not fleet.up:
+        return False
+    if outcome is None:
+        return "off"
+    from gateway.fleet import FleetDown
+
+    try:
+        if state.gates.served(rid, route, time.monotonic()) is not None:
+            await state.sync_fleet()  # served here: its sample reaches the store before the claim
+        for attempt in range(2):
+            what, sample = await fleet.claim(rid, route, score, outcome.ttl_s)
+            if what != "unknown" or attempt:
+                break
+            await asyncio.sleep(fleet.interval * 2)  # served elsewhere, maybe not flushed yet
+    except FleetDown:
+        return False
+    if what == "taken" and sample is not None:
+        state.gates.report_sample(sample, score, time.time())
+        return None
+    return what
+
+
 def outcomes_handler(state: GatewayState) -> Any:
     @post("/v1/outcomes", status_code=200, summary="Report whether a request's task succeeded (the outcome gate)")
     async def outcomes(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -66,7 +100,9 @@ def outcomes_handler(state: GatewayState) -> Any:
             rid, score = parse_report(await request.body(), request.headers.get("x-specgate-request-id"))
         except ApiError as exc:
             return _error(exc)
-        why = state.gates.report(rid, route, score, time.monotonic(), time.time())
+        why = await fleet_report(state, rid, route, score)
+        if why is False:  # no fleet, or its store is unreachable: this gateway's own requests only
+            why = state.gates.report(rid, route, score, time.monotonic(), time.time())
         if why == "off":
             return _error(ApiError(409, "the outcome gate is off: the policy has no gates.outcome section",
                                    code="outcome_gate_off"))

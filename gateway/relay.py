@@ -4,11 +4,12 @@ Chunks are forwarded as the exact bytes the worker sent (no re-serialisation). T
 the ``sglext`` chunk (speculation stats, consumed), the usage chunk (forwarded only when the client
 asked for ``stream_options.include_usage``; the gateway always asks the worker for it) and the
 finishing chunk, held until the stats arrive so the LAST chunk before ``[DONE]`` can carry the
-``specgate`` object, spliced into its JSON text. A worker failure after the first byte surfaces as
-``WorkerError`` to the request's owner (``gateway.lifecycle.serve``), which ends the stream with an
-OpenAI-style error event and ``[DONE]``; a client that goes away is the owner's business too. A request
-selected for the trace also has its token ids gathered here and taken out of every chunk the client gets
-(``backends/sglang/token_ids.py``); the rest pay nothing for it.
+``specgate`` object, spliced into its JSON text. A worker failure after the first byte is resumed on another
+worker when the request may (``gateway/resume.py``: its chunks then arrive already in this stream's shape);
+otherwise it surfaces as ``WorkerError`` to the request's owner (``gateway.lifecycle.serve``), which ends the
+stream with an OpenAI-style error event and ``[DONE]``; a client that goes away is the owner's business too. A
+request selected for the trace, or a stream that may resume, also has its token ids taken out of every chunk
+the client gets (``backends/sglang/token_ids.py``); the rest pay nothing for it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from backends.sglang.client import OpenAIResult
+from backends.sglang.errors import WorkerError
 from backends.sglang.openai_wire import SglExt
 from backends.sglang.spec_stats import SpecStats, spec_stats_from_sglext
 from backends.sglang.token_ids import TokenIds, strip
@@ -25,6 +27,7 @@ from gateway.stages import Admitted, Relayed
 
 if TYPE_CHECKING:
     from gateway.holds import Stopwatch
+    from gateway.resume import Resumer
 
 DONE = b"data: [DONE]\n\n"
 
@@ -112,11 +115,15 @@ def _has_content(parsed: Any, chat: bool) -> bool:
 
 
 async def relay_stream(tally: Tally, admitted: Admitted, upstream: AsyncIterator[OpenAIResult[Any]],
-                       first: OpenAIResult[Any], info: Callable[[], bytes], waited: Stopwatch
-                       ) -> AsyncIterator[bytes]:
-    """The client's SSE bytes, through ``[DONE]``; ``info()`` is the ``specgate`` object at the end."""
+                       first: OpenAIResult[Any], info: Callable[[], bytes], waited: Stopwatch,
+                       resumer: Resumer | None = None, ids: bool = False) -> AsyncIterator[bytes]:
+    """The client's SSE bytes, through ``[DONE]``; ``info()`` is the ``specgate`` object at the end. With a
+    ``resumer`` a worker failure before the finishing chunk continues the stream on another worker
+    (``gateway/resume.py``: its chunks arrive already in this stream's shape); ``ids``: the worker was asked for
+    token ids (for the trace or a resume), which are taken out of every chunk."""
     chat = admitted.arrival.endpoint == "chat"
-    clean = strip if admitted.trace_ids else _same  # the worker's token ids never reach the client
+    clean = strip if ids or admitted.trace_ids else _same  # the worker's token ids never reach the client
+    progress = resumer.progress if resumer is not None else None
     held_finish: bytes | None = None
     usage_raw: bytes | None = None
     echo_pending = admitted.echo
@@ -125,6 +132,8 @@ async def relay_stream(tally: Tally, admitted: Admitted, upstream: AsyncIterator
         parsed = item.parsed
         special = parsed.sglext is not None or (parsed.usage is not None and not parsed.choices)
         tally.take(parsed)
+        if progress is not None and not special:
+            progress.take(parsed)
         if special:
             if parsed.usage is not None:
                 usage_raw = item.raw
@@ -139,7 +148,13 @@ async def relay_stream(tally: Tally, admitted: Admitted, upstream: AsyncIterator
                     tally.first_token()
             yield b"data: " + clean(item.raw) + b"\n\n"
         with waited:
-            item = await anext(upstream, None)
+            try:
+                item = await anext(upstream, None)
+            except WorkerError as exc:
+                if resumer is None or held_finish is not None:
+                    raise
+                upstream = await resumer.resume(exc)  # raises exc when it cannot
+                item = await anext(upstream, None)
     if held_finish is not None and usage_raw is not None and admitted.include_usage:
         yield b"data: " + held_finish + b"\n\n"
         yield b"data: " + inject(usage_raw, info()) + b"\n\n"

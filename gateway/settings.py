@@ -32,6 +32,7 @@ class GatewaySettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, k
     max_attempts: Annotated[int, Meta(ge=1, le=8)] = 3
     upstream_read_timeout_s: Annotated[float, Meta(gt=0)] = 300.0
     trace_path: str | None = None  # `specgate serve --trace FILE`, absolute (gateway/tracing.py)
+    state_url: str | None = None  # `specgate serve --state URL`: fleet state in Valkey (gateway/fleet.py)
 
     def __post_init__(self) -> None:
         if not Path(self.policy_path).name:

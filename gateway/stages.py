@@ -27,7 +27,7 @@ from policies.decide import Decision
 from policies.features import RequestFeatures
 from policies.schema import Slo
 from policies.stats import Outcome
-from telemetry.record import RequestRecord
+from telemetry.record import RequestRecord, Resumed
 
 if TYPE_CHECKING:
     from gateway.errors import ApiError
@@ -119,6 +119,12 @@ class Finished(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     mean_concurrency: float  # requests in flight over its life, itself included
     slo: Slo | None  # the request's own (its x-slo-* headers over its route's): slo_met and goodput judge by it
     pair_version: str
+    resumes: tuple[Resumed, ...] = ()  # tries to resume it after its worker failed mid-answer (gateway/resume.py)
+
+    @property
+    def resumed(self) -> bool:
+        """Another worker continued the answer: its TPOT and counters span two workers and the gap between."""
+        return any(r.outcome == "ok" for r in self.resumes)
 
     @property
     def ok(self) -> bool:
@@ -203,12 +209,21 @@ class SpecgateInfo(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     # auto's posterior-mean TPOT (ms) of every option it weighed for this request ("plain decoding",
     # "POOL k=K"); None for fixed rules and bypass
     posterior_tpot_ms: dict[str, float] | None = None
+    # the answer survived its worker (gateway/resume.py): count, and each try's token, workers and outcome;
+    # None when no worker failed mid-answer
+    resumed: ResumedInfo | None = None
+
+
+class ResumedInfo(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    count: int  # resumes that continued the answer
+    steps: tuple[Resumed, ...]
 
 
 _INFO = msgspec.json.Encoder()
 
 
-def info_json(arrival: Arrival, route: str, decision: Decision, dispatched: Dispatched, relayed: Relayed) -> bytes:
+def info_json(arrival: Arrival, route: str, decision: Decision, dispatched: Dispatched, relayed: Relayed,
+              resumes: tuple[Resumed, ...] = ()) -> bytes:
     s = relayed.stats
     return _INFO.encode(SpecgateInfo(
         request_id=arrival.request_id, route=route, slice=decision.slice, pool=dispatched.pool, rule=decision.rule,
@@ -217,7 +232,8 @@ def info_json(arrival: Arrival, route: str, decision: Decision, dispatched: Disp
         exploration=decision.exploration, verify_rounds=s.verify_ct if s else None,
         accept_length=s.accept_length if s else None, accept_rate=s.accept_rate if s else None,
         completion_tokens=relayed.completion_tokens, predicted_speedup=decision.predicted_speedup,
-        expected_accept_length=decision.expected_accept_length, posterior_tpot_ms=decision.posterior_tpot_ms))
+        expected_accept_length=decision.expected_accept_length, posterior_tpot_ms=decision.posterior_tpot_ms,
+        resumed=ResumedInfo(count=sum(1 for r in resumes if r.outcome == "ok"), steps=resumes) if resumes else None))
 
 
 def _positions(values: tuple[int, ...] | None) -> list[int] | None:
@@ -311,7 +327,7 @@ def record(f: Finished) -> RequestRecord:
         reached_per_position=_positions(s.reached_per_position) if s else None,
         slo_ttft_s=slo.ttft_ms / 1e3 if slo and slo.ttft_ms else None,
         slo_tpot_s=slo.tpot_ms / 1e3 if slo and slo.tpot_ms else None, slo_met=_slo_met(f, ok, tpot),
-        retries=f.retries, worker=f.dispatched.worker if f.dispatched else "",
+        retries=f.retries, resumes=f.resumes, worker=f.dispatched.worker if f.dispatched else "",
         fallback=f.dispatched.fallback if f.dispatched else bool(d and d.fallback), timestamp=time.time(),
         concurrency=round(f.mean_concurrency),
         plain_tpot_s=_plain_tpot(s, tpot, proposer != "none" and k > 0))

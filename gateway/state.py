@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
+import os
 import random
 import time
 from pathlib import Path
@@ -21,6 +23,8 @@ import structlog
 from gateway.active import Active
 from gateway.auth import KeyRing
 from gateway.backend import Backend, pool_state, topology
+from gateway.evidence import GatewayEvidence, WorkerCosts
+from gateway.fleet import Fleet, FleetDown
 from gateway.gates.book import GateBook
 from gateway.gates.values import Sample, Verdict
 from gateway.gates.canary import CanaryError
@@ -31,7 +35,7 @@ from gateway.settings import GatewaySettings
 from gateway.telemetry_views import gate_event_view, gate_views, policy_view, pool_views
 from gateway.tracing import Recorder, problems, resolve
 from policies.features import reads_prompt_repeat, referenced_headers
-from policies.schema import Policy
+from policies.schema import Policy, State
 from policies.snapshot import PoolState, Snapshot, load_concurrency, worker_load
 from policies.stats import LearningState, Outcome
 from telemetry import Telemetry, otel
@@ -40,6 +44,22 @@ from telemetry.record import RequestRecord
 log = structlog.get_logger("specgate.gateway")
 
 GATE_TICK_S = 0.5  # how often the pair gates sync with the workers' identities and start due runs
+GATE_LEASE_S = 10.0  # a fleet gate run's lease: renewed every third of it while running; a dead holder's expires
+STATE_PASSWORD_ENV = "SPECGATE_STATE_PASSWORD"  # `serve --state URL`'s password, unless the policy's state names one
+
+
+def fleet_config(section: State | None, url: str | None) -> State | None:
+    """The fleet state settings: the policy's ``state:`` section, with ``specgate serve --state URL``'s URL over
+    its own (or alone, with the defaults)."""
+    if url is None:
+        return section
+    fields = {} if section is None else msgspec.structs.asdict(section)
+    if not fields.get("password_env") and not fields.get("password_file") and os.environ.get(STATE_PASSWORD_ENV):
+        fields["password_env"] = STATE_PASSWORD_ENV  # the flag's password, when the policy names none
+    try:
+        return msgspec.convert({**fields, "url": url}, State)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"--state {url}: {exc}") from None
 
 
 class GatewayState:
@@ -47,11 +67,15 @@ class GatewayState:
         self.settings = settings
         self.path = Path(settings.policy_path)
         policy, version = read_policy(self.path)  # PolicyError: a startup failure, not per request
+        view = policy_view(policy)
+        self.telemetry = Telemetry(view, debug_text=settings.debug_log_text)
+        # fleet state (gateway/fleet.py): the policy's state: section, or `specgate serve --state URL` (its URL
+        # over the section's); read at start-up only. None: everything stays in this process, as without it
+        config = fleet_config(policy.state, settings.state_url)
+        self.fleet = Fleet(config, self.path.parent, registry=self.telemetry.registry) if config else None
         self.active = self._build(policy, version, {})
         self.last_reload = ReloadResult(ok=True, at=time.time(), version=version)
         self.learning = LearningState(policy.learning)
-        view = policy_view(policy)
-        self.telemetry = Telemetry(view, debug_text=settings.debug_log_text)
         self.telemetry.set_policy(view, version=version, reload_ok=True, error=None)
         self.backend = self._backend(policy)
         self.gates = GateBook(policy.gates)
@@ -65,9 +89,13 @@ class GatewayState:
                                      interval_s=settings.reload_interval_s, check=self.tracing_problems)
         # OpenTelemetry trace export (telemetry/otel.py: OTEL_* environment variables); None: off
         self.otel = otel.configure("specgate-gateway")
+        # full-information evidence for auto (gateway/evidence.py), priced with each worker's live step costs
+        self.evidence = GatewayEvidence(WorkerCosts(lambda now: self.backend.step_cost_reports(now)),
+                                        observe=lambda *args: self.telemetry.observe_evidence(*args))
         self.rng = random.Random()
         self.in_flight = 0
-        self.exploring: dict[str, int] = {}  # exploration_key -> explorations of it in flight
+        self.exploring: dict[str, int] = {}  # exploration_key -> explorations of it in flight (fleet-wide)
+        self._own_exploring: dict[str, int] = {}  # ... of this replica alone (what it publishes)
         self._busy_area = 0.0  # integral of the load over time (request-seconds) up to _busy_t
         self._worker_load = 0  # the busiest pool's requests per worker at the pool monitor's latest round
         self._busy_t = time.monotonic()
@@ -95,7 +123,7 @@ class GatewayState:
             log.warning("policy_keys_problem", problem=problem)
         return Active(policy=policy, version=version, keys=keys,
                       wanted_headers=frozenset(referenced_headers(policy)), reads_repeat=reads_prompt_repeat(policy),
-                      limiters=limiters_for(policy.routes, policy.route_names(), old),
+                      limiters=limiters_for(policy.routes, policy.route_names(), old, self.fleet),
                       pair_versions={p: policy.pool_pair_version(p) for p in policy.pools})
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -103,6 +131,13 @@ class GatewayState:
     async def start(self) -> None:
         await self.backend.start()
         self.watcher.start()
+        if self.fleet is not None:
+            # a replica that starts reads the fleet's evidence first, and knows whether the store answers before
+            # a gate run is due (a fleet run takes the lease; a run while the store is down is local)
+            with contextlib.suppress(FleetDown):  # unreachable: it starts on its local state, and retries
+                await self.sync_fleet()
+            self.spawn(self._fleet_loop())
+            self.spawn(self.fleet.limits_loop())
         self.gate_tick()  # every gated pool is pending before the first request can be decided
         self.spawn(self._gate_loop())
 
@@ -110,7 +145,12 @@ class GatewayState:
         await self.watcher.stop()
         for task in list(self.background):
             task.cancel()
+        if self.fleet is not None:
+            with contextlib.suppress(FleetDown):
+                await self.sync_fleet()  # this replica's last evidence reaches the fleet
+            await self.fleet.close()
         await self.backend.stop()
+        self.evidence.close()
         self.recorder.close()
         if self.otel is not None:
             await asyncio.to_thread(self.otel.shutdown)  # flushes the spans still queued
@@ -186,12 +226,54 @@ class GatewayState:
         self._worker_load = load
 
     def change_exploring(self, key: str, delta: int) -> None:
-        """Count an exploration in flight (+1 when decided, -1 when it finishes, whatever happened)."""
-        n = self.exploring.get(key, 0) + delta
+        """Count an exploration in flight (+1 when decided, -1 when it finishes, whatever happened); in a fleet
+        ``exploring`` also holds the other replicas' counts (as of the last sync)."""
+        n = self._own_exploring.get(key, 0) + delta
         if n > 0:
-            self.exploring[key] = n
+            self._own_exploring[key] = n
+        else:
+            self._own_exploring.pop(key, None)
+        total = max(0, n) + (self.fleet.remote_exploring.get(key, 0) if self.fleet is not None else 0)
+        if total > 0:
+            self.exploring[key] = total
         else:
             self.exploring.pop(key, None)
+
+    # -- fleet state (gateway/fleet.py) --------------------------------------------------------------
+
+    async def sync_fleet(self) -> None:
+        """One sync round with the fleet (FleetDown when the store did not answer: local state goes on)."""
+        fleet = self.fleet
+        assert fleet is not None
+        info = {"policy": self.active.version, "pid": os.getpid(), "in_flight": self.in_flight}
+        reports = await fleet.sync(self.learning.tables(), dict(self._own_exploring),
+                                   self.active.policy.learning.half_life_s, info)
+        wall, now = time.time(), time.monotonic()
+        samples = fleet.take_samples()
+        for sample in samples:  # the other replicas' finished requests: evidence for the ramp and collapse windows
+            self.gates.observe(sample, now, wall)
+        for sample, score, _by in reports:
+            self.gates.report_sample(sample, score, wall)
+        remote = fleet.remote_exploring
+        self.exploring = {k: v for k in set(self._own_exploring) | set(remote)
+                          if (v := self._own_exploring.get(k, 0) + remote.get(k, 0)) > 0}
+        self._dirty = True
+        if reports or samples:
+            self.publish_gates(time.monotonic())
+
+    async def _fleet_loop(self) -> None:
+        assert self.fleet is not None
+        while True:
+            await asyncio.sleep(self.fleet.interval)
+            try:
+                await self.sync_fleet()
+            except FleetDown:
+                self.exploring = dict(self._own_exploring)  # the others' counts are unknown now
+                lag = self.fleet.lag_s()
+                if lag is not None:
+                    self.fleet.metrics.lag.set(lag)
+            except Exception:  # noqa: BLE001 - the fleet loop must outlive one bad round
+                log.exception("fleet_sync_failed")
 
     # -- decisions -----------------------------------------------------------------------------------
 
@@ -202,7 +284,13 @@ class GatewayState:
                 (self._dirty and age >= self.settings.snapshot_max_age_s / 2):
             pools = self.backend.pool_snapshots(now)
             states = {name: self._gated(name, pool_state(s), now) for name, s in pools.items()}
-            self._snapshot = self.learning.snapshot(now, states, load_concurrency(self.in_flight, states))
+            snap = self.learning.snapshot(now, states, load_concurrency(self.in_flight, states))
+            if self.fleet is not None and any(self.fleet.merger.others.values()):
+                # decide from every replica's evidence: own sums + the others' (policies/shared_sums.py)
+                tables = self.fleet.merger.tables(self.learning.tables(), snap.data.half_life_s)
+                snap = Snapshot(msgspec.structs.replace(snap.data, acceptance=tables["acceptance"],
+                                                        arms=tables["arms"], gaps=tables["gaps"]))
+            self._snapshot = snap
             self._snapshot_at = now
             self._dirty = False
             if now - self._pools_pushed >= 1.0:
@@ -230,7 +318,14 @@ class GatewayState:
             return
         gate = self.gates.pools.get(record.pool)
         bucket = bisect.bisect_left(self.active.policy.learning.concurrency_buckets, max(1, record.concurrency))
-        self.gates.observe(Sample.of(record, bucket, gate.key if gate else ""), time.monotonic(), time.time())
+        sample = Sample.of(record, bucket, gate.key if gate else "")
+        self.gates.observe(sample, time.monotonic(), time.time())
+        settings = self.gates.settings
+        if self.fleet is not None:  # appended here, flushed off the request path
+            if settings.outcome is not None and sample.ok:
+                self.fleet.served(sample, settings.outcome.ttl_s)  # any replica takes its outcome
+            if settings.serving is not None or settings.collapse is not None:
+                self.fleet.observed(sample)  # every replica's ramp and collapse windows see it
 
     def gate_tick(self) -> None:
         """Sync the gates with the pools' current pair keys, start the equivalence runs that are due, and
@@ -257,7 +352,41 @@ class GatewayState:
             self.telemetry.set_gates(views)
         self._gates_shown = bool(views)
 
+    async def _fleet_gate(self, pool: str, key: str) -> tuple[bool, str | None]:
+        """In a fleet: (done, lease holder). Done when the fleet's verdict for this key was adopted, or another
+        replica holds the run's lease (this one waits for its verdict); else this replica runs the canaries
+        under the lease it returns (None: the store is unreachable, the run is local)."""
+        fleet = self.fleet
+        gate = self.gates.pools.get(pool)
+        if fleet is None or not fleet.up or gate is None:
+            return False, None
+        try:
+            shared = await fleet.verdict(pool, key) if gate.verdict is None else None
+            if shared is not None:  # a replica that starts or restarts reads the verdict instead of re-running
+                self.gates.finished(pool, key, shared, time.monotonic(), time.time())
+                self.gate_tick()
+                return True, None
+            holder = await fleet.acquire(pool, key, GATE_LEASE_S)
+        except FleetDown:
+            return False, None
+        if holder is None:
+            self.gates.postpone(pool, key, time.monotonic() + fleet.interval,
+                                "another replica of the fleet runs the equivalence gate; waiting for its verdict")
+            return True, None
+        return False, holder
+
+    async def _renew_lease(self, pool: str, key: str, holder: str) -> None:
+        assert self.fleet is not None
+        while True:
+            await asyncio.sleep(GATE_LEASE_S / 3)
+            with contextlib.suppress(FleetDown):
+                await self.fleet.renew(pool, key, holder, GATE_LEASE_S)
+
     async def _run_gate(self, pool: str, key: str) -> None:
+        done, holder = await self._fleet_gate(pool, key)
+        if done:
+            return
+        renewer = asyncio.get_running_loop().create_task(self._renew_lease(pool, key, holder)) if holder else None
         try:
             async with self._gate_run:  # one run at a time: canaries load the same workers users are on
                 policy = self.active.policy
@@ -266,6 +395,17 @@ class GatewayState:
         except Exception as exc:  # noqa: BLE001 - a run that breaks is an error verdict, never a stuck gate
             log.exception("pair_gate_run_failed", pool=pool)
             verdict = Verdict(passed=False, error=True, reason=f"the gate run raised {type(exc).__name__}: {exc}")
+        finally:
+            if renewer is not None:
+                renewer.cancel()
+        if holder is not None and self.fleet is not None and not verdict.error:
+            try:
+                if not await self.fleet.publish_verdict(pool, key, holder, verdict):
+                    # fenced: this replica's lease expired and another took the run; its verdict is the fleet's
+                    log.warning("pair_gate_lease_lost", pool=pool, key=key)
+                    verdict = await self.fleet.verdict(pool, key) or verdict
+            except FleetDown:
+                pass
         self.gates.finished(pool, key, verdict, time.monotonic(), time.time())
         self.gate_tick()
 

@@ -36,6 +36,12 @@ spread of TPOT, which moves both alike, and plain's own uncertainty drop out of 
 server sends no such estimate; plain is then learned from the requests it serves and options compare by
 their own posteriors.
 
+**Full information for model-free options.** A greedy answer's output ids are the same under every option, and
+a fixed-k n-gram or suffix option's rounds follow from them, so a served greedy request also carries one
+observation of each such option of its rule (:func:`counterfactual_options`; ``Outcome.counterfactual``,
+priced by replay/evidence.py relative to plain on the same answer): those options are learned on every request,
+never served cold, and explored only while their posterior could still win.
+
 **Decision.** Draw mu[o, x] from every option's posterior and serve the smallest draw; a speculative option
 must beat plain's draw by log(``learning.min_gain``). Without a random source (explanations) the posterior
 means decide. An option never served in the slice is served first (one request each, in the rule's order,
@@ -102,6 +108,32 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     samples: float = 0.0
     p_best: float | None = None
     expected_accept_length: float | None = None
+
+
+class CounterfactualOption(msgspec.Struct, frozen=True):
+    """An option of an auto rule whose cost on a served greedy request follows from its ids (a fixed-k
+    model-free pool: replay/evidence.py), keyed as the learner keys it (:func:`option_label`)."""
+
+    label: str
+    proposer: str
+    k: int
+
+
+def counterfactual_options(policy: Policy, pools: tuple[str, ...], versions: Mapping[str, str],
+                           served: tuple[str, int]) -> tuple[CounterfactualOption, ...]:
+    """The options of ``pools`` every greedy request can teach auto about besides the ``served`` (pool, k):
+    each fixed-k n-gram or suffix pool at every k of its grid. An adaptive pool's rounds depend on its
+    controller's draws and a draft model's on a model, so those learn only from the requests they serve."""
+    if not policy.learning.counterfactual:
+        return ()
+    out = []
+    for pool in pools:
+        spec = policy.pools[pool]
+        if spec.proposer not in ("ngram", "suffix") or spec.adaptive:
+            continue
+        out += [CounterfactualOption(option_label(pool, k, versions.get(pool, "")), spec.proposer, k)
+                for k in k_grid(policy, pool) if (pool, k) != served]
+    return tuple(out)
 
 
 def option_label(pool: str, k: int, pair_version: str = "") -> str:

@@ -253,6 +253,9 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
 
     def _draft(self, proposer: str) -> DraftCost:
         cost = self.draft.get(proposer)
+        if cost is None and proposer == "hybrid" and "ngram" in self.draft and "suffix" in self.draft:
+            # hybrid calls both model-free sources every round (proposers/hybrid.py): their costs add up
+            return _both(self.draft["ngram"], self.draft["suffix"])
         if cost is None:
             known = ", ".join(sorted(self.draft)) or "none"
             raise ValueError(f"the cost model has no draft cost for proposer {proposer!r} (it has: {known}); "
@@ -265,6 +268,17 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
         if proposer == "none" and k != 0:
             raise ValueError(f"proposer none is a plain step: k must be 0, got {k}")
         return self.draft_s(proposer, k, context) + self.forward_s(k + 1, context) + self.overhead_s
+
+
+def _both(first: DraftCost, second: DraftCost) -> DraftCost:
+    """One call of each proposer, as one cost. Per-token costs add at every context of either (a worker's live
+    step costs give n-gram and suffix a ``token_s``: policies/live_costs.py): each is linear between its own
+    contexts and flat beyond them, so the sum is exact at and between the union of their contexts."""
+    contexts = sorted(set(first.context) | set(second.context))
+    points = contexts or [0]
+    token_s = [first.token(c) + second.token(c) for c in points] if first.token_s or second.token_s else []
+    return DraftCost(call_s=first.call_s + second.call_s, context=contexts if token_s else [], token_s=token_s,
+                     setup_token_s=first.setup_token_s + second.setup_token_s)
 
 
 def _check_query(**values: int) -> None:

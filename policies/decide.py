@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 
 import msgspec
 
-from policies.auto import Candidate, choose
+from policies.auto import Candidate, CounterfactualOption, choose, counterfactual_options
 from policies.compiled import Compiled, Ctx, compiled
 from policies.features import RequestFeatures
 from policies.schema import Policy, PoolAction
@@ -47,6 +47,9 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     held_by_gate: str | None = None  # the pool the serving gate's ramp held this request back from
     # auto's posterior-mean TPOT (ms) of every option it weighed, by ``policies.auto.option_note``
     posterior_tpot_ms: dict[str, float] | None = None
+    # the auto rule's options a greedy answer to this request can teach the learner about without serving them
+    # (policies.auto.counterfactual_options; replay/evidence.py prices them)
+    counterfactual: tuple[CounterfactualOption, ...] = ()
 
     @property
     def explored(self) -> bool:
@@ -246,15 +249,18 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatu
     # "auto: exploring WHAT (why)": bench/serve/analyse.py names an exploration by WHAT
     verb = "" if c.exploration is None else "exploring "
     why = {"cold": " (never measured here)", "thompson": " (a posterior draw)", None: ""}[c.exploration]
+    evidence = counterfactual_options(policy, safe, comp.pair_versions, (c.pool, c.k))
     if not c.pool:
-        return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: {verb}plain decoding{why}", pools,
-                      exploration=c.exploration, posterior=c.posterior_tpot_ms)
+        d = _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: {verb}plain decoding{why}", pools,
+                   exploration=c.exploration, posterior=c.posterior_tpot_ms)
+        return msgspec.structs.replace(d, counterfactual=evidence)
     accept = _accept_length(policy, comp, snap, features.route, slice_, c.pool)
-    return _speculate(policy, slice_, c.pool, c.k, rule,
-                      f"rule '{rule}' auto: {verb}pool '{c.pool}' k={c.k}{why}, posterior-mean speedup "
-                      f"{c.speedup:.2f}x over plain", exploration=c.exploration,
-                      speedup=c.speedup if c.exploration is None else None, accept_length=accept,
-                      posterior=c.posterior_tpot_ms)
+    d = _speculate(policy, slice_, c.pool, c.k, rule,
+                   f"rule '{rule}' auto: {verb}pool '{c.pool}' k={c.k}{why}, posterior-mean speedup "
+                   f"{c.speedup:.2f}x over plain", exploration=c.exploration,
+                   speedup=c.speedup if c.exploration is None else None, accept_length=accept,
+                   posterior=c.posterior_tpot_ms)
+    return msgspec.structs.replace(d, counterfactual=evidence)
 
 
 def _accept_length(policy: Policy, comp: Compiled, snap: Snapshot, route: str, slice_: str, pool: str

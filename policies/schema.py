@@ -178,7 +178,9 @@ class Pool(_Strict, kw_only=True):
     option, judged by its measured TPOT. ``strategy`` picks the worker's per-round controller
     (backends/engine/adaptive.py): ``beta`` (specgate's), ``sglang`` (SGLang's --speculative-adaptive) or
     ``vllm`` with ``k_by_batch``, vLLM's ``num_speculative_tokens_per_batch_size`` ({"1-3": 8, "4-15": 4,
-    "16-4096": 0}: inclusive batch-size ranges, gaps keep the previous range's k)."""
+    "16-4096": 0}: inclusive batch-size ranges, gaps keep the previous range's k). Proposer ``hybrid``
+    (specgate's worker only, like ``suffix``: SGLang has neither) drafts from n-gram and suffix every round and
+    picks the source per round (backends/engine/proposers/hybrid.py); with ``adaptive`` also k, by ``beta``."""
 
     proposer: Proposer
     draft_tokens: DraftLen | DraftRange | None = None
@@ -198,6 +200,9 @@ class Pool(_Strict, kw_only=True):
                              '(e.g. {"1-3": 8, "4-15": 4, "16-4096": 0})')
         if self.k_by_batch is not None:
             parse_k_by_batch(",".join(f"{span}:{k}" for span, k in self.k_by_batch.items()))
+        if self.proposer == "hybrid" and self.strategy != "beta":
+            raise ValueError(f"proposer hybrid picks its source and k per round with strategy beta, not "
+                             f"{self.strategy}; remove strategy or use another proposer")
         if self.proposer == "none":
             if self.draft_tokens is not None:
                 raise ValueError("proposer none takes no draft_tokens; remove it")
@@ -239,7 +244,8 @@ class Pool(_Strict, kw_only=True):
 
 # Which draft kinds each proposer can run.
 PROPOSER_KINDS: dict[str, tuple[str, ...]] = {
-    "ngram": ("ngram",), "suffix": ("suffix",), "draft_model": ("layer_truncated", "model"),
+    "ngram": ("ngram",), "suffix": ("suffix",), "hybrid": ("suffix", "ngram"),
+    "draft_model": ("layer_truncated", "model"),
     "standalone": ("model", "layer_truncated"), "eagle": ("eagle",), "eagle3": ("eagle3",),
 }
 
@@ -278,7 +284,9 @@ class Learning(_Strict, kw_only=True):
     """How ``auto`` learns (policies/auto.py): statistics lose half their weight every ``half_life_s``;
     a speculative option must beat plain decoding's posterior draw by ``min_gain``; contexts are the
     ``concurrency_buckets`` and the ``repeat_bands``; ``min_rounds``: decayed rounds a route's own acceptance
-    needs before rule conditions read it instead of all routes' pooled acceptance."""
+    needs before rule conditions read it instead of all routes' pooled acceptance. ``counterfactual``: every greedy
+    answer also teaches auto what each fixed-k n-gram or suffix option of its rule would have cost (full
+    information, replay/evidence.py); off, each request teaches only the option it was served with."""
 
     half_life_s: PosFloat = 600.0
     min_rounds: Annotated[int, Meta(ge=0)] = 64
@@ -287,6 +295,19 @@ class Learning(_Strict, kw_only=True):
     # prompt_repeat band edges: auto's context (policies/auto.py); on the shared workloads p10 / median / p90
     # of code, code_edit and long_context prompts are ~0.0 / 0.07 / 0.19
     repeat_bands: list[Annotated[float, Meta(ge=0.0, le=1.0)]] = field(default_factory=lambda: [0.05, 0.15])
+    counterfactual: bool = True
+
+
+class Resume(_Strict, kw_only=True):
+    """Resuming an answer whose worker failed after its first byte (``gateway/resume.py``, docs/reliability.md):
+    the prompt's ids + the ids already sent, on another healthy worker of the pool serving the same target.
+    ``max_resumes``: per request (0: never resume; the stream ends with an error event as before);
+    ``deadline_s``: no resume starts once the request has run this long; ``fallback``: a resume may go to the
+    plain fallback pool when the served pool has no other healthy worker."""
+
+    max_resumes: Annotated[int, Meta(ge=0, le=8)] = 1
+    deadline_s: PosFloat = 300.0
+    fallback: bool = True
 
 
 class Tracing(_Strict, kw_only=True):
@@ -306,6 +327,29 @@ class Tracing(_Strict, kw_only=True):
     costs: Annotated[str, Meta(min_length=1)] | None = None
 
 
+class State(_Strict, kw_only=True):
+    """Fleet state (``gateway/fleet.py``, docs/deploy.md#a-fleet-of-gateways): a Valkey/Redis server the gateways
+    of one fleet share the learner's sums, exploration counts, pair gate verdicts, outcomes and route limits
+    through. ``url``: ``valkey://``, ``redis://`` or ``rediss://`` (TLS) host, port and database (no password
+    in it: ``password_env`` or ``password_file``); ``key_prefix``: namespaces every key, so two fleets can share
+    one server; ``sync_interval_s``: how often a replica flushes its evidence and reads the fleet's;
+    ``timeout_ms``: the longest one call to the server may take before the replica runs on its local state."""
+
+    url: Annotated[str, Meta(pattern=r"^(valkey|valkeys|redis|rediss)://[^\s]+$")]
+    key_prefix: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")] = "specgate"
+    password_env: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    password_file: Annotated[str, Meta(min_length=1)] | None = None
+    sync_interval_s: Annotated[float, Meta(ge=0.05, le=10.0)] = 0.5
+    timeout_ms: Annotated[float, Meta(ge=1.0, le=5000.0)] = 250.0
+
+    def __post_init__(self) -> None:
+        if "@" in self.url.split("://", 1)[1].split("/", 1)[0]:
+            raise ValueError("state.url must not carry credentials: give the password with password_env or "
+                             "password_file")
+        if self.password_env and self.password_file:
+            raise ValueError("give one of state.password_env or state.password_file, not both")
+
+
 class Policy(_Strict, kw_only=True, weakref=True):
     """A whole policy file. Hot reload: build a new one with ``load_policy_file`` and swap the reference;
     Policies are immutable, so a request holding the old one finishes consistently."""
@@ -318,8 +362,10 @@ class Policy(_Strict, kw_only=True, weakref=True):
     pairs: dict[Name, Pair] = {}
     rules: list[Rule] = []
     learning: Learning = Learning()
+    resume: Resume = Resume()  # mid-answer worker failures (gateway/resume.py)
     tracing: Tracing | None = None  # off unless given (or `specgate serve --trace FILE`)
     gates: Gates | None = None  # the pair rollout gates (gateway/gates/); off unless given
+    state: State | None = None  # fleet state shared through Valkey (gateway/fleet.py); none: in-process only
 
     def route(self, name: str) -> Route | None:
         for route in self.routes:

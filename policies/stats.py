@@ -20,6 +20,9 @@ Keys and what x is:
 - gaps ``slice|bucket|band|option`` (the same keys, speculative options only): per request whose worker estimated
   plain decoding's TPOT for it (``Outcome.plain_tpot_s``), w += 1, sy += log(y / plain_tpot_s), syy += its
   square: the option's paired log speedup over plain, request by request.
+- full information: each option of ``Outcome.counterfactual`` (a greedy request's price of the rule's fixed-k
+  model-free options it did not get, replay/evidence.py) adds one observation to its arms and gaps keys, as
+  if that option had served the request.
 
 Each key also keeps its sums without decay (``ever_*``): how much evidence was ever seen.
 
@@ -74,6 +77,28 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     # engine-seconds its choice costs per output token (a speculative option that slows the sequences beside it
     # pays for it); plain decoding's is 0
     neighbour_tpot_s: float = 0.0
+    # full-information evidence (replay/evidence.py): what each option of the rule it did not get would have
+    # charged per output token (engine-seconds, as ``tpot_s + neighbour_tpot_s``), by the learner's option label
+    counterfactual: dict[str, float] = {}
+
+
+def with_counterfactuals(o: Outcome, ratios: dict[str, float], served_ratio: float | None) -> Outcome:
+    """``o`` with the counterfactual evidence of ``ratios`` (each option's price over plain decoding's on this
+    answer, replay/evidence.py): each option's charged TPOT is its ratio times the request's plain TPOT, which is
+    the measured one when it was served plain, else the worker's estimate (``plain_tpot_s``), else the measured
+    charge over ``served_ratio`` (the served option's own price ratio: a fixed-k model-free pool, so a server
+    reporting no plain estimate still gets one, and it counts as plain's evidence too). Unchanged without one."""
+    if o.tpot_s is None or not ratios and served_ratio is None:
+        return o
+    speculative = o.proposer != "none" and o.draft_tokens > 0
+    plain, derived = (o.tpot_s, None) if not speculative else (o.plain_tpot_s, None)
+    if plain is None and served_ratio:
+        plain = derived = (o.tpot_s + o.neighbour_tpot_s) / served_ratio
+    if plain is None:
+        return o
+    return msgspec.structs.replace(
+        o, counterfactual={label: plain * r for label, r in ratios.items()},
+        plain_tpot_s=derived if derived is not None else o.plain_tpot_s)
 
 
 class _Sums:
@@ -118,6 +143,11 @@ class LearningState:
         """Adopt a reloaded policy's learning settings; statistics are kept."""
         self.learning = learning
 
+    def tables(self) -> dict[str, dict[str, msgspec.Struct]]:
+        """This learner's own frozen summaries by table (read-only: a fleet replica publishes them,
+        :mod:`policies.shared_sums`); each key's summary object is replaced, never mutated, when it changes."""
+        return self._frozen
+
     def _bucket(self, concurrency: int) -> int:
         return bisect.bisect_left(self.learning.concurrency_buckets, max(1, concurrency))
 
@@ -143,6 +173,11 @@ class LearningState:
                 self._arm(o, t, bucket, PLAIN, o.plain_tpot_s)
                 self._arm(o, t, bucket, option_label(o.pool, o.draft_tokens, o.pair_version),
                           charged / o.plain_tpot_s, table="gaps")
+            plain = o.plain_tpot_s if speculative else charged
+            for label, tpot in o.counterfactual.items():  # full-information evidence, as if served
+                self._arm(o, t, bucket, label, tpot)
+                if plain:
+                    self._arm(o, t, bucket, label, tpot / plain, table="gaps")
         if not speculative or o.verify_ct <= 0:
             return
         reached, accepted = self._positions(o)

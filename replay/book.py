@@ -62,6 +62,63 @@ def _budgets(rounds: tuple[tuple[int, ...], tuple[int, ...]], output_len: int, m
     return tuple(budgets)
 
 
+def ngram_positions(prompt: list[int], output: list[int], ngram: tuple[int, int, str]
+                    ) -> tuple[list[int], list[int], list[int]]:
+    """For every output position p: how many tokens the n-gram proposer (``ngram``: its min, max and match
+    settings) drafts there (at most ``NGRAM_SPAN``), how many of them lead the committed output, and the length
+    of the context suffix that found them (0: none; what the engine's per-round controller conditions on). The
+    proposer's draft is a function of the context alone (``NgramProposer``: the continuation of the occurrence
+    of the longest suffix of n in [min, max] tokens that ends before the last token, its earliest or its latest
+    occurrence, up to k tokens), and the draft for k is the first k tokens of the draft for more, so one
+    proposal per position serves every k and every round boundary (:func:`fixed_rounds` walks them). The
+    occurrence is found with ``bytes.find``/``rfind`` over the ids packed 4 bytes each (C speed; the proposer's
+    dict index costs ~6 ms per request in Python), at a 4-byte-aligned offset. tests/replay/test_replay_book.py
+    checks the result against ``counterfactual.replay_request``, which runs the engine's own proposer round by
+    round."""
+    low, high, match = ngram
+    ids = [*prompt, *output]
+    data = struct.pack(f"<{len(ids)}I", *ids)
+    find = data.find if match == "earliest" else data.rfind
+    lens, runs, matches = [], [], []
+    for p in range(len(output)):
+        size = len(prompt) + p  # the context: prompt + output[:p]
+        follow, found = -1, 0
+        for n in range(min(high, size), low - 1, -1):
+            needle = data[4 * (size - n):4 * size]
+            at = find(needle, 0, 4 * (size - 1))  # occurrences ending before the last token
+            while at >= 0 and at % 4:
+                at = (data.find(needle, at + 1, 4 * (size - 1)) if match == "earliest"
+                      else data.rfind(needle, 0, at + 4 * n - 1))
+            if at >= 0:
+                follow, found = at // 4 + n, n
+                break
+        length = run = 0
+        if follow >= 0:
+            length = min(NGRAM_SPAN, size - follow)
+            while run < length and p + run < len(output) and ids[follow + run] == output[p + run]:
+                run += 1
+        lens.append(length)
+        runs.append(run)
+        matches.append(found)
+    return lens, runs, matches
+
+
+def fixed_rounds(lens: list[int], runs: list[int], max_new: int, k: int) -> Rounds:
+    """The rounds of a fixed draft length ``k`` over per-position drafts (:func:`ngram_positions`): a round at
+    p asks for min(k, tokens still allowed - 1), drafts min(that, lens[p]) and accepts min(that, runs[p])."""
+    n = len(lens)
+    drafted, accepted, budgets, done = [], [], [], 0
+    while done < n:
+        budget = max(0, min(k, max_new - done - 1))
+        d = min(budget, lens[done])
+        a = min(d, runs[done])
+        drafted.append(d)
+        accepted.append(a)
+        budgets.append(budget)
+        done = min(n, done + a + 1)
+    return tuple(drafted), tuple(accepted), tuple(budgets)
+
+
 class RoundBook:
     """Rounds per (request index, option), memoized. ``trace``: a read trace (policies.trace.read_trace)."""
 
@@ -84,9 +141,13 @@ class RoundBook:
 
     def check(self, option: Option) -> None:
         """Refuse an option the trace cannot replay, naming what to rebuild."""
-        if option.proposer not in ("none", "ngram", "suffix", "draft_model"):
-            raise ValueError(f"proposer {option.proposer!r}: replay knows none, ngram, suffix and draft_model")
-        if option.strategy and option.proposer not in ("ngram", "draft_model"):
+        if option.proposer not in ("none", "ngram", "suffix", "hybrid", "draft_model"):
+            raise ValueError(f"proposer {option.proposer!r}: replay knows none, ngram, suffix, hybrid and "
+                             "draft_model")
+        if option.proposer == "hybrid" and option.strategy not in ("", "beta", "oracle"):
+            raise ValueError(f"{option.label}: hybrid replays with a fixed k, its engine controller (beta) or the "
+                             "oracle")
+        if option.strategy and option.proposer not in ("ngram", "draft_model", "hybrid"):
             raise ValueError(f"{option.label}: a per-round draft length replays with ngram and draft_model, not "
                              f"{option.proposer} (its drafts depend on the order of requests)")
         if option.proposer == "draft_model" and option.pair not in self.trace.header.pairs:
@@ -132,47 +193,11 @@ class RoundBook:
         return result.drafted, result.accepted, _budgets(pair, n, max_new, option.k)
 
     def _ngram_positions(self, i: int) -> tuple[list[int], list[int], list[int]]:
-        """For every output position p: how many tokens the n-gram proposer drafts there (at most
-        ``NGRAM_SPAN``), how many of them lead the committed output, and the length of the context suffix
-        that found them (0: none; what the engine's per-round controller conditions on). The proposer's draft
-        is a function of the context alone (``NgramProposer``: the continuation of the occurrence of the
-        longest suffix of n in [min, max] tokens that ends before the last token, its earliest or its latest
-        occurrence, up to k tokens), and the draft for k is the first k tokens of the draft for more, so one
-        proposal per position serves every k and every round boundary; ``rounds`` then only walks the
-        positions. The occurrence is found with ``bytes.find``/``rfind`` over the ids packed 4 bytes each (C
-        speed; the proposer's dict index costs ~6 ms per request in Python), at a 4-byte-aligned offset.
-        tests/replay/test_replay_book.py checks the result against ``counterfactual.replay_request``, which
-        runs the engine's own proposer round by round."""
+        """:func:`ngram_positions` of request ``i`` under the workers' n-gram settings, memoized."""
         hit = self._ngram.get(i)
         if hit is None:
-            low, high, match = self.ngram
             request = self.requests[i]
-            output = request.output_ids
-            ids = [*request.prompt_ids, *output]
-            data = struct.pack(f"<{len(ids)}I", *ids)
-            find = data.find if match == "earliest" else data.rfind
-            lens, runs, matches = [], [], []
-            for p in range(len(output)):
-                size = len(request.prompt_ids) + p  # the context: prompt + output[:p]
-                follow, found = -1, 0
-                for n in range(min(high, size), low - 1, -1):
-                    needle = data[4 * (size - n):4 * size]
-                    at = find(needle, 0, 4 * (size - 1))  # occurrences ending before the last token
-                    while at >= 0 and at % 4:
-                        at = (data.find(needle, at + 1, 4 * (size - 1)) if match == "earliest"
-                              else data.rfind(needle, 0, at + 4 * n - 1))
-                    if at >= 0:
-                        follow, found = at // 4 + n, n
-                        break
-                length = run = 0
-                if follow >= 0:
-                    length = min(NGRAM_SPAN, size - follow)
-                    while run < length and p + run < len(output) and ids[follow + run] == output[p + run]:
-                        run += 1
-                lens.append(length)
-                runs.append(run)
-                matches.append(found)
-            hit = self._ngram[i] = (lens, runs, matches)
+            hit = self._ngram[i] = ngram_positions(request.prompt_ids, request.output_ids, self.ngram)
         return hit
 
     def positions(self, i: int, option: Option) -> tuple[list[int], list[int], list[int]]:
@@ -199,17 +224,7 @@ class RoundBook:
 
     def _ngram_rounds(self, i: int, k: int) -> Rounds:
         lens, runs, _ = self._ngram_positions(i)
-        n, max_new = len(lens), self.requests[i].sampling.max_new_tokens
-        drafted, accepted, budgets, done = [], [], [], 0
-        while done < n:
-            budget = max(0, min(k, max_new - done - 1))
-            d = min(budget, lens[done])
-            a = min(d, runs[done])
-            drafted.append(d)
-            accepted.append(a)
-            budgets.append(budget)
-            done = min(n, done + a + 1)
-        return tuple(drafted), tuple(accepted), tuple(budgets)
+        return fixed_rounds(lens, runs, self.requests[i].sampling.max_new_tokens, k)
 
     def suffix_rounds(self, i: int, option: Option, store) -> Rounds:
         """Suffix decoding's rounds for request ``i`` from ``store`` (a SuffixStore: one per simulated

@@ -22,7 +22,8 @@ from replay.book import PLAIN, Option, RoundBook
 from replay.profile import Profile, profile
 from policies.decide import decide, exploration_key
 from policies.snapshot import PoolState, load_concurrency
-from policies.stats import LearningState, Outcome
+from policies.stats import LearningState, Outcome, with_counterfactuals
+from replay.evidence import EVALUATED, Counterfactuals
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,8 @@ class Choice:
     exploration: str | None = None
     exploring: str | None = None  # policies.decide.exploration_key of the decision (counted in flight)
     estimated: bool = False
+    counterfactual: tuple = ()  # the decision's full-information options (policies.auto.counterfactual_options)
+    worker: str = ""
 
     @property
     def label(self) -> str:
@@ -56,6 +59,7 @@ class Prices:
         self.prefill_chunk, self.context_length = prefill_chunk, context_length
         self.max_batch_tokens = max_batch_tokens
         self._memo: dict[tuple[int, Option, int], Profile] = {}
+        self.evidence_memo: dict = {}  # full-information prices (replay/evidence.py), shared by every run
         # suffix profiles of a fixed arm under the stream order that filled its tree (RunState.order), for the
         # last order only: a sweep runs one seed's loads together (run.sweep), and older orders are not asked again
         self._suffix: dict[tuple, Profile] = {}
@@ -74,7 +78,7 @@ class Prices:
         r = self.book.requests[i]
         costs = self.costs_of(run.worker_of)
         estimated = not r.sampling.greedy
-        if option.strategy:
+        if option.strategy or option.proposer == "hybrid":  # hybrid's rule learns across requests: walked
             return self.walker(i, option, run), estimated
         if estimated and option.proposer != "none":
             rounds = self.book.estimated_rounds(i, option, run.rng)
@@ -107,6 +111,8 @@ class Prices:
 
         r = self.book.requests[i]
         n = len(r.output_ids)
+        if option.proposer == "hybrid":
+            return self._hybrid_walker(i, option, run)
         if r.sampling.greedy:
             lens, runs, matches = self.book.positions(i, option)
         else:
@@ -118,6 +124,24 @@ class Prices:
         return Walker(self.costs_of(run.worker_of), len(r.prompt_ids), n, r.sampling.max_new_tokens, option,
                       lens, runs, matches, seed, self.book.context_rates(option.features) if informed else None,
                       self.book.feature_keys(i, option.features) if informed else None)
+
+    def _hybrid_walker(self, i: int, option: Option, run: RunState):
+        """A :class:`~replay.hybrid.HybridWalker`: both sources' drafts per position, suffix's from the run's
+        store in admission order; a sampled request's runs are drawn from its slice's rates of each source."""
+        from replay.hybrid import HybridWalker, suffix_positions
+        from replay.walk import drawn_positions
+
+        r = self.book.requests[i]
+        n, max_new = len(r.output_ids), r.sampling.max_new_tokens
+        if r.sampling.greedy:
+            ngram = self.book.positions(i, Option("ngram", option.k))
+            suffix = suffix_positions(run.suffix_store(run.worker_of), r.route, r.prompt_ids, r.output_ids, max_new,
+                                      option.k)
+        else:
+            ngram, suffix = ((*drawn_positions(self.book.position_rates(r.slice, Option(source, option.k)), n, run.rng),
+                              [0] * n) for source in ("ngram", "suffix"))
+        seed = random.Random(f"controller:{run.seed}:{i}").getrandbits(63)
+        return HybridWalker(self.costs_of(run.worker_of), len(r.prompt_ids), n, max_new, option, ngram, suffix, seed)
 
 
 class RunState:
@@ -131,6 +155,13 @@ class RunState:
         self.rng = random.Random(f"estimated:{seed}")
         self._stores: dict[str, object] = {}
         self.worker_of = ""
+
+    def remember(self, worker: str, scope: str, prompt: list[int], output: list[int]) -> None:
+        """An answer not served by suffix decoding joins ``worker``'s tree once that worker drafts from one
+        (``Engine._finish``); at admission, as suffix's own answers do here."""
+        store = self._stores.get(worker)
+        if store is not None:
+            store.remember(scope, list(prompt), list(output))
 
     def suffix_store(self, worker: str):
         store = self._stores.get(worker)
@@ -182,6 +213,7 @@ class PolicyChooser:
         self.run = RunState(seed)
         self.rng = random.Random(seed)
         self.learning = LearningState(policy.learning)
+        self.evidence = Counterfactuals(prices.book.ngram)  # decisions name the options (learning.counterfactual)
         self.pair_versions = compiled(policy).pair_versions
         self.max_age = snapshot_max_age_s
         self.exploring: dict[str, int] = {}
@@ -189,8 +221,8 @@ class PolicyChooser:
         header = prices.book.trace.header
         self.excluded: list[str] = []
         for name, pool in policy.pools.items():
-            if pool.adaptive and pool.proposer not in ("ngram", "draft_model"):
-                raise ValueError(f"pool {name}: a per-round draft length replays with ngram and draft_model, "
+            if pool.adaptive and pool.proposer not in ("ngram", "draft_model", "hybrid"):
+                raise ValueError(f"pool {name}: a per-round draft length replays with ngram, draft_model and hybrid, "
                                  f"not {pool.proposer} (its drafts depend on the order of requests)")
             pair = policy.pairs.get(pool.pair) if pool.pair else None
             if pool.proposer == "draft_model" and pair is not None:
@@ -249,8 +281,10 @@ class PolicyChooser:
         url = min(urls, key=lambda u: len(sim.workers[u].scheduler.running) + len(sim.workers[u].scheduler.waiting))
         self.run.worker_of = url
         prof, estimated = self.prices.profile(i, option, self.run)
+        if option.proposer not in ("suffix", "hybrid"):  # those feed the tree themselves
+            self.run.remember(url, request.route, request.prompt_ids, request.output_ids)
         choice = Choice(option, pool=d.pool, rule=d.rule, slice=d.slice, exploration=d.exploration,
-                        exploring=key, estimated=estimated)
+                        exploring=key, estimated=estimated, counterfactual=d.counterfactual, worker=url)
         return choice, url, prof, self.prices.reserve(i, option)
 
     def finished(self, served, prof: Profile, t: float, sim) -> None:
@@ -264,7 +298,7 @@ class PolicyChooser:
             else:
                 self.exploring.pop(key, None)
         speculative = c.option.proposer != "none"
-        self.learning.record(Outcome(
+        outcome = Outcome(
             route=request.route, slice=c.slice, pool=c.pool, pair_version=self.pair_versions.get(c.pool, ""),
             proposer=c.option.proposer, draft_tokens=c.option.k,
             completion_tokens=prof.tokens, verify_ct=prof.verify_ct, correct_drafts_histogram=list(prof.histogram),
@@ -276,5 +310,16 @@ class PolicyChooser:
             plain_tpot_s=served.tpot * served.plain_ratio
             if speculative and served.tpot and served.plain_ratio else None,
             neighbour_tpot_s=served.neighbour_s / (prof.tokens - 1)
-            if speculative and served.neighbour_s and prof.tokens >= 2 else 0.0))
+            if speculative and served.neighbour_s and prof.tokens >= 2 else 0.0)
+        if c.counterfactual and request.sampling.greedy:
+            # full information, as the gateway learns it (gateway/evidence.py)
+            option = c.option
+            own = (option.proposer, option.k) if option.proposer in EVALUATED and not option.strategy else None
+            ratios, own_ratio = self.evidence.ratios(
+                self.prices.costs_of(c.worker), request.prompt_ids, request.output_ids,
+                request.sampling.max_new_tokens, request.route, round(served.concurrency), c.counterfactual, own,
+                ngram_rounds=lambda k: self.prices.book.rounds(served.index, Option("ngram", k)),
+                memo=self.prices.evidence_memo)
+            outcome = with_counterfactuals(outcome, ratios, own_ratio)
+        self.learning.record(outcome)
         self._dirty = True

@@ -21,7 +21,7 @@ from replay.choosers import FixedChooser, PolicyChooser, Prices
 from replay.sim import Load, Served, Simulation
 
 MIXES = ("interleaved", "by-slice")
-_ARM = re.compile(r"^(?P<proposer>ngram|suffix|draft(?P<layers>\d+)?)-k(?P<k>\d+)"
+_ARM = re.compile(r"^(?P<proposer>ngram|suffix|hybrid|draft(?P<layers>\d+)?)-k(?P<k>\d+)"
                   r"(?:-(?P<strategy>beta|sglang|vllm|oracle|informed)(?:=(?P<table>[0-9:,-]+)|=(?P<features>[a-z+]+))?)?$")
 
 
@@ -46,16 +46,19 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
     ``ngram-k16-oracle`` and ``ngram-k16-informed`` are replay's references (replay/walk.Clairvoyant: one
     knows every round's accepted run, the other the trace's acceptance by match context), for n-gram only;
     ``ngram-k16-informed=request+match`` keys the rates by other features known before a round is verified
-    (book.FEATURES, joined by +)."""
+    (book.FEATURES, joined by +). ``hybrid-k8`` drafts from n-gram and suffix every round and its rule picks
+    the source (the engine's, replay/hybrid.py), ``hybrid-k16-beta`` also k per round; ``hybrid-k16-oracle``
+    knows every round's accepted run of both sources."""
     if name == "plain":
         return Contender(name, PLAIN)
     match = _ARM.match(name)
     if (match is None or not 1 <= int(match["k"]) <= 16 or (match["table"] is None) != (match["strategy"] != "vllm")
             or (match["features"] is not None and match["strategy"] != "informed")):
-        raise ValueError(f"--arms: {name!r} is not an arm; use plain, ngram-kN, suffix-kN, draft-kN or draftL-kN "
-                         "(L layers of the self-draft), N in 1..16, optionally with a per-round controller: "
+        raise ValueError(f"--arms: {name!r} is not an arm; use plain, ngram-kN, suffix-kN, hybrid-kN, draft-kN or "
+                         "draftL-kN (L layers of the self-draft), N in 1..16, optionally with a per-round controller: "
                          "-beta, -sglang, -vllm=TABLE (e.g. ngram-k8-vllm=1:8,4:4,16:2), or a reference: -oracle or "
-                         "-informed[=FEATURES] (n-gram only, e.g. ngram-k16-informed=request+match)")
+                         "-informed[=FEATURES] (n-gram only, e.g. ngram-k16-informed=request+match; "
+                         "hybrid-k16-oracle)")
     k, proposer = int(match["k"]), match["proposer"]
     strategy = match["strategy"] or ""
     table = ()
@@ -63,10 +66,10 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
         from policies.schema import parse_k_by_batch
 
         table = parse_k_by_batch(match["table"])
-    if strategy in ("oracle", "informed") and proposer != "ngram":
+    if strategy in ("oracle", "informed") and not (proposer == "ngram" or (proposer, strategy) == ("hybrid", "oracle")):
         raise ValueError(f"--arms {name}: the references (-oracle, -informed) replay n-gram drafts only "
-                         f"(ngram-kN-{strategy})")
-    if proposer in ("ngram", "suffix"):
+                         f"(ngram-kN-{strategy}), and -oracle n-gram and suffix together (hybrid-kN-oracle)")
+    if proposer in ("ngram", "suffix", "hybrid"):
         features = match["features"] or ""
         if features:
             book.check_features(features)
@@ -110,7 +113,8 @@ class Job:
 
 def seedless(contender: Contender, load: Load, mix: str, book: RoundBook) -> bool:
     """Whether the contender's result at ``load`` is the same for every seed."""
-    return (not contender.is_policy and contender.option.proposer != "suffix" and not contender.option.strategy
+    return (not contender.is_policy and contender.option.proposer not in ("suffix", "hybrid")
+            and not contender.option.strategy
             and (mix == "by-slice" or load.label == "trace") and load.rate is None
             and all(r.sampling.greedy for r in book.requests))
 
@@ -193,7 +197,7 @@ def _prepare(prices: Prices, contenders: Sequence[Contender]) -> None:
 
     requests = prices.book.requests
     for contender in contenders:
-        if contender.is_policy or contender.option.strategy or contender.option.proposer == "suffix":
+        if contender.is_policy or contender.option.strategy or contender.option.proposer in ("suffix", "hybrid"):
             continue
         chooser = FixedChooser(contender.option, prices, 0)
         for i, r in enumerate(requests):

@@ -5,10 +5,11 @@ Events, in time order (ties: finishes, then arrivals, then engine turns, then by
   policy's real ``decide()`` on a snapshot of the real learner at the simulated time) and hands it to that
   pool's worker;
 - **turn**: one worker runs ``Engine.step``: intake of what arrived, admission by the worker's own
-  ``Scheduler`` (running cap, KV reservation, FIFO), then ONE forward: a round of every decoding sequence,
-  then prefill chunks of the others, shortest remaining prompt first (at most ``prefill_chunk`` tokens each,
-  within what the rounds leave of ``max_batch_tokens``), priced by the cost model as one step
-  (:func:`replay.profile.step_s`) plus each round's seconds outside the forward. Every unit of the
+  ``Scheduler`` (running cap, KV reservation, FIFO), then ONE forward composed by the engine's own planner
+  (``scheduler.plan_rounds``, ``plan_prefills``): a round of every decoding sequence, then prefill chunks of
+  the others, shortest remaining prompt first (at most ``prefill_chunk`` tokens each, within what the rounds
+  leave of ``max_batch_tokens``). What the simulator adds is the price instead of the forward: the cost model's
+  step (:func:`replay.profile.step_s`) plus each round's seconds outside the forward. Every unit of the
   step ends when the step ends; a sequence whose prompt is prefilled decodes from the next step;
 - **finish**: the answer's last token; the chooser learns (the gateway's Outcome), a closed-loop client
   sends its next request at that instant.
@@ -29,7 +30,7 @@ from itertools import accumulate
 from operator import add
 
 from backends.engine.adaptive import plan_step
-from backends.engine.scheduler import Scheduler
+from backends.engine.scheduler import Rounds, Scheduler, SeqState, plan_prefills, plan_rounds
 from replay.profile import Profile, step_s
 
 FINISH, ARRIVAL, TURN = 0, 1, 2
@@ -72,7 +73,7 @@ class Load:
 @dataclass(slots=True)
 class Flight:
     """One request in a simulated worker. ``reserved_tokens`` and ``status`` are what the worker's
-    Scheduler reads and writes."""
+    Scheduler reads and writes; ``state`` what the step's planner reads (scheduler.SeqState)."""
 
     index: int
     profile: Profile | None  # None while a walker (replay/walk.py) picks its rounds turn by turn
@@ -80,9 +81,8 @@ class Flight:
     arrival: float
     choice: object
     target: int  # prompt tokens to prefill: all but the last, which the first round feeds
+    state: SeqState  # prefilling (target - prompt_left prefilled), then decoding: a round per step
     status: object = None
-    prefilled: int = 0
-    decoding: bool = False  # its prompt is prefilled: a round per step from the next one
     pos: int = 0  # rounds done
     ttft: float | None = None
     verify_s: float = 0.0  # the forwards of its rounds, whole steps, as the worker reports them
@@ -102,6 +102,7 @@ class Worker:
     turn_pending: bool = False
     free_at: float = 0.0  # when its last turn's work ended: a request arriving earlier waits for it
     controllers: dict = field(default_factory=dict)  # engine-wide per-round controllers (SGLang's)
+    rounds: Rounds | None = None  # plan_rounds of its running flights, kept until one is admitted, decodes or leaves
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +136,12 @@ def plain_ratio(flight: Flight, per_round: float) -> float | None:
     return p.tokens * (flight.verify_s - flight.drafts_s + flight.pos * per_round) / (flight.pos * spent)
 
 
-def _drafts_share(costs, decoded: list[Flight], rounds: list[tuple[int, int]], serial: list[float] | None,
+def _drafts_share(costs, decoded: list[Flight], rounds: list[tuple[int, int]], serial: list[float],
                   forward: float, others: int) -> None:
     """The worker's plain counterfactual (Engine._verify) of one step: each round's drafts' share of the step's
     price (profile.step_s), which its plain estimate takes away; and what they cost the step's ``others``
     sequences (RequestStats.neighbour_s): each waited for that share and the round's drafting, its seconds
-    outside the forward (``serial``, None: the profile's) less the per-round ones."""
+    outside the forward (``serial``) less the per-round ones."""
     width = len(rounds)
     per_round = costs.overhead_s + costs.serving_s
     for i, (flight, (tokens, context)) in enumerate(zip(decoded, rounds)):
@@ -148,8 +149,7 @@ def _drafts_share(costs, decoded: list[Flight], rounds: list[tuple[int, int]], s
             share = min(forward, (costs.forward_s(tokens, context, width) - costs.forward_s(1, context, width)) / width)
             flight.drafts_s += share
             if others:
-                outside = flight.profile.serial[flight.pos] if serial is None else serial[i]
-                flight.neighbour_s += others * (share + max(0.0, outside - per_round))
+                flight.neighbour_s += others * (share + max(0.0, serial[i] - per_round))
 
 
 class Simulation:
@@ -173,7 +173,6 @@ class Simulation:
         self._events: list = []
         self._n = 0
         self.served: list[Served] = []
-        self._walkers = 0  # requests ever walked round by round: while none, every step is a _fixed_step
 
     # -- the gateway's concurrency, as gateway/state.py integrates it --------------------------------
     def busy_area(self, now: float) -> float:
@@ -231,9 +230,9 @@ class Simulation:
         walker = None if isinstance(plan, Profile) else plan
         if walker is not None:
             walker.bind(worker.controllers)
-            self._walkers += 1
         flight = Flight(index=index, profile=None if walker else plan, reserved_tokens=reserve, arrival=t,
-                        choice=choice, target=plan.prompt_len - 1, area=self.busy_area(t), walker=walker)
+                        choice=choice, target=plan.prompt_len - 1, area=self.busy_area(t), walker=walker,
+                        state=SeqState(False, plan.prompt_len - 1, walker is not None and walker.joint))
         self._in_flight(+1, t)
         worker.scheduler.check(flight)  # a request that can never fit is refused, as the worker refuses it
         worker.inbox.append(flight)
@@ -250,14 +249,14 @@ class Simulation:
             if worker.inbox:
                 scheduler.waiting.extend(worker.inbox)
                 worker.inbox.clear()
-            if scheduler.waiting:
-                scheduler.admit()
-            if len(running) == 1 and running[0].decoding and running[0].walker is None and not scheduler.waiting:
+            if scheduler.waiting and scheduler.admit():
+                worker.rounds = None
+            if (len(running) == 1 and self._rounds(worker).decoding and running[0].walker is None
+                    and not scheduler.waiting):
+                # the plan of every step until the next event is this one round: its steps priced at once
                 t, finished = self._alone(worker, running[0], t)
-            elif self._walkers or worker.controllers:
-                t, finished = self._step(worker, t)
             else:
-                t, finished = self._fixed_step(worker, t)
+                t, finished = self._step(worker, t)
             if not (running or scheduler.waiting):
                 worker.turn_pending, worker.free_at = False, t
                 return
@@ -266,21 +265,19 @@ class Simulation:
                 return
 
     @staticmethod
-    def _plan(running, costs) -> dict[int, int]:
-        """Engine._schedule's joint plan of the per-round (beta) sequences' drafts, when the step holds two or
-        more of them (``plan_step``): the others' widths as the step will feed them, the step priced at its
-        mean width per sequence and the joint sequences' mean context, plus every round's seconds outside it."""
-        joint = [f for f in running if f.decoding and f.walker is not None and f.walker.joint]
-        if len(joint) < 2:
-            return {}
-        base, batch = len(joint), 0
-        for flight in running:
-            if flight.decoding:
-                batch += 1
-                if flight.walker is None:
-                    base += flight.profile.fed[flight.pos]
-                elif not flight.walker.joint:
-                    base += 1
+    def _plan(running, plan: Rounds, costs) -> dict[int, int]:
+        """Engine._plan_jointly's allocation of the drafts of the step's joint sequences (``plan.joint``,
+        ``plan_step``), priced here: the others' widths as the step will feed them (a walker's, not chosen yet,
+        as one token), the step at its mean width per sequence and the joint sequences' mean context, plus
+        every round's seconds outside it."""
+        joint = [running[i] for i in plan.joint]
+        base, batch = len(joint), len(plan.decoding)
+        for i in plan.decoding:
+            flight = running[i]
+            if flight.walker is None:
+                base += flight.profile.fed[flight.pos]
+            elif not flight.walker.joint:
+                base += 1
         gains = [flight.walker.gains() for flight in joint]
         context = round(sum(flight.walker.prompt_len - 1 + flight.walker.done for flight in joint) / len(joint))
         outside = batch * (costs.overhead_s + costs.serving_s + costs.serving_extra(batch))  # batch >= 2 here
@@ -297,47 +294,56 @@ class Simulation:
         drafts = plan_step(gains, float(batch), step_s)
         return {id(flight): k for flight, k in zip(joint, drafts)}
 
+    @staticmethod
+    def _rounds(worker: Worker) -> Rounds:
+        """``plan_rounds`` of the worker's running flights: kept until one is admitted, decodes or leaves, the
+        only changes of a flight's state that can change it (a prefill's progress cannot)."""
+        rounds = worker.rounds
+        if rounds is None:
+            rounds = worker.rounds = plan_rounds([flight.state for flight in worker.scheduler.running])
+        return rounds
+
     def _step(self, worker: Worker, t: float) -> tuple[float, bool]:
-        """One step: a round of every decoding sequence and prefill chunks, as one priced forward. Returns
-        when it ends and whether a request finished in it."""
+        """One step as the engine composes it (``_rounds``, ``_prefill``): a round of every decoding sequence,
+        then prefill chunks, as one priced forward. Returns when it ends and whether a request finished in it."""
         scheduler, costs = worker.scheduler, worker.costs
         running = scheduler.running
+        plan = worker.rounds or self._rounds(worker)
         batch = len(running)
+        decoded = [running[i] for i in plan.decoding] if plan.prefilling else running[:]  # _done removes from it
+        planned = self._plan(running, plan, costs) if plan.joint else None
         rounds: list[tuple[int, int]] = []
-        serial, fed, decoded, outside = 0.0, 0, [], []  # outside: each round's seconds outside the forward
-        plan = self._plan(running, costs)
-        for flight in running:  # Engine._schedule: a round per decoding sequence
-            if not flight.decoding:
-                continue
+        outside: list[float] = []  # each round's seconds outside the forward
+        serial, fed = 0.0, 0
+        for flight in decoded:
             walker = flight.walker
             if walker is None:
                 p, pos = flight.profile, flight.pos
-                shape = (p.fed[pos], p.context[pos])
-                extra = p.serial[pos]
+                tokens, extra = p.fed[pos], p.serial[pos]
+                rounds.append((tokens, p.context[pos]))
             else:
-                width, context, extra = walker.next_round(batch, plan.get(id(flight)))
-                shape = (width, context)
+                tokens, context, extra = walker.next_round(batch, planned.get(id(flight)) if planned else None)
+                rounds.append((tokens, context))
             serial += extra
             outside.append(extra)
-            rounds.append(shape)
-            fed += shape[0]
-            decoded.append(flight)
-        chunks = self._chunks(running, self.max_batch_tokens - fed)  # then prefill, within what the rounds left
+            fed += tokens
+        chunks = self._prefill(worker, self.max_batch_tokens - fed) if plan.prefilling else []
         forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
-        if len(rounds) > 1:  # the serving path streams several sequences: serving_round_s(n) a round
-            serial += len(rounds) * costs.serving_extra(len(rounds))
+        width = len(rounds)
+        if width > 1:  # the serving path streams several sequences: serving_round_s(n) a round
+            serial += width * costs.serving_extra(width)
         t += serial + forward
-        finished = False
         if self.plain_estimates:
-            _drafts_share(costs, decoded, rounds, outside, forward, len(rounds) + len(chunks) - 1)
+            _drafts_share(costs, decoded, rounds, outside, forward, width + len(chunks) - 1)
+        finished = False
         for flight in decoded:
-            flight.pos += 1
+            pos = flight.pos = flight.pos + 1
             flight.verify_s += forward
-            if flight.pos == 1:
+            if pos == 1:
                 flight.ttft = t - flight.arrival
             walker = flight.walker
             if walker is None:
-                done = flight.pos == len(flight.profile.fed)
+                done = pos == len(flight.profile.fed)
             else:
                 done = walker.finished
                 if done:
@@ -345,70 +351,26 @@ class Simulation:
             if done:
                 self._done(worker, flight, t)
                 finished = True
-        for flight in running:  # prefilled (its last chunk in this step, or nothing to prefill): decodes next
-            if not flight.decoding and flight.prefilled == flight.target:
-                flight.decoding = True
+        if plan.prefilling:  # prefilled (its last chunk in this step, or nothing to prefill): decodes next
+            for flight in running:
+                state = flight.state
+                if not (state.decoding or state.prompt_left):
+                    flight.state = SeqState(True, 0, state.joint)
+                    worker.rounds = None
         for controller in worker.controllers.values():
             controller.end_step()
         return t, finished
 
-    def _chunks(self, running, left: int) -> list[tuple[int, int]]:
-        """The step's prefill chunks ((tokens, cached context) each) after its rounds, as the engine plans them
-        (``Engine._plan_prefills``): the prefilling requests, shortest remaining prompt first (admission order
-        among equals), each at most ``prefill_chunk`` tokens, within the ``left`` tokens the rounds left of
-        ``max_batch_tokens``; advances each one's ``prefilled``."""
-        chunks, chunk_cap = [], self.prefill_chunk
-        prefilling = [flight for flight in running if not flight.decoding]
-        for flight in sorted(prefilling, key=lambda flight: flight.target - flight.prefilled):
-            end = min(flight.target, flight.prefilled + chunk_cap, flight.prefilled + max(0, left))
-            if end > flight.prefilled:
-                chunks.append((end - flight.prefilled, flight.prefilled))
-                left -= end - flight.prefilled
-                flight.prefilled = end
+    def _prefill(self, worker: Worker, left: int) -> list[tuple[int, int]]:
+        """The step's prefill chunks ((tokens, cached context) each) within the ``left`` tokens its rounds left of
+        ``max_batch_tokens``, as ``plan_prefills`` composes them; advances each one's prefill."""
+        running, chunks = worker.scheduler.running, []
+        for i, tokens in plan_prefills([flight.state for flight in running], left, self.prefill_chunk).chunks:
+            flight = running[i]
+            state = flight.state
+            chunks.append((tokens, flight.target - state.prompt_left))
+            flight.state = SeqState(False, state.prompt_left - tokens, state.joint)
         return chunks
-
-    def _fixed_step(self, worker: Worker, t: float) -> tuple[float, bool]:
-        """:meth:`_step` where every request decodes with a fixed profile (no walker, no engine-wide controller):
-        the same rounds, chunks and sums in the same order (the same floats), without the per-round branches,
-        the joint plan and the prefill pass when nothing is prefilling; a fixed arm's steps are most of a
-        replay's time."""
-        scheduler, costs = worker.scheduler, worker.costs
-        running = scheduler.running
-        rounds: list[tuple[int, int]] = []
-        decoded = []
-        serial, fed, prefilling = 0.0, 0, False
-        for flight in running:
-            if flight.decoding:
-                p, pos = flight.profile, flight.pos
-                tokens = p.fed[pos]
-                rounds.append((tokens, p.context[pos]))
-                serial += p.serial[pos]
-                fed += tokens
-                decoded.append(flight)
-            else:
-                prefilling = True
-        chunks = self._chunks(running, self.max_batch_tokens - fed) if prefilling else []
-        forward = step_s(costs, rounds, chunks) if rounds or chunks else 0.0
-        width = len(rounds)
-        if width > 1:
-            serial += width * costs.serving_extra(width)
-        t += serial + forward
-        if self.plain_estimates:
-            _drafts_share(costs, decoded, rounds, None, forward, width + len(chunks) - 1)
-        finished = False
-        for flight in decoded:
-            pos = flight.pos = flight.pos + 1
-            flight.verify_s += forward
-            if pos == 1:
-                flight.ttft = t - flight.arrival
-            if pos == len(flight.profile.fed):
-                self._done(worker, flight, t)
-                finished = True
-        if prefilling:
-            for flight in running:
-                if not flight.decoding and flight.prefilled == flight.target:
-                    flight.decoding = True
-        return t, finished
 
     def _alone(self, worker: Worker, flight: Flight, t: float) -> tuple[float, bool]:
         """The steps of a worker running only ``flight``, decoding with a fixed profile, up to the first that
@@ -449,6 +411,7 @@ class Simulation:
         if self.plain_estimates:
             flight.plain_ratio = plain_ratio(flight, worker.costs.overhead_s + worker.costs.serving_s)
         worker.scheduler.remove(flight)
+        worker.rounds = None
         self._push(t, FINISH, flight)
 
     def _finish(self, flight: Flight, t: float) -> None:

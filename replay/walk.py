@@ -88,9 +88,7 @@ class Walker:
         context, seconds outside the forward). ``planned``: its drafts from the step's joint plan (then the
         controller is not asked)."""
         done, controller = self.done, self.controller
-        if batch != self.batch or self._table is None:
-            self.batch = batch
-            self._table = self.costs.round_costs(self.option.proposer, self.option.k, self.prompt_len, batch)
+        self._price(batch)
         k_cap = max(0, min(self.option.k, self.max_new - done - 1))
         context = match_context(self.matches[done])
         if planned is not None:  # a joint plan's drafts (n-gram: k_cap proposed, then cut)
@@ -103,6 +101,18 @@ class Walker:
         drafted = min(budget, self.lens[done])
         accepted = min(drafted, self.runs[done])
         controller.observe(drafted, accepted, context)
+        return self._commit(drafted, accepted, budget, called)
+
+    def _price(self, batch: int) -> None:
+        """The controller's cost table for a round in a step of ``batch`` sequences (kept while it is the same)."""
+        if batch != self.batch or self._table is None:
+            self.batch = batch
+            self._table = self.costs.round_costs(self.option.proposer, self.option.k, self.prompt_len, batch)
+
+    def _commit(self, drafted: int, accepted: int, budget: int, called: int) -> tuple[int, int, float]:
+        """Record a round (``called``: the k the proposer was called with) and move past what it commits;
+        :meth:`next_round`'s answer."""
+        done = self.done
         cached = self.prompt_len - 1 + done
         draft, verify = round_parts(self.costs, self.option.proposer, drafted, called, cached)
         if called > 0:

@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Literal
 
 # What the embedded engine runs (``custom_params.speculation.proposer``, ``SpeculationParams.proposer``).
-Proposer = Literal["none", "ngram", "draft_model", "suffix"]
-PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft_model", "suffix")
+# ``hybrid`` drafts from n-gram and suffix every round and picks the source per round (backends/engine/source_choice.py)
+Proposer = Literal["none", "ngram", "draft_model", "suffix", "hybrid"]
+PROPOSERS: tuple[str, ...] = ("none", "ngram", "draft_model", "suffix", "hybrid")
 # What a policy's pool may name: the engine's proposers and those only SGLang servers run (``eagle``,
 # ``eagle3``, ``standalone``: a separate draft model), each pool being one server configuration.
-PoolProposer = Literal["none", "ngram", "suffix", "draft_model", "eagle", "eagle3", "standalone"]
-POOL_PROPOSERS: tuple[str, ...] = ("none", "ngram", "suffix", "draft_model", "eagle", "eagle3", "standalone")
-MODEL_FREE: frozenset[str] = frozenset({"ngram", "suffix"})  # drafts follow from the ids alone (replay is exact)
+PoolProposer = Literal["none", "ngram", "suffix", "hybrid", "draft_model", "eagle", "eagle3", "standalone"]
+POOL_PROPOSERS: tuple[str, ...] = ("none", "ngram", "suffix", "hybrid", "draft_model", "eagle", "eagle3", "standalone")
+MODEL_FREE: frozenset[str] = frozenset({"ngram", "suffix", "hybrid"})  # drafts follow from the ids alone (replay is exact)
 NgramMatch = Literal["earliest", "latest"]
 NGRAM_MATCHES: tuple[str, ...] = ("earliest", "latest")
 # The per-round controllers of backends/engine/adaptive.py: specgate's, SGLang's --speculative-adaptive, vLLM's table

@@ -50,6 +50,7 @@ class Telemetry:
         self.positions: dict[tuple[str, str, str], list[list[int]]] = {}
         self.pools: list[dict[str, Any]] = []
         self.gates: list[dict[str, Any]] = []
+        self.evidence: dict[tuple[str, str], int] = {}  # (route, slice) -> options taught by counterfactuals
         self.started = time.time()
         # labelled children, made on first use like ``labels()`` (no zero series appear early), then
         # reused: ``labels()`` costs a lock and validation per call, several per request. The label
@@ -70,6 +71,8 @@ class Telemetry:
         child(m.requests, (*key, rule, lab.status(record.status))).inc()
         if record.exploration is not None:
             child(m.explorations, (*key, lab.exploration(record.exploration))).inc()
+        for step in record.resumes:
+            child(m.resumes, (key[0], lab.pool(step.pool or record.pool), step.outcome)).inc()
         child(m.prompt_tokens, key).inc(record.prompt_tokens)
         child(m.output_tokens, key).inc(record.completion_tokens)
         if record.slo_met is True:
@@ -110,7 +113,9 @@ class Telemetry:
         ok = record.status == "ok"
         sums: dict[str, float] = {"requests": 1, "ok": int(ok), "errors": int(not ok), "explored": int(record.explored),
                                   "slo_met": int(record.slo_met is True), "slo_missed": int(record.slo_met is False),
-                                  "output_tokens": record.completion_tokens}
+                                  "output_tokens": record.completion_tokens,
+                                  # answers another worker continued after theirs failed (gateway/resume.py)
+                                  "resumed": int(any(r.outcome == "ok" for r in record.resumes))}
         if counts is not None:
             sums.update(rounds=counts.rounds, accepted=counts.accepted_tokens, drafts=counts.draft_tokens)
             acc, reached = self.positions.setdefault((route, slice_, pool), [[], []])
@@ -131,6 +136,14 @@ class Telemetry:
         speed = sample(record, self.policy.load_buckets) if slice_ else None
         if speed is not None:
             self.history.add_speed(at, route, slice_, *speed)
+
+    def observe_evidence(self, route: str, slice_: str, options: int, seconds: float) -> None:
+        """One answer's full-information evidence: ``options`` taught, ``seconds`` of the evidence thread."""
+        if options:
+            self._child(self.metrics.counterfactual, (route, slice_)).inc(options)
+        self.metrics.counterfactual_seconds.inc(seconds)
+        key = (route, slice_)
+        self.evidence[key] = self.evidence.get(key, 0) + options
 
     def count_trace(self, result: str) -> None:
         """One finished request as the trace recorder saw it; ``result`` is one of a fixed set (the metric's
@@ -262,6 +275,7 @@ class Telemetry:
                           for (r, s, p), (acc, reached) in sorted(self.positions.items())],
             "pools": self.pools,
             "gates": self.gates,
+            "evidence": [{"route": r, "slice": s, "options": n} for (r, s), n in sorted(self.evidence.items())],
         }
 
 

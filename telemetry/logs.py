@@ -16,6 +16,7 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any, TextIO
 
+import msgspec
 import structlog
 
 from telemetry.record import RequestRecord
@@ -88,6 +89,9 @@ def request_fields(record: RequestRecord, *, debug_text: bool) -> dict[str, Any]
         "verify_ct": record.verify_ct, "slo_met": record.slo_met, "retries": record.retries,
         "worker": record.worker,
     }
+    if record.resumes:  # count, at which token, from which worker to which
+        fields["resumed"] = {"count": sum(1 for r in record.resumes if r.outcome == "ok"),
+                             "steps": [msgspec.to_builtins(r) for r in record.resumes]}
     if record.status != "ok":
         fields["error"] = record.error_type
         fields["cause"] = record.error_message

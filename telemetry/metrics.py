@@ -90,6 +90,18 @@ class Metrics:
             "specgate_spec_position_reached",
             "Rounds that reached draft position (all earlier drafts accepted), positions 1-16.",
             L + ("position",), registry=r)
+        self.resumes = Counter(
+            "specgate_resumes", "Tries to resume an answer on another worker after its worker failed mid-answer, "
+            "by the pool that took over (the served pool when none did) and outcome: ok | failed | no_worker | "
+            "no_ids | limit | deadline | structured | penalties | request_error (gateway/resume.py).",
+            ("route", "pool", "outcome"), registry=r)
+        self.counterfactual = Counter(
+            "specgate_counterfactual_observations", "Options of an auto rule a served greedy answer taught the "
+            "learner about without serving them (full-information evidence, gateway/evidence.py), by route and "
+            "slice.", ("route", "slice"), registry=r)
+        self.counterfactual_seconds = Counter(
+            "specgate_counterfactual_seconds", "Seconds the gateway's evidence thread spent computing and pricing "
+            "counterfactual rounds (off the request path).", registry=r)
         self.output_tokens = Counter("specgate_output_tokens", "Completion tokens returned.", L, registry=r)
         self.prompt_tokens = Counter("specgate_prompt_tokens", "Prompt tokens received.", L, registry=r)
         self.slo_met = Counter("specgate_slo_met", "Completed requests that met both the route's TTFT and "

@@ -12,6 +12,18 @@ from __future__ import annotations
 import msgspec
 
 
+class Resumed(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """One resume of an answer whose worker failed mid-answer (``gateway/resume.py``): at which token (ids sent
+    before it), from which worker to which ("" when none took over), the pool that took over, and how it went:
+    ok | failed | no_worker | no_ids | limit | deadline | structured | penalties | request_error."""
+
+    at_token: int
+    from_worker: str
+    to_worker: str = ""
+    pool: str = ""
+    outcome: str
+
+
 class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     route: str  # policy route name ("default" when auth is off)
@@ -60,6 +72,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     slo_tpot_s: float | None = None
     slo_met: bool | None = None  # both TTFT and TPOT met (DistServe goodput); None when not ok
     retries: int = 0
+    resumes: tuple[Resumed, ...] = ()  # tries to resume it after its worker failed mid-answer, in order
     worker: str = ""  # URL, logs only
     fallback: bool = False  # a safety fallback changed the decision
     timestamp: float = 0.0  # wall clock (time.time()) when the request finished

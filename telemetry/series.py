@@ -18,7 +18,7 @@ from telemetry.speedup import SPEED_FIELDS, add
 
 GROUP_FIELDS = ("requests", "ok", "errors", "explored", "slo_met", "slo_missed", "output_tokens", "rounds",
                 "accepted", "drafts", "tpot_spec_sum", "tpot_spec_n", "tpot_plain_sum", "tpot_plain_n", "ttft_sum",
-                "ttft_n")
+                "ttft_n", "resumed")
 POOL_FIELDS = ("running", "waiting", "kv_usage", "healthy_workers")
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.engine.engine_helpers import make_tiny_engine
 from tests.prerequisites import missing
+from tests.valkey_helpers import valkey  # noqa: F401  (the fixture: a real valkey-server on a free port)
 
 @pytest.fixture(scope="session")
 def prepared_model():

@@ -299,11 +299,22 @@ class BetaDraftLength:
             out.append(survive)
         return out
 
+    def draws(self, context: int, k: int) -> list[float]:
+        """Thompson draws for positions 1..k of ``context`` (all of them; :meth:`choose` reads them lazily)."""
+        return list(self._draws(context, k))
+
     def observe(self, proposed: int, accepted: int, context: int = 0) -> None:
         """One round: discount this sequence's evidence (every context), count the round in its context."""
+        self.observe_round(((context, proposed, accepted),))
+
+    def observe_round(self, drafts: Sequence[tuple[int, int, int]]) -> None:
+        """One round that scored several drafts, (context, proposed, accepted) each (the hybrid proposer's two
+        sources, source_choice.py): the evidence is discounted once, every draft that proposed is counted."""
         for evidence in self.evidence.values():
             evidence.discount(DISCOUNT)
-        if proposed > 0:
+        for context, proposed, accepted in drafts:
+            if proposed <= 0:
+                continue
             evidence = self.evidence.get(context)
             if evidence is None:
                 evidence = self.evidence[context] = Evidence(self.k_max)

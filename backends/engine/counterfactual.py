@@ -4,7 +4,9 @@ replay (docs/replay.md) and of the proposer benchmark.
 Greedy speculative decoding is exact: a request's output ids are the same under every proposer and draft
 length. A model-free proposer (``ngram``, ``suffix``) is a deterministic function of what has been
 committed, so the drafts it would make, and how many of them the target would accept, follow from the
-prompt and output ids alone: for ``suffix`` also from the outputs its scope saw before, in arrival order.
+prompt and output ids alone: for ``suffix`` also from the outputs its scope saw before, in arrival order;
+``hybrid`` with a fixed k (both of them, one chosen per round by a rule that reads only what was committed,
+learning across the stream as the engine's pooled acceptance does) likewise.
 ``replay`` runs the engine's own proposer objects over the committed context round by round, exactly as
 ``Engine._round`` does (k capped at the tokens still allowed minus one; a round commits the accepted
 prefix plus one token), so its rounds are the ones the engine would run. Time is not modelled here.
@@ -33,9 +35,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from backends.engine.proposers.base import EMPTY, Proposal, SequenceProposer
+from backends.engine.proposers.hybrid import HybridProposer
 from backends.engine.proposers.ngram import NgramProposer
 from backends.engine.proposers.suffix import SuffixStore
 from backends.engine.sampling import PenaltyState, needs_history, process_logits
+from backends.engine.source_choice import rule_for
 from backends.engine.types import SamplingParams, SpeculationParams, SuffixSettings
 
 if TYPE_CHECKING:
@@ -102,11 +106,12 @@ def replay_request(proposer: SequenceProposer | None, record: Recorded, k: int) 
 
 def replay(records: Iterable[Recorded], spec: SpeculationParams, suffix: SuffixSettings = SuffixSettings(),
            matches: Sequence[Sequence[bool]] | None = None) -> list[Replayed]:
-    """Every request of a stream, in arrival order, under ``spec`` (plain, ``ngram``, ``suffix`` or
-    ``draft_model``; a fixed ``draft_tokens``). One suffix store serves the whole stream, as one worker
-    would. ``draft_model`` needs ``matches``: per record, the draft's match flags (:func:`draft_matches`
-    with the draft of the pair being replayed), one per output token."""
-    if spec.adaptive or spec.proposer not in ("none", "ngram", "suffix", "draft_model"):
+    """Every request of a stream, in arrival order, under ``spec`` (plain, ``ngram``, ``suffix``, ``hybrid``
+    or ``draft_model``; a fixed ``draft_tokens``). One suffix store serves the whole stream, as one worker
+    would, and for ``hybrid`` one pooled acceptance (the engine's, across its sequences: its rule learns from
+    every earlier request of the stream). ``draft_model`` needs ``matches``: per record, the draft's match
+    flags (:func:`draft_matches` with the draft of the pair being replayed), one per output token."""
+    if spec.adaptive or spec.proposer not in ("none", "ngram", "suffix", "hybrid", "draft_model"):
         raise ValueError(f"no exact counterfactual for proposer {spec.proposer!r} (adaptive={spec.adaptive}): "
                          "only greedy proposers with a fixed draft length are a function of the trace")
     records = list(records)
@@ -116,18 +121,27 @@ def replay(records: Iterable[Recorded], spec: SpeculationParams, suffix: SuffixS
                              "record (counterfactual.draft_matches)")
         if len(matches) != len(records):
             raise ValueError(f"matches has {len(matches)} entries for {len(records)} records")
-    store = SuffixStore(suffix) if spec.proposer == "suffix" else None
+    store = SuffixStore(suffix) if spec.proposer in ("suffix", "hybrid") else None
+    shared: dict = {}  # the engine's shared controllers: hybrid's pooled acceptance
     results = []
     for n, record in enumerate(records):
         proposer: SequenceProposer | None = None
         if spec.proposer == "ngram":
             proposer = NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_match)
+        elif spec.proposer == "hybrid":  # a fixed k: the rule reads posterior means, never costs or draws
+            proposer = HybridProposer(NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_match),
+                                      store.open(record.scope, list(record.prompt)),
+                                      rule_for(spec, _no_costs, seed=0, shared=shared))
         elif store is not None:
             proposer = store.open(record.scope, list(record.prompt))
         elif matches is not None and spec.proposer == "draft_model":
             proposer = MatchedDrafts(record, matches[n], where=f"record {n}")
         results.append(replay_request(proposer, record, spec.draft_tokens))
     return results
+
+
+def _no_costs(k_max: int) -> list[float]:
+    raise AssertionError("a fixed draft length never prices rounds")
 
 
 NO_TOKEN = -1  # a draft token replay does not know (never equal to a token id)

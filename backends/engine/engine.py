@@ -36,17 +36,22 @@ from backends.engine.config import EngineConfig
 from backends.engine.faults import FaultInjector, verify_lossy
 from backends.engine.proposers.base import EMPTY, Proposal, SequenceProposer
 from backends.engine.proposers.draft_model import DraftJob, DraftModelProposer, propose_batch
+from backends.engine.proposers.hybrid import HybridProposer
 from backends.engine.proposers.ngram import NgramProposer
 from backends.engine.proposers.suffix import SuffixStore
 from backends.engine.runner import BatchResult, Feed, ModelRunner, load_model
 from backends.engine.sampling import PenaltyState, needs_history, probs_from_logits, process_logits, token_logprobs
-from backends.engine.scheduler import Scheduler
+from backends.engine.scheduler import Scheduler, SeqState, plan_prefills, plan_rounds
 from backends.engine.sequence import Sequence, Status, new_sequence
+from backends.engine.source_choice import rule_for
 from backends.engine.types import EngineLoad, FinishReason, GenerateRequest, RequestOutput, RoundStats, TokenLogprob
 from backends.engine.verify import verify_greedy, verify_sampled
 from backends.engine.work import OutputCallback, Slot, Work
 
 log = logging.getLogger("specgate.engine")
+
+
+TREE_FED = ("suffix", "hybrid")  # proposers whose own answers enter the suffix trees as they commit
 
 
 class Engine:
@@ -192,16 +197,18 @@ class Engine:
                 self._finish(seq)
 
     def _schedule(self) -> list[Work]:
-        """This step's work: a round for every decoding sequence (drafts proposed now, draft-model drafts in
-        one batch), then prefill chunks in admission order within what is left of ``max_batch_tokens``."""
+        """This step's work as ``scheduler.plan_rounds`` and ``plan_prefills`` compose it: a round for every
+        decoding sequence (drafts proposed now, draft-model drafts in one batch; the joint ones' drafts planned
+        together after the others), then prefill chunks within what the rounds left of ``max_batch_tokens``."""
         running = self.scheduler.running
-        decoding = [seq for seq in running if seq.status is Status.DECODE]
+        states = self._states()
+        plan = plan_rounds(states)
+        decoding = [running[i] for i in plan.decoding]
         works: list[Work] = []
         drafts: list[tuple[Work, DraftJob]] = []
         self.costs.step_seqs = len(decoding)  # a round's cost is the step's: it shares the others' tokens
         self.costs.step_base = max(0, len(decoding) - 1)
-        joint = [seq for seq in decoding if self._joint(self._slots[seq.rid])]
-        joint = joint if len(joint) > 1 else []  # one alone: its controller's own best_k, as at c1
+        joint = [running[i] for i in plan.joint]  # none when one alone: its controller's own best_k, as at c1
         jointly = {seq.rid for seq in joint}
         planned: dict[int, Work] = {}
         for seq in decoding:  # the others first: the joint plan prices the step with their widths
@@ -223,40 +230,27 @@ class Engine:
             for (work, _), proposal in zip(drafts, propose_batch([job for _, job in drafts])):
                 work.proposal, work.feed = proposal, [work.feed[0], *proposal.tokens]
         self.faults.inject(works)  # test-only fault injection, "off" unless a worker sets it (faults.py)
-        works.extend(self._plan_prefills(running, self.config.max_batch_tokens - sum(len(w.feed) for w in works)))
+        if plan.prefilling:
+            works.extend(self._plan_prefills(states, self.config.max_batch_tokens - sum(len(w.feed) for w in works)))
         return works
 
-    def _plan_prefills(self, running: list[Sequence], left: int) -> list[Work]:
-        """The step's prefill chunks, within the ``left`` tokens the rounds left of ``max_batch_tokens``: each
-        prefilling prompt at most ``prefill_chunk`` tokens, shortest remaining prompt first (admission order
-        among equals), so a short prompt is not queued behind long ones that fill the budget. A long prompt
-        cannot starve: only admitted prompts prefill (``max_running_requests``), and one fed whole decodes
-        from the next step. Against admission order on the real model, mixed workload, ngram-k4 at c4: 45 of
-        60 requests within the SLO against 41, TTFT p90 -12% (docs/runs/2026-12-05-issue26-onednn/README.md,
-        "The c4 goodput miss")."""
-        works = []
-        for seq in self._prefill_order([seq for seq in running if seq.status is Status.PREFILL and seq.finish is None]):
-            work = self._plan_prefill(seq, self._slots[seq.rid], min(left, self.config.prefill_chunk))
-            if work is not None:
-                works.append(work)
-                left -= len(work.feed)
-        return works
+    def _states(self) -> list[SeqState]:
+        """What the step's composition reads of each running sequence, in running order. None has finished:
+        ``_finish`` removes an aborted one at once and ``step`` every other one at its end."""
+        return [SeqState(seq.status is Status.DECODE, len(seq.prompt_ids) - 1 - seq.prefilled,
+                         self._joint(self._slots[seq.rid])) for seq in self.scheduler.running]
 
-    @staticmethod
-    def _prefill_order(prefilling: list[Sequence]) -> list[Sequence]:
-        """Shortest remaining prompt first, admission order among equals (a stable sort)."""
-        return sorted(prefilling, key=lambda seq: len(seq.prompt_ids) - seq.prefilled)
+    def _plan_prefills(self, states: list[SeqState], left: int) -> list[Work]:
+        """The step's prefill chunks (``scheduler.plan_prefills``) within the ``left`` tokens the rounds left."""
+        running, prefills = self.scheduler.running, plan_prefills(states, left, self.config.prefill_chunk)
+        for i in prefills.ready:
+            running[i].status = Status.DECODE  # nothing to prefill (a one-token prompt): decodes from the next step
+        return [self._plan_prefill(running[i], tokens) for i, tokens in prefills.chunks]
 
-    def _plan_prefill(self, seq: Sequence, slot: Slot, left: int) -> Work | None:
-        target = len(seq.prompt_ids) - 1  # the last prompt token is fed by the first round
-        end = min(target, seq.prefilled + max(0, left))
-        if seq.prefilled == target:
-            seq.status = Status.DECODE  # nothing to prefill (a one-token prompt): decodes from the next step
-            return None
-        if end == seq.prefilled:
-            return None  # no room in this step
-        fed = list(seq.prompt_ids[seq.prefilled:end])
-        return Work(seq, slot, fed, keep=len(fed) if seq.request.prompt_logprobs else 1)
+    def _plan_prefill(self, seq: Sequence, tokens: int) -> Work:
+        """A chunk of ``tokens`` prompt tokens from where the sequence's prefill stands."""
+        fed = list(seq.prompt_ids[seq.prefilled:seq.prefilled + tokens])
+        return Work(seq, self._slots[seq.rid], fed, keep=len(fed) if seq.request.prompt_logprobs else 1)
 
     def _prefilled(self, work: Work, logits: torch.Tensor) -> None:
         seq, request = work.seq, work.seq.request
@@ -275,7 +269,7 @@ class Engine:
     @staticmethod
     def _joint(slot: Slot) -> bool:
         """Planned with the step's others (:func:`plan_step`): specgate's controller over a proposer whose drafts
-        come first and cost nothing more by k (n-gram)."""
+        come first and cost nothing more by k (n-gram). Hybrid plans per sequence (proposers/hybrid.py)."""
         return isinstance(slot.adaptive, BetaDraftLength) and slot.proposer.prefix_drafts
 
     def _plan_jointly(self, joint: list[Sequence], seqs: int) -> dict[int, Work]:
@@ -324,7 +318,12 @@ class Engine:
         context = seq.context
         if slot.proposer is not None:
             k_cap = max(0, min(seq.request.speculation.draft_tokens, seq.remaining - 1))
-            if controller is not None and slot.proposer.prefix_drafts:  # draft first, then pick k knowing it
+            if isinstance(slot.proposer, HybridProposer):  # both sources draft; its rule picks one (and k)
+                if k_cap:
+                    proposal = slot.proposer.propose(context, k_cap, params, slot.penalty, slot.generator,
+                                                     batch=batch)
+                k = len(proposal.tokens) if seq.request.speculation.adaptive else k_cap
+            elif controller is not None and slot.proposer.prefix_drafts:  # draft first, then pick k knowing it
                 proposal = self._propose(seq, slot)
                 k = controller.choose(batch, match_context(proposal.match), cap=len(proposal.tokens))
                 if k < len(proposal.tokens):
@@ -388,6 +387,11 @@ class Engine:
         if slot is not None:
             if slot.proposer is not None:
                 slot.proposer.release()
+            if self._suffix_store is not None and (slot.proposer is None or slot.proposer.name not in TREE_FED):
+                # once this engine drafts from suffix trees, every answer joins its scope's tree, whatever served
+                # it: the tree is the scope's outputs, not only those suffix decoding served (gateway's auto may
+                # serve a scope's requests from several pools of this worker)
+                self._suffix_store.remember(seq.request.speculation.scope, list(seq.prompt_ids), list(seq.output_ids))
             self._emit(seq, slot)
 
     @staticmethod
@@ -415,14 +419,18 @@ class Engine:
             proposer = self.suffix_store.open(spec.scope, list(seq.prompt_ids))
         elif spec.proposer == "draft_model":
             proposer = DraftModelProposer(self.draft_runner, seq.stop_token_ids)
+        # the controller's draws are its own: seeded by the request's sampling seed, else by its id, so a
+        # greedy request's rounds are reproducible (its output never depends on them)
+        seed = params.sampling_seed if params.sampling_seed is not None else zlib.crc32(seq.rid.encode())
+        name = spec.proposer
+        round_costs = lambda k_max: [self.costs.round_s(name, k) for k in range(k_max + 1)]  # noqa: E731
         adaptive = None
-        if proposer is not None and spec.adaptive:
-            name = spec.proposer
-            # the controller's draws are its own: seeded by the request's sampling seed, else by its id, so a
-            # greedy request's rounds are reproducible (its output never depends on them)
-            seed = params.sampling_seed if params.sampling_seed is not None else zlib.crc32(seq.rid.encode())
-            adaptive = controller_for(spec, lambda k_max: [self.costs.round_s(name, k) for k in range(k_max + 1)],
-                                      seed=seed, shared=self._shared_controllers)
+        if spec.proposer == "hybrid":  # its rule is its controller (source_choice.py), adaptive or not
+            proposer = HybridProposer(NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_match),
+                                      self.suffix_store.open(spec.scope, list(seq.prompt_ids)),
+                                      rule_for(spec, round_costs, seed, self._shared_controllers))
+        elif proposer is not None and spec.adaptive:
+            adaptive = controller_for(spec, round_costs, seed=seed, shared=self._shared_controllers)
         return Slot(cache=self.runner.new_cache(seq.reserved_tokens), generator=generator, penalty=penalty,
                      proposer=proposer, adaptive=adaptive, on_output=on_output)
 

@@ -64,8 +64,9 @@ class SpeculationParams:
     ngram_min: int = 1
     ngram_max: int = 12
     ngram_match: NgramMatch = "earliest"
-    # suffix decoding (proposers/suffix.py): whose earlier outputs this request may draft from. The gateway
-    # sends the route's name, so one application never sees another's text; "" is the worker's shared scope.
+    # suffix decoding (proposers/suffix.py, and hybrid's suffix source): whose earlier outputs this request may
+    # draft from. The gateway sends the route's name, so one application never sees another's text; "" is the
+    # worker's shared scope.
     scope: str = ""
 
     def __post_init__(self) -> None:
@@ -79,6 +80,9 @@ class SpeculationParams:
             raise ValueError(f"ngram_match must be one of {', '.join(NGRAM_MATCHES)}, got {self.ngram_match!r}")
         if self.strategy not in ADAPTIVE_STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(ADAPTIVE_STRATEGIES)}, got {self.strategy!r}")
+        if self.proposer == "hybrid" and self.adaptive and self.strategy != "beta":
+            raise ValueError(f"proposer hybrid picks its source and k with strategy beta, got {self.strategy!r}; "
+                             "use strategy beta or another proposer")
         if any(lo < 1 or k < 0 for lo, k in self.k_by_batch) or list(self.k_by_batch) != sorted(self.k_by_batch):
             raise ValueError("k_by_batch must be ascending (lowest batch size >= 1, k >= 0) pairs")
         if len(self.prior) > MAX_DRAFT_TOKENS or not all(0.0 <= p <= 1.0 for p in self.prior):

@@ -192,12 +192,19 @@ class ChatCompletionResponse(msgspec.Struct, frozen=True, kw_only=True, omit_def
     sglext: SglExt | None = None
 
 
-class ChatStreamChoice(msgspec.Struct, frozen=True, kw_only=True):
-    index: int = 0
-    delta: DeltaMessage = DeltaMessage()
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    matched_stop: int | str | None = None
+class ChatStreamChoice(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A chat stream chunk's choice. ``token_ids`` / ``prompt_token_ids``: specgate's embedded worker only, on
+    a stream that asked for ``return_output_ids_in_sglext`` / ``return_input_ids_in_sglext`` (the chunk's new
+    ids; the prompt's on the first chunk), as completions choices carry them: what lets the gateway resume a
+    chat stream mid-answer (``gateway/resume.py``). SGLang sends chat ids only in the final sglext chunk."""
+
+    index: int = always(0)
+    delta: DeltaMessage = always(DeltaMessage())
+    logprobs: ChatLogprobs | None = always(None)
+    finish_reason: str | None = always(None)
+    matched_stop: int | str | None = always(None)
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -1,7 +1,9 @@
 """SGLang's token-id extensions of the OpenAI endpoints: asking a worker for a request's prompt and output
 token ids, reading them from its answer, and taking them out of that answer again.
 
-The gateway asks only for the requests it records (``gateway/tracing.py``), and always strips the ids from
+The gateway asks only for the requests it records (``gateway/tracing.py``) and the streams it may resume on
+another worker (``gateway/resume.py``: specgate's embedded worker also puts a chat stream's ids on each chunk's
+choice, as completions choices carry them), and always strips the ids from
 what its client receives: they are a gateway-internal side channel (clients cannot ask for them; the
 gateway's strict request parsing refuses the fields). The names are SGLang 0.5.23's (``backends/sglang/wire.py``
 models them; the deploy kit's image, whose ``--return-input-ids`` / ``--return-output-ids`` switches came with

@@ -104,7 +104,8 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
                               spec_details=body.return_spec_tokens_details, logprobs=req.logprobs,
                               texts=runtime.token_texts, echo=echo, prompt_ids=req.input_ids,
                               input_ids=body.return_input_ids_in_sglext if chat else body.return_token_ids,
-                              output_ids=body.return_output_ids_in_sglext if chat else body.return_token_ids)
+                              output_ids=body.return_output_ids_in_sglext if chat else body.return_token_ids,
+                              skip_special_tokens=body.skip_special_tokens)
         events = _events(runtime, request, "chat" if chat else "completions", shaper.model, req)
         if not body.stream:
             return await _answer(request, events, shaper.response)

@@ -33,6 +33,7 @@ class TokenTexts:
         self._tokenizer = tokenizer
         self._byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
         self._cache: dict[int, tuple[bytes, str]] = {}
+        self._specials = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
 
     def get(self, token_id: int) -> tuple[bytes, str]:
         hit = self._cache.get(token_id)
@@ -45,6 +46,12 @@ class TokenTexts:
 
     def text(self, token_id: int) -> str:
         return self.get(token_id)[1]
+
+    def streamed_bytes(self, token_id: int, skip_special_tokens: bool) -> int:
+        """How many bytes ``token_id`` adds to a decoded text (a special token adds none when skipped)."""
+        if skip_special_tokens and token_id in self._specials:
+            return 0
+        return len(self.get(token_id)[0])
 
 
 def sglang_meta(logprobs: Sequence[TokenLogprob], top: int, texts: TokenTexts | None,

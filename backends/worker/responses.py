@@ -120,15 +120,17 @@ class OpenAIShaper:
     def __init__(self, *, chat: bool, rid: str, model: str, prompt_tokens: int, weight_version: str,
                  spec_details: bool, logprobs: int | None = None, texts: TokenTexts | None = None,
                  echo: str = "", prompt_ids: Sequence[int] = (), input_ids: bool = False,
-                 output_ids: bool = False) -> None:
+                 output_ids: bool = False, skip_special_tokens: bool = True) -> None:
         self.chat = chat
+        self.skip_special_tokens = skip_special_tokens  # the request's: whether special tokens are in its text
         self.rid = rid
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.prompt_ids = list(prompt_ids)
         self.input_ids = input_ids  # chat: sglext.input_ids; completions: choices[].prompt_token_ids
         self.output_ids = output_ids  # chat: sglext.output_ids; completions: choices[].token_ids
-        self.sent_ids = 0  # completions stream: output ids already sent
+        self.sent_ids = 0  # a stream: output ids already sent
+        self.released_bytes = 0  # bytes of the ids counted in sent_ids (``_released``)
         self.prompt_ids_sent = False
         self.weight_version = weight_version
         self.spec_details = spec_details
@@ -163,21 +165,44 @@ class OpenAIShaper:
         logprobs = self._logprobs(entries)
         if not self.chat:
             return openai_wire.CompletionChoice(text=text, logprobs=logprobs, finish_reason=reason, matched_stop=matched,
-                                         **self._choice_ids(out))
+                                         **self._choice_ids(out, chunk))
         if not chunk:
             return openai_wire.ChatChoice(message=openai_wire.ChatMessage(role="assistant", content=text), logprobs=logprobs,
                                    finish_reason=reason, matched_stop=matched)
         return openai_wire.ChatStreamChoice(delta=openai_wire.DeltaMessage(content=text or None), logprobs=logprobs,
-                                     finish_reason=reason, matched_stop=matched)
+                                     finish_reason=reason, matched_stop=matched, **self._choice_ids(out, chunk))
 
-    def _choice_ids(self, out: RequestOutput | None) -> dict[str, Any]:
-        """Completions' ids for the next choice sent: the prompt's once, then the output ids not sent yet."""
+    def _choice_ids(self, out: RequestOutput | None, chunk: bool) -> dict[str, Any]:
+        """The ids for the next choice sent: the prompt's once, then the output ids not sent yet (completions;
+        chat streams too, see ``openai_wire.ChatStreamChoice``). A stream sends an id only once its text was
+        (``_released``), so the ids a client has seen always spell the text it has seen."""
         ids: dict[str, Any] = {}
+        if self.chat and not chunk:
+            return ids
         if self.input_ids and not self.prompt_ids_sent:
             ids["prompt_token_ids"], self.prompt_ids_sent = self.prompt_ids, True
         if self.output_ids and out is not None:
-            ids["token_ids"], self.sent_ids = list(out.output_ids[self.sent_ids:]), len(out.output_ids)
+            upto = self._released(out) if chunk else len(out.output_ids)
+            ids["token_ids"], self.sent_ids = list(out.output_ids[self.sent_ids:upto]), max(self.sent_ids, upto)
         return ids
+
+    def _released(self, out: RequestOutput) -> int:
+        """How many output ids the streamed text covers: all once finished; before, the ids whose bytes fit in
+        the text sent (the engine holds back a possible stop-string prefix and an incomplete UTF-8
+        character, whose ids are then sent with the text that completes them). Byte-level BPE decodes to
+        the concatenation of its tokens' bytes; incremental, so a stream costs O(tokens)."""
+        if out.finished or self.texts is None:
+            return len(out.output_ids)
+        budget = len(out.text.encode())
+        released, used = self.sent_ids, self.released_bytes
+        for token in out.output_ids[released:]:
+            size = self.texts.streamed_bytes(token, self.skip_special_tokens)
+            if used + size > budget:
+                break
+            used += size
+            released += 1
+        self.released_bytes = used
+        return released
 
     def _sglext(self, out: RequestOutput) -> openai_wire.SglExt | None:
         """Chat's response-level extension: speculation details and the ids asked for (None: nothing asked)."""
@@ -209,7 +234,10 @@ class OpenAIShaper:
                 return None
             return self._chunk([self._choice(self.echo, out.prompt_logprobs if out is not None else (), None,
                                              chunk=True)])
-        return self._chunk([openai_wire.ChatStreamChoice(delta=openai_wire.DeltaMessage(role="assistant", content=""))])
+        prompt = {"prompt_token_ids": self.prompt_ids} if self.input_ids else {}
+        self.prompt_ids_sent = bool(prompt)
+        return self._chunk([openai_wire.ChatStreamChoice(delta=openai_wire.DeltaMessage(role="assistant", content=""),
+                                                         **prompt)])
 
     def chunk(self, out: RequestOutput) -> Body | None:
         """The text added since the last chunk; None when nothing new and not finished."""

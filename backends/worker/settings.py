@@ -3,8 +3,9 @@
 The speculative defaults mirror SGLang's server flags (``--speculative-algorithm``,
 ``--speculative-num-draft-tokens``, ``--speculative-adaptive``, ``--speculative-ngram-min/max-match-window-size``):
 a request without a ``custom_params.speculation`` override runs exactly as it would on an SGLang server
-launched with them. ``SUFFIX`` (suffix decoding; vLLM's ``suffix`` method) is specgate's extension: SGLang has
-no such algorithm. The n-gram and suffix settings are server settings even for a worker that takes its
+launched with them. ``SUFFIX`` (suffix decoding; vLLM's ``suffix`` method) and ``HYBRID`` (n-gram and suffix
+drafts every round, the source picked per round: proposers/hybrid.py) are specgate's extensions: SGLang has
+no such algorithms. The n-gram and suffix settings are server settings even for a worker that takes its
 proposer per request: they change acceptance, so they are part of the pair version, and ``/server_info``
 reports them under these field names (the flags with underscores).
 
@@ -26,12 +27,13 @@ from backends.engine.types import (
 from backends.net import is_loopback
 from speculation import parse_k_by_batch
 
-SpeculativeAlgorithm = Literal["NGRAM", "STANDALONE", "SUFFIX"]
+SpeculativeAlgorithm = Literal["NGRAM", "STANDALONE", "SUFFIX", "HYBRID"]
 # SGLang's algorithm name -> the engine's proposer (STANDALONE = a separate draft model; ours is the
 # layer-truncated self-draft; SUFFIX is specgate's own name).
-ALGORITHM_PROPOSER: dict[str, str] = {"NGRAM": "ngram", "STANDALONE": "draft_model", "SUFFIX": "suffix"}
+ALGORITHM_PROPOSER: dict[str, str] = {"NGRAM": "ngram", "STANDALONE": "draft_model", "SUFFIX": "suffix",
+                                      "HYBRID": "hybrid"}
 PROPOSER_ALGORITHM: dict[str, str | None] = {"none": None, "ngram": "NGRAM", "draft_model": "STANDALONE",
-                                             "suffix": "SUFFIX"}
+                                             "suffix": "SUFFIX", "hybrid": "HYBRID"}
 # WorkerSettings field -> SuffixSettings field (the flag is --speculative-suffix-<field with dashes>)
 SUFFIX_FIELDS: dict[str, str] = {
     "speculative_suffix_max_tree_depth": "max_tree_depth",
@@ -106,6 +108,10 @@ class WorkerSettings:
         if strategy not in ADAPTIVE_STRATEGIES:
             raise ValueError(f"{flag('speculative_adaptive_strategy')} must be one of "
                              f"{', '.join(ADAPTIVE_STRATEGIES)}, got {strategy!r}")
+        if self.speculative_algorithm == "HYBRID" and self.speculative_adaptive and strategy != "beta":
+            raise ValueError(f"{flag('speculative_algorithm')} HYBRID picks its source and k with "
+                             f"{flag('speculative_adaptive_strategy')} beta, got {strategy}; use beta or another "
+                             "algorithm")
         if (strategy == "vllm") != bool(table):
             raise ValueError(f"{flag('speculative_num_tokens_per_batch_size')} goes with "
                              f"{flag('speculative_adaptive_strategy')} vllm, which needs it "

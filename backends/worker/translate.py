@@ -109,11 +109,16 @@ def speculation(custom_params: dict[str, Any] | None, default: SpeculationParams
     strategy = override.strategy or default.strategy
     _check(strategy != "vllm" or table, f"{field}.k_by_batch",
            "strategy vllm needs k_by_batch (vLLM's num_speculative_tokens_per_batch_size), e.g. [[1, 8], [4, 4]]")
+    proposer = override.proposer or default.proposer
+    adaptive = default.adaptive if override.adaptive is None else override.adaptive
+    _check(proposer != "hybrid" or not adaptive or strategy == "beta", f"{field}.strategy",
+           f"proposer hybrid picks its source and k with strategy beta, got {strategy}; send strategy beta "
+           "or another proposer")
     return replace(
         default,
-        proposer=override.proposer or default.proposer,
+        proposer=proposer,
         draft_tokens=override.draft_tokens or default.draft_tokens,
-        adaptive=default.adaptive if override.adaptive is None else override.adaptive,
+        adaptive=adaptive,
         strategy=strategy, k_by_batch=table,
         prior=default.prior if override.prior is None else tuple(override.prior),
         scope=default.scope if override.scope is None else override.scope,

@@ -23,7 +23,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=8, help="greedy tokens per soak request")
     p.add_argument("--disconnects", type=int, default=32, help="clients that drop mid-stream")
     p.add_argument("--reload-rounds", type=int, default=5, help="valid+invalid policy rewrites")
+    p.add_argument("--max-resumes", type=int, default=None,
+                   help="the worker-fault scenario's policy resume.max_resumes (default: the policy's default; "
+                        "0: in-flight streams are not resumed, as before issue 57)")
+    p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS,
+                   help="which scenarios to run")
     p.add_argument("--out", type=Path, default=Path("results/reliability.json"))
+
+
+SCENARIOS = ("soak", "overload", "reloads", "faults")  # soak includes memory and client disconnects
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
@@ -67,26 +75,31 @@ def run(args: argparse.Namespace) -> int:
                 out[name] = _plain(value)
                 print(f"{name}: {json.dumps(out[name])}", flush=True)
 
-            with gateway(tmp, policy("soak", plain=urls, ngram=urls)) as gw:
-                pids = {"gateway": listener_pid(gw), **{f"worker{i}": p for i, p in enumerate(workers.pids())}}
-                rss0 = {k: round(rss_mb(p), 1) for k, p in pids.items()}
-                soak = asyncio.run(scenarios.soak(gw, urls[0], clients=args.clients, requests=0,
-                                                  max_tokens=args.max_tokens, duration_s=args.soak_s))
-                rss1 = {k: round(rss_mb(p), 1) for k, p in pids.items()}
-                step("soak", {**_plain(soak), "rss_mb_start": rss0, "rss_mb_end": rss1})
-                t0 = time.monotonic()
-                worst = asyncio.run(scenarios.disconnects(gw, urls, clients=args.disconnects))
-                step("disconnects", {"clients": args.disconnects, "worst_back_to_baseline_s": round(worst, 3),
-                                     "seconds": round(time.monotonic() - t0, 1)})
-            with gateway(tmp, policy("overload", plain=urls, ngram=urls, routes=scenarios.OVERLOAD_ROUTES),
-                         env=scenarios.OVERLOAD_KEYS) as gw:
-                step("overload", asyncio.run(scenarios.overload(gw, noisy=12, quiet=8)))
-            path = policy("reload", plain=urls, ngram=urls)
-            with gateway(tmp, path) as gw:
-                step("reloads", asyncio.run(scenarios.reloads(gw, path, urls, revision,
-                                                              rounds=args.reload_rounds, clients=4)))
-            with gateway(tmp, policy("faults", plain=urls, ngram=urls[1:])) as gw:
-                step("faults", asyncio.run(scenarios.kill_worker(gw, workers, 1, in_flight=8, after=8)))
+            run_ = set(args.scenarios)
+            if "soak" in run_:
+                with gateway(tmp, policy("soak", plain=urls, ngram=urls)) as gw:
+                    pids = {"gateway": listener_pid(gw), **{f"worker{i}": p for i, p in enumerate(workers.pids())}}
+                    rss0 = {k: round(rss_mb(p), 1) for k, p in pids.items()}
+                    soak = asyncio.run(scenarios.soak(gw, urls[0], clients=args.clients, requests=0,
+                                                      max_tokens=args.max_tokens, duration_s=args.soak_s))
+                    rss1 = {k: round(rss_mb(p), 1) for k, p in pids.items()}
+                    step("soak", {**_plain(soak), "rss_mb_start": rss0, "rss_mb_end": rss1})
+                    t0 = time.monotonic()
+                    worst = asyncio.run(scenarios.disconnects(gw, urls, clients=args.disconnects))
+                    step("disconnects", {"clients": args.disconnects, "worst_back_to_baseline_s": round(worst, 3),
+                                         "seconds": round(time.monotonic() - t0, 1)})
+            if "overload" in run_:
+                with gateway(tmp, policy("overload", plain=urls, ngram=urls, routes=scenarios.OVERLOAD_ROUTES),
+                             env=scenarios.OVERLOAD_KEYS) as gw:
+                    step("overload", asyncio.run(scenarios.overload(gw, noisy=12, quiet=8)))
+            if "reloads" in run_:
+                path = policy("reload", plain=urls, ngram=urls)
+                with gateway(tmp, path) as gw:
+                    step("reloads", asyncio.run(scenarios.reloads(gw, path, urls, revision,
+                                                                  rounds=args.reload_rounds, clients=4)))
+            if "faults" in run_:
+                with gateway(tmp, policy("faults", plain=urls, ngram=urls[1:], max_resumes=args.max_resumes)) as gw:
+                    step("faults", asyncio.run(scenarios.kill_worker(gw, workers, 1, in_flight=8, after=8)))
         finally:
             workers.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,12 +23,14 @@ from bench.processes import BIN, MODEL, REPO, free_port, stop, wait_http
 
 
 def policy_yaml(*, plain: list[str], ngram: list[str], revision: str, routes: str = "",
-                rules: str = "") -> str:
+                rules: str = "", max_resumes: int | None = None) -> str:
     """Two per-request pools; ``code`` prompts are pinned to ngram (k=4) so the ngram pool's
-    fallback is observable; everything else is served plain unless ``rules`` says otherwise."""
+    fallback is observable; everything else is served plain unless ``rules`` says otherwise.
+    ``max_resumes``: the policy's ``resume.max_resumes`` (None: its default; 0: streams are not resumed)."""
     def urls(ws: list[str]) -> str:
         return ", ".join(f'"{u}"' for u in ws)
-    return f"""version: 1
+    resume = "" if max_resumes is None else f"resume: {{max_resumes: {max_resumes}}}\n"
+    return resume + f"""version: 1
 slo: {{ttft_ms: 5000, tpot_ms: 500}}
 {routes}
 slices:

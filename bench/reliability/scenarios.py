@@ -265,6 +265,8 @@ class FaultReport:
     inflight: int = 0
     inflight_ok: int = 0
     inflight_errors: int = 0  # streams on the killed worker ended with an error event + [DONE]
+    inflight_resumed: int = 0  # streams another worker continued after the kill (gateway/resume.py)
+    resumed_exact: int = 0  # of those, the text equals the prompt's uninterrupted greedy answer
     silent: int = 0  # a stream that ended without [DONE] or a non-200 without the error shape
     after: int = 0
     after_ok: int = 0
@@ -282,7 +284,8 @@ async def kill_worker(gw: str, workers: Workers, index: int, *, in_flight: int, 
     ngram pool's fallback, restart the worker on its port and time until the pool takes it back."""
     report = FaultReport(inflight=in_flight, after=after)
     doomed = workers.urls[index]
-    async with httpx.AsyncClient(timeout=_timeout()) as http:
+    # the surviving worker now also finishes the resumed streams, so a new request may queue behind them
+    async with httpx.AsyncClient(timeout=_timeout(600)) as http:
         def body(i: int, tokens: int) -> dict:
             return chat_body((CODE if i % 2 else PROSE)[i % 4], tokens, ignore_eos=True)
 
@@ -291,7 +294,16 @@ async def kill_worker(gw: str, workers: Workers, index: int, *, in_flight: int, 
         await asyncio.sleep(0.3)
         workers.kill(index)
         later = await asyncio.gather(*(stream_chat(http, gw, body(i, 4)) for i in range(after)))
-        first = await asyncio.wait_for(asyncio.gather(*running), timeout=180)
+        first = await asyncio.wait_for(asyncio.gather(*running), timeout=600)
+        resumed = [(i, res) for i, res in enumerate(first) if res.info and res.info.get("resumed")
+                   and res.info["resumed"]["count"]]
+        report.inflight_resumed = len(resumed)
+        if resumed:  # each resumed stream's text against its uninterrupted answer, on the surviving worker
+            survivor = workers.urls[1 - index]
+            for i, res in resumed:
+                plain = {**body(i, 200), "stream": False, "custom_params": {"speculation": {"proposer": "none"}}}
+                r = await http.post(f"{survivor}/v1/chat/completions", json=plain)
+                report.resumed_exact += r.json()["choices"][0]["message"]["content"] == res.text
         for res in first:
             if res.status == 200 and res.done and res.error is None:
                 report.inflight_ok += 1

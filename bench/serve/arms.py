@@ -5,6 +5,9 @@ The ``adaptive`` arms run ``deploy/policies/default.yaml`` itself: ``adaptive`` 
 Policy files name the worker ``http://127.0.0.1:30000`` and the converted model's revision; the harness
 serves a copy with the benchmark worker's URL and the prepared model's revision, so a re-converted model
 or a busy port 30000 cannot silently turn every arm into plain decoding.
+The other arms' files are copies of the default policy's SLO, slices, pairs and pools (plus the arm's own pool,
+where it has one) with the arm's rule: a change to the default's pairs or pools goes into each of them too
+(tests/bench/test_serve_arms.py fails until it does).
 
 ``ngram-k16-beta`` and ``ngram-k7-sglang`` let the worker pick k every round (specgate's controller,
 SGLang's); both keep engine-wide state in the shared worker for the whole run (the pooled acceptance per

@@ -341,15 +341,40 @@ class GateBook:
         if request_id in self._reported:
             return "reported"
         self._reported.add(request_id)
-        sample = entry[0]
+        self.report_sample(entry[0], score, wall)
+        return None
+
+    def served(self, request_id: str, route: str, now: float) -> Sample | None:
+        """The gate sample of a request this gateway served for ``route`` within the outcome TTL (None: unknown
+        here). A fleet replica claims its reports in the state store first (``gateway/fleet.py``)."""
+        outcome = self.settings.outcome if self.settings else None
+        entry = self._served.get(request_id)
+        if outcome is None or entry is None or entry[0].route != route or now - entry[1] > outcome.ttl_s:
+            return None
+        return entry[0]
+
+    def report_sample(self, sample: Sample, score: float, wall: float) -> None:
+        """An outcome taken for ``sample`` (here, or by another replica of the fleet): its evidence for the outcome
+        gate of its pool (a plain request's for every pool)."""
+        outcome = self.settings.outcome if self.settings else None
+        if outcome is None:
+            return
+        self._reported.add(sample.request_id)
+        route = sample.route
         gate = self.pools.get(sample.pool) if sample.pool is not None else None
         if sample.pool is not None and (gate is None or gate.key != sample.key):
-            return None  # its pool has another pair version now: the report no longer bears on it
+            return  # its pool has another pair version now: the report no longer bears on it
         arms = gate.outcomes if gate is not None else self.plain_outcomes  # a plain report bears on every pool
         arms.setdefault(route, Arm()).add(score, sample.completion_tokens, sample.seconds)
         for judged in [gate] if gate is not None else list(self.pools.values()):
             self._judge(judged, route, outcome, wall)
-        return None
+
+    def postpone(self, pool: str, key: str, until: float, reason: str) -> None:
+        """A due run this replica does not run now (another replica of the fleet holds its lease): due again at
+        ``until`` (monotonic), unless the verdict arrived meanwhile."""
+        gate = self.pools.get(pool)
+        if gate is not None and gate.key == key:
+            gate.running, gate.retry_at, gate.reason = False, until, reason
 
     def _judge(self, gate: PoolGate, route: str, outcome: OutcomeCheck, wall: float) -> None:
         spec, plain = gate.outcomes.get(route), self.plain_outcomes.get(route)

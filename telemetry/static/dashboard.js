@@ -197,6 +197,14 @@ function gateTable(headers, rows) {
   return table;
 }
 
+function renderEvidence(rows, route) {
+  const box = document.getElementById("evidence");
+  const shown = selected(rows, route);
+  box.replaceChildren(shown.length ? gateTable(["route", "slice", "options taught"],
+    shown.map(r => [cell(r.route), cell(r.slice), cell(String(r.options), "num")]))
+    : el("p", "none yet (auto rules with fixed n-gram or suffix pools, greedy requests)", "muted"));
+}
+
 function verdictText(v) {
   if (!v) return [el("p", "no equivalence run yet", "none")];
   const result = v.error ? "could not run" : v.passed ? "passed" : "failed";
@@ -246,6 +254,7 @@ function renderTiles(total, width) {
   const rounds = last(total.rounds);
   document.getElementById("tile-accept").textContent = rounds > 0 ? fmt(1 + last(total.accepted) / rounds, 2) : "–";
   document.getElementById("tile-errors").textContent = String(last(total.errors));
+  document.getElementById("tile-resumed").textContent = String(last(total.resumed));
 }
 
 function renderHeader(data) {
@@ -267,7 +276,7 @@ function render(data) {
   const n = s.t.length;
   const fields = Object.keys(s.groups[0] || {}).filter(k => Array.isArray(s.groups[0][k]));
   const zero = {};
-  for (const f of ["requests", "ok", "errors", "slo_met", "slo_missed", "rounds", "accepted", "tpot_spec_sum",
+  for (const f of ["requests", "ok", "errors", "resumed", "slo_met", "slo_missed", "rounds", "accepted", "tpot_spec_sum",
                    "tpot_spec_n", "tpot_plain_sum", "tpot_plain_n"]) zero[f] = new Array(n).fill(0);
   const total = selected(s.groups, route).reduce((acc, g) => addCols(acc, g, fields), zero);
   renderHeader(data);
@@ -282,6 +291,7 @@ function render(data) {
   renderPools(labels, s.pools);
   renderPoolTable(data.pools);
   renderGates(data.gates || [], data.now);
+  renderEvidence(data.evidence || [], route);
 }
 
 let latest = null;

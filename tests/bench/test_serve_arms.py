@@ -24,12 +24,12 @@ def test_the_arms_in_order():
 
 @pytest.mark.parametrize("name", [n for n in ARMS if not n.startswith("adaptive")])
 def test_a_fixed_arm_is_the_default_policy_with_its_own_rules(name):
-    """Same SLO, slices, pairs and pools as the default policy (the suffix arm adds its pair and pool, the
-    SGLang-controller and vLLM-table arms their pools)."""
+    """Same SLO, slices, pairs and pools as the default policy (the suffix arm adds its fixed-k pool on the
+    default's suffix pair, the SGLang-controller and vLLM-table arms their pools)."""
     policy = load_policy_file(ARMS[name].policy)
     assert (policy.slo, policy.routes, policy.slices, policy.learning) == (
         DEFAULT.slo, DEFAULT.routes, DEFAULT.slices, DEFAULT.learning)
-    pools, pairs = {"suffix": ({"suffix"}, {"smollm2-suffix"}), "ngram-k7-sglang": ({"ngram-sglang"}, set()),
+    pools, pairs = {"suffix": ({"suffix"}, set()), "ngram-k7-sglang": ({"ngram-sglang"}, set()),
                    "ngram-k8-vllm": ({"ngram-vllm"}, set())}.get(
         name, (set(), set()))
     assert {n: p for n, p in policy.pools.items() if n not in pools} == DEFAULT.pools

@@ -61,10 +61,15 @@ def test_gpu_compose_gateway_has_every_route_key_and_prometheus_scrapes_every_se
     assert policy_path == "/etc/specgate/policy/gpu-compose.yaml"
     policy = load_yaml(POLICIES / "gpu-compose.yaml")
     needed = {r["api_keys_env"] for r in policy["routes"]} | {"SPECGATE_ADMIN_TOKEN"}
-    assert set(gateway["environment"]) == needed | {"OTEL_EXPORTER_OTLP_ENDPOINT"}
+    assert set(gateway["environment"]) == needed | {"OTEL_EXPORTER_OTLP_ENDPOINT", "SPECGATE_STATE_PASSWORD"}
     example = {line.split("=")[0] for line in (COMPOSE / "example.env").read_text().splitlines()
                if line and not line.startswith("#")}
-    assert needed <= example
+    assert needed | {"SPECGATE_STATE_PASSWORD"} <= example
+    # the fleet state: the gateway's --state names the compose valkey service, which requires the same password
+    assert gateway["command"][gateway["command"].index("--state") + 1] == "valkey://valkey:6379/0"
+    assert services["valkey"]["image"].startswith("valkey/valkey:") and "valkey" in gateway["depends_on"]
+    assert services["valkey"]["environment"]["VALKEY_PASSWORD"].startswith("${SPECGATE_STATE_PASSWORD")
+    assert "ports" not in services["valkey"]
     prometheus = load_yaml(DEPLOY / "prometheus" / "compose.yml")
     targets = {t for job in prometheus["scrape_configs"] for group in job["static_configs"] for t in group["targets"]}
     sglang = {svc for svc, spec in services.items() if spec.get("image", "").startswith("lmsysorg/sglang:")}

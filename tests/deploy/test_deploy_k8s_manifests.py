@@ -53,9 +53,24 @@ def test_the_kustomization_renders_schema_valid_objects_with_policy_and_dashboar
     dashboard = find(rendered, "ConfigMap", "specgate-grafana-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard["data"] == {"specgate.json": (DEPLOY / "grafana" / "specgate.json").read_text(encoding="utf-8")}
-    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in rendered if o["kind"] in ("Deployment", "Service"))
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in rendered
+                   if o["kind"] in ("Deployment", "Service", "StatefulSet"))
     assert kinds == sorted([(k, n) for k in ("Deployment", "Service")
-                            for n in ["specgate-gateway", *(f"sglang-{p}" for p in EXPECTED_POOLS)]])
+                            for n in ["specgate-gateway", *(f"sglang-{p}" for p in EXPECTED_POOLS)]]
+                           + [("StatefulSet", "valkey"), ("Service", "valkey")])
+
+
+def test_the_gateway_replicas_share_one_valkey_for_fleet_state():
+    objects = k8s_objects()
+    (container,) = find(objects, "Deployment", "specgate-gateway")["spec"]["template"]["spec"]["containers"]
+    url = container["args"][container["args"].index("--state") + 1]
+    service = find(objects, "Service", "valkey")
+    assert url == f"valkey://valkey:{service['spec']['ports'][0]['port']}/0"
+    (password,) = [e for e in container["env"] if e["name"] == "SPECGATE_STATE_PASSWORD"]
+    (store,) = find(objects, "StatefulSet", "valkey")["spec"]["template"]["spec"]["containers"]
+    (required,) = [e for e in store["env"] if e["name"] == "VALKEY_PASSWORD"]
+    assert password["valueFrom"] == required["valueFrom"]  # the same Secret key on both sides
+    assert "--requirepass" in " ".join(store["args"]) and store["image"].startswith("valkey/valkey:")
 
 
 def test_an_overlay_outside_the_repository_can_retarget_namespace_and_image(tmp_path):
@@ -141,6 +156,6 @@ def test_docs_create_every_secret_the_manifests_reference():
             referenced |= {e["secretRef"]["name"] for e in container.get("envFrom", []) if "secretRef" in e}
             referenced |= {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
                            if "secretKeyRef" in e.get("valueFrom", {})}
-    assert referenced == {"specgate-api-keys", "specgate-admin", "hf-token"}
+    assert referenced == {"specgate-api-keys", "specgate-admin", "hf-token", "specgate-valkey"}
     for name in sorted(referenced):
         assert f"kubectl -n specgate create secret generic {name}" in doc, name

@@ -21,13 +21,16 @@ TEXTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):", "one two three on
     SpeculationParams(proposer="ngram", draft_tokens=4),
     SpeculationParams(proposer="ngram", draft_tokens=3, ngram_max=2, ngram_match="latest"),
     SpeculationParams(proposer="suffix", draft_tokens=8),
-], ids=["plain", "ngram-k4", "ngram-latest-k3", "suffix-k8"])
+    SpeculationParams(proposer="hybrid", draft_tokens=8),
+], ids=["plain", "ngram-k4", "ngram-latest-k3", "suffix-k8", "hybrid-k8"])
 @pytest.mark.real_model
 def test_replay_runs_the_rounds_the_engine_ran(real_model, real_tokenizer, monkeypatch, spec):
     """A stream of requests, one after another, over two scopes (the last repeats the first, so suffix
     drafts from its scope's earlier outputs): every round's draft count and accepted count. The real model
-    (a random one copies nothing, so nothing would be accepted)."""
+    (a random one copies nothing, so nothing would be accepted). Hybrid's rule learns across the stream
+    (the engine's pooled acceptance), so the stream starts with none, as replay's does."""
     engine = real_model
+    engine._shared_controllers.pop(("pooled", "hybrid"), None)
     log = RoundLog(monkeypatch)
     records, engine_rounds = [], []
     scopes = (f"replay-{spec.proposer}-{spec.draft_tokens}-a", f"replay-{spec.proposer}-{spec.draft_tokens}-b")

@@ -76,7 +76,8 @@ def chi_square(counts: dict, dist: dict, n: int) -> float:
     SpeculationParams(proposer="ngram", draft_tokens=2),
     SpeculationParams(proposer="draft_model", draft_tokens=2),
     SpeculationParams(proposer="suffix", draft_tokens=2),  # drafts from the earlier samples' outputs too
-], ids=["plain", "ngram", "draft_model", "suffix"])
+    SpeculationParams(proposer="hybrid", draft_tokens=2, adaptive=True),  # the source (and k) chosen per round
+], ids=["plain", "ngram", "draft_model", "suffix", "hybrid"])
 def test_speculative_sampling_matches_the_exact_distribution(engine, spec):
     dist = exact_distribution(engine)
     assert abs(sum(dist.values()) - 1.0) < 1e-9

@@ -30,12 +30,13 @@ PARAMS = SamplingParams(temperature=1.0, top_k=20, max_new_tokens=2, ignore_eos=
 ARMS = {"plain": SpeculationParams(proposer="none"),
         "ngram": SpeculationParams(proposer="ngram", draft_tokens=1),
         "draft_model": SpeculationParams(proposer="draft_model", draft_tokens=1),
-        "suffix": SpeculationParams(proposer="suffix", draft_tokens=1)}
+        "suffix": SpeculationParams(proposer="suffix", draft_tokens=1),
+        "hybrid": SpeculationParams(proposer="hybrid", draft_tokens=1)}
 # N per arm. The fast size puts most samples on ngram, where a verification bug shows most (one-hot q):
 # with the recovered token drawn from p instead of the residual, its goodness of fit gave p = 3.6e-4 (fails)
 # at fast size, but that is near alpha: only the full size detects such a bug with margin.
-SIZES = {"fast": {"plain": 40, "ngram": 120, "draft_model": 40, "suffix": 40},
-         "full": {"plain": 200, "ngram": 200, "draft_model": 100, "suffix": 100}}
+SIZES = {"fast": {"plain": 40, "ngram": 120, "draft_model": 40, "suffix": 40, "hybrid": 40},
+         "full": {"plain": 200, "ngram": 200, "draft_model": 100, "suffix": 100, "hybrid": 100}}
 
 
 @torch.inference_mode()
@@ -88,7 +89,7 @@ def test_speculative_sampling_matches_plain_and_the_exact_target(real_model, rea
         fit = chisquare(counts, expected).pvalue
         assert fit > ALPHA, f"{where}: goodness of fit to the exact target p = {fit:.2e}"
         samples[name] = counts
-    for name in ("ngram", "draft_model", "suffix"):
+    for name in ("ngram", "draft_model", "suffix", "hybrid"):
         table = [samples["plain"], samples[name]]
         columns = [i for i in range(len(table[0])) if table[0][i] + table[1][i] > 0]
         two_sample = chi2_contingency([[row[i] for i in columns] for row in table]).pvalue

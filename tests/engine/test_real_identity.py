@@ -1,7 +1,8 @@
 """Greedy identity on the real SmolLM2-135M-Instruct (fp32): speculative ids == plain decoding's.
 
 Prompts from the workloads (``workloads/``, or the full sets under ``$SPECGATE_WORKLOADS``): code,
-tool_call, prose, long_context. Every proposer (ngram k in {1, 4, 8} and adaptive; draft_model k in {1, 4, 8}; suffix k = 8), with the stop condition rotating over prompts: the
+tool_call, prose, long_context. Every proposer (ngram k in {1, 4, 8} and adaptive; draft_model k in {1, 4, 8}; suffix k = 8;
+hybrid k = 8, fixed and adaptive), with the stop condition rotating over prompts: the
 length limit, a stop string, a stop token id (both picked from the plain output so they fire, typically
 inside a round), and an odd max_new_tokens. A slice's first prompt, at the length limit, runs to a long
 one (Size.long_output: many rounds at k = 8, not one or two). Plain decoding with the same settings is the reference, computed once
@@ -43,6 +44,8 @@ CONFIGS = {
                                                    strategy="vllm", k_by_batch=((1, 4),)),
     **{f"draft_model-k{k}": SpeculationParams(proposer="draft_model", draft_tokens=k) for k in (1, 4, 8)},
     "suffix-k8": SpeculationParams(proposer="suffix", draft_tokens=8),
+    "hybrid-k8": SpeculationParams(proposer="hybrid", draft_tokens=8),
+    "hybrid-adaptive": SpeculationParams(proposer="hybrid", draft_tokens=8, adaptive=True),
 }
 
 

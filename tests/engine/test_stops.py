@@ -25,8 +25,11 @@ SPECS = [SpeculationParams(proposer="ngram", draft_tokens=8), SpeculationParams(
          SpeculationParams(proposer="draft_model", draft_tokens=5, adaptive=True),
          SpeculationParams(proposer="draft_model", draft_tokens=6, adaptive=True, strategy="vllm",
                            k_by_batch=((1, 5), (2, 3))),
-         SpeculationParams(proposer="suffix", draft_tokens=8)]
-SPEC_IDS = ["ngram8", "ngram4", "draft4", "draft7", "adaptive8", "sglang7", "beta-draft5", "vllm-draft6", "suffix8"]
+         SpeculationParams(proposer="suffix", draft_tokens=8),
+         SpeculationParams(proposer="hybrid", draft_tokens=8),
+         SpeculationParams(proposer="hybrid", draft_tokens=8, adaptive=True)]
+SPEC_IDS = ["ngram8", "ngram4", "draft4", "draft7", "adaptive8", "sglang7", "beta-draft5", "vllm-draft6", "suffix8",
+            "hybrid8", "hybrid-adaptive8"]
 
 
 @pytest.fixture(scope="module")

@@ -112,3 +112,27 @@ def test_engine_drafts_a_repeated_answer_from_the_scope_and_stays_exact(real_tok
     assert outs["repeat"].stats.verify_ct == 5
     assert engine.suffix_store.scopes == ["app-a", "app-b"]
     assert engine.suffix_store.cached_requests("app-a") == 2
+
+
+def test_once_an_engine_drafts_from_trees_every_answer_of_a_scope_joins_them(real_tokenizer):
+    """A request served plain (or by n-gram) after the suffix trees exist still adds its answer to its scope's
+    tree, so the gateway's auto can serve a scope from several pools of one worker without starving suffix of
+    the scope's text; before any suffix request nothing is built."""
+    engine = make_tiny_engine(real_tokenizer, seed=3)
+    prompt = tuple(real_tokenizer.encode("The quick brown fox jumps over the lazy dog."))
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
+
+    def request(rid: str, spec: SpeculationParams) -> GenerateRequest:
+        return GenerateRequest(rid=rid, input_ids=prompt, sampling=sampling, speculation=spec)
+
+    run_all(engine, [request("before", SpeculationParams(scope="app-a"))])
+    assert engine._suffix_store is None  # no tree is built for a worker that never drafts from one
+    other = "Once upon a time there was a small village by the sea."
+    run_all(engine, [GenerateRequest(rid="opens", input_ids=tuple(real_tokenizer.encode(other)), sampling=sampling,
+                                     speculation=SpeculationParams(proposer="suffix", draft_tokens=8, scope="app-a"))])
+    run_all(engine, [request("plain", SpeculationParams(scope="app-a"))])
+    run_all(engine, [request("ngram", SpeculationParams(proposer="ngram", draft_tokens=4, scope="app-a"))])
+    assert engine.suffix_store.cached_requests("app-a") == 3  # the suffix answer, then the plain and n-gram ones
+    repeat = run_all(engine, [request("repeat", SpeculationParams(proposer="suffix", draft_tokens=8,
+                                                                  scope="app-a"))])["repeat"][-1]
+    assert repeat.stats.num_correct_drafts == 1 + 3 + 7 + 8  # drafted from the plain answer's copy in the tree

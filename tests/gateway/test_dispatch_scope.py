@@ -42,8 +42,10 @@ pools:
           speculation: per_request}
   suffix: {proposer: suffix, draft_tokens: 8, pair: sx, workers: ["http://embedded:1"], speculation: per_request}
   suffix-server: {proposer: suffix, draft_tokens: 8, pair: sx, workers: ["http://suffix:1"]}
+  hybrid-server: {proposer: hybrid, draft_tokens: 8, pair: sx, workers: ["http://hybrid:1"]}
   ngram-server: {proposer: ngram, draft_tokens: 4, pair: ng, workers: ["http://ngram:1"]}
 rules:
+  - {name: hybrid-server, when: {headers: {x-pool: hybrid-server}}, then: {pool: hybrid-server, draft_tokens: 8}}
   - {name: ngram, when: {headers: {x-pool: ngram}}, then: {pool: ngram, draft_tokens: 4}}
   - {name: suffix, when: {headers: {x-pool: suffix}}, then: {pool: suffix, draft_tokens: 8}}
   - {name: suffix-server, when: {headers: {x-pool: suffix-server}}, then: {pool: suffix-server, draft_tokens: 8}}
@@ -94,6 +96,7 @@ def _dispatch(policy, decision: Decision, fail: set[str] = frozenset()) -> list[
     ("suffix", "http://embedded:1",
      {"speculation": {"proposer": "suffix", "draft_tokens": 8, "adaptive": False, "scope": "ide"}}),
     ("suffix-server", "http://suffix:1", {"speculation": {"scope": "ide"}}),
+    ("hybrid-server", "http://hybrid:1", {"speculation": {"scope": "ide"}}),  # its suffix source drafts too
     ("ngram", "http://embedded:1",
      {"speculation": {"proposer": "ngram", "draft_tokens": 4, "adaptive": False, "scope": "ide"}}),
     ("rest", "http://plain:1", {"speculation": {"proposer": "none", "scope": "ide"}}),
@@ -107,8 +110,8 @@ def test_the_forwarded_scope_is_the_requests_route_never_the_clients(pool, url, 
     assert sent_to == url and fwd.get("custom_params") == custom_params
     assert fwd["rid"] == "r-1" and fwd["messages"] == [{"role": "user", "content": "hi"}]
     if custom_params is not None:  # what the embedded worker makes of it: the route's scope
-        server = WorkerSettings(speculative_algorithm="SUFFIX" if pool == "suffix-server" else None,
-                                speculative_num_draft_tokens=8)
+        algorithm = {"suffix-server": "SUFFIX", "hybrid-server": "HYBRID"}.get(pool)
+        server = WorkerSettings(speculative_algorithm=algorithm, speculative_num_draft_tokens=8)
         spec = speculation(fwd["custom_params"], server.default_speculation, "")
         assert (spec.proposer, spec.scope) == (decision.proposer, "ide")
 

@@ -92,6 +92,23 @@ def test_draft_and_round_costs():
         m.setup_s("suffix", 1000)
 
 
+def test_hybrid_costs_both_sources_calls_unless_measured_itself():
+    both = model(draft={**DRAFT, "suffix": DraftCost(call_s=0.003, setup_token_s=1e-6)})
+    assert both.draft_s("hybrid", 4, 600) == pytest.approx(0.001 + 0.003)  # n-gram's call and suffix's
+    assert both.setup_s("hybrid", 1000) == pytest.approx(both.setup_s("ngram", 1000) + 0.001)
+    own = model(draft={**DRAFT, "suffix": DraftCost(call_s=0.003), "hybrid": DraftCost(call_s=0.0042)})
+    assert own.draft_s("hybrid", 4, 600) == 0.0042
+    # per-token costs (a worker's live step costs report them for n-gram and suffix) add at every context
+    live = model(draft={"ngram": DraftCost(token_s=[2e-6]), "suffix": DraftCost(token_s=[4e-6])})
+    assert live.draft_s("hybrid", 4, 600) == pytest.approx(4 * 6e-6)
+    grown = model(draft={"ngram": DraftCost(call_s=0.001, token_s=[2e-6]),
+                         "suffix": DraftCost(context=[100, 1100], token_s=[1e-5, 3e-5])})
+    assert [grown.draft_s("hybrid", 2, c) for c in (0, 600, 2000)] == pytest.approx(
+        [0.001 + 2 * 1.2e-5, 0.001 + 2 * 2.2e-5, 0.001 + 2 * 3.2e-5])
+    with pytest.raises(ValueError, match="^the cost model has no draft cost for proposer 'hybrid'"):
+        model().draft_s("hybrid", 4, 600)  # no suffix cost to add
+
+
 def test_a_written_model_reads_back_equal_and_editable(tmp_path):
     path = tmp_path / "cost.json"
     write_cost_model(path, model(hardware="2-core Xeon", source="test", created="2025-01-01T00:00:00+00:00"))

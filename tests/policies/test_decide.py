@@ -46,7 +46,7 @@ def snap(pools: dict[str, PoolState], concurrency: int = 1) -> Snapshot:
 
 def test_default_policy_loads_and_slices() -> None:
     p = load_policy_file(DEFAULT)
-    assert list(p.pools) == ["plain", "ngram", "ngram-adaptive", "draft"] and p.default_route == "default" and not p.auth_enabled
+    assert list(p.pools) == ["plain", "ngram", "ngram-adaptive", "hybrid", "draft"] and p.default_route == "default" and not p.auth_enabled
     assert p.pairs["smollm2-self8"].draft.layers == 8
     assert classify(p, RequestFeatures(has_tools=True)) == ("tool_call", 0)
     assert classify(p, RequestFeatures(response_format="json_schema")) == ("tool_call", 1)

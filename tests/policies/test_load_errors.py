@@ -45,8 +45,8 @@ def test_base_policy_is_valid() -> None:
     ("draft_tokens: 4, pair", "draft_tokens: 0, pair",
      "p.yaml:9:42: pools.ngram.draft_tokens: expected int >= 1, got 0"),
     ("proposer: ngram", "proposer: ngrm",
-     "p.yaml:9:21: pools.ngram.proposer: invalid value 'ngrm'; expected one of: none, ngram, suffix, draft_model, "
-     "eagle, eagle3, standalone"),
+     "p.yaml:9:21: pools.ngram.proposer: invalid value 'ngrm'; expected one of: none, ngram, suffix, hybrid, "
+     "draft_model, eagle, eagle3, standalone"),
     ("then: auto}", "then: autoo}",
      "p.yaml:13:27: rules[2] (Rule 'learned').then: invalid value 'autoo'; expected one of: bypass, auto, "
      "a mapping with pool, pools, draft_tokens"),
@@ -127,7 +127,12 @@ def test_base_policy_is_valid() -> None:
      "p.yaml:6:48: pairs.p.draft: param max_scopes must be an int >= 1, got 0"),
     ("draft: {kind: ngram}", "draft: {kind: suffix}",
      "p.yaml:9:21: pools.ngram.proposer: proposer ngram cannot run pair 'p' (draft kind suffix); use proposer "
-     "suffix"),
+     "suffix or hybrid"),
+    ("proposer: ngram, draft_tokens: 4, pair: p, workers: [\"http://w:1\"]}",
+     "proposer: hybrid, draft_tokens: 8, adaptive: true, strategy: sglang, pair: p, workers: [\"http://w:1\"], "
+     "speculation: per_request}",
+     "p.yaml:9:10: pools.ngram: proposer hybrid picks its source and k per round with strategy beta, not sglang; "
+     "remove strategy or use another proposer"),
     # the 0..1 scores take only bounds in [0, 1]; a string or a bool is not a number
     ("when: {code_score: {gte: 0.5}}", "when: {prompt_repeat: 1.5}",
      "p.yaml:3:40: slices[0] (Slice 'code').when.prompt_repeat: expected float <= 1.0, got 1.5"),
@@ -155,6 +160,15 @@ def test_base_policy_is_valid() -> None:
 def test_exact_error_messages(old: str, new: str, expected: str) -> None:
     assert old in BASE
     assert errors_of(BASE.replace(old, new, 1)) == [expected]
+
+
+def test_a_hybrid_pool_runs_an_ngram_or_suffix_pair_only() -> None:
+    text = BASE.replace("draft: {kind: ngram}", "draft: {kind: layer_truncated, layers: 8}").replace(
+        "proposer: ngram,", "proposer: hybrid,")
+    assert errors_of(text) == ["p.yaml:9:21: pools.ngram.proposer: proposer hybrid cannot run pair 'p' (draft kind "
+                               "layer_truncated); use proposer draft_model or standalone"]
+    assert load_policy(BASE.replace("proposer: ngram,", "proposer: hybrid,"), "p.yaml").pools["ngram"].proposer == (
+        "hybrid")
 
 
 def test_yaml_syntax_error_has_position() -> None:

@@ -21,12 +21,12 @@ def test_check_valid_and_invalid(tmp_path: Path) -> None:
     assert "valid policy (version 1)" in ok.stdout and "rules: unverified-pair, degraded-pair, kv-pressure, tiny-budget, learned" \
         in ok.stdout
     bad = tmp_path / "bad.yaml"
-    bad.write_text(Path(DEFAULT).read_text().replace("then: {pools: [ngram-adaptive]}}", "then: {pool: ngramm}}"))
+    bad.write_text(Path(DEFAULT).read_text().replace("then: {pools: [hybrid]}}", "then: {pool: ngramm}}"))
     out = run("check", str(bad))
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.splitlines()[0].startswith("bad.yaml:")
     assert out.stderr.splitlines()[0].endswith("rules[4] (Rule 'learned').then.pool: unknown pool 'ngramm'; "
-                                                "declared pools: plain, ngram, ngram-adaptive, draft")
+                                                "declared pools: plain, ngram, ngram-adaptive, hybrid, draft")
     for path in sorted((ROOT / "deploy" / "policies" / "examples").glob("*.yaml")):
         assert run("check", str(path)).returncode == 0, path
 
@@ -66,27 +66,27 @@ def test_explain_request_and_stats(tmp_path: Path) -> None:
 def test_explain_lists_every_auto_option_with_its_posterior(tmp_path: Path) -> None:
     from policies.load import load_policy_file
 
-    pv = load_policy_file(DEFAULT).pool_pair_version("ngram-adaptive")
+    pv = load_policy_file(DEFAULT).pool_pair_version("hybrid")
     # 20 code requests each (bucket 0, band 0): plain at 50 ms a token, the per-round pool at 25 ms
     arm = {"t_ref": 0.0, "w": 20.0, "ever": 20.0}
     stats = tmp_path / "stats.json"
     stats.write_text(json.dumps({
         "half_life_s": 600.0, "pools": {p: {"healthy": True, "pair_verified": True} for p in
-                                        ("plain", "ngram", "ngram-adaptive", "draft")},
+                                        ("plain", "ngram", "ngram-adaptive", "hybrid", "draft")},
         "arms": {"code|0|0|none": arm | {"sy": 20 * -2.995732, "syy": 20 * 2.995732 ** 2},
-                 f"code|0|0|ngram-adaptive@16#{pv}": arm | {"sy": 20 * -3.688879, "syy": 20 * 3.688879 ** 2}}}))
+                 f"code|0|0|hybrid@16#{pv}": arm | {"sy": 20 * -3.688879, "syy": 20 * 3.688879 ** 2}}}))
     req = tmp_path / "req.json"
     req.write_text(json.dumps({"max_tokens": 64, "code_score": 0.9}))
     out = run("explain", DEFAULT, "--request", str(req), "--stats", str(stats))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "  option plain: TPOT 50.0 ms (sd 0.03 in log), speedup 1.00x, 20.0 requests here, p_best 0.00" in lines
-    assert ("  option ngram-adaptive k=16: TPOT 25.0 ms (sd 0.03 in log), speedup 2.00x, 20.0 requests here, "
+    assert ("  option hybrid k=16: TPOT 25.0 ms (sd 0.03 in log), speedup 2.00x, 20.0 requests here, "
             "p_best 1.00") in lines
-    assert "decision: pool ngram-adaptive, ngram k=16, rule learned" in lines
+    assert "decision: pool hybrid, hybrid k=16, rule learned" in lines
     # each option's spread: a prior of 0.3^2 worth 4 requests and 19 requests' worth of zero spread ->
     # s2 = 0.36 / 23; over its 20 requests: sd sqrt(s2 / 20) = 0.03
-    assert lines[-1] == "reason: rule 'learned' auto: pool 'ngram-adaptive' k=16, posterior-mean speedup 2.00x over plain"
+    assert lines[-1] == "reason: rule 'learned' auto: pool 'hybrid' k=16, posterior-mean speedup 2.00x over plain"
 
 
 def test_explain_reads_the_routes_slo_as_the_gateway_does(tmp_path: Path) -> None:

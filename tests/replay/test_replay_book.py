@@ -230,7 +230,11 @@ def test_check_refuses_what_the_trace_cannot_replay():
     book = book_of(request([1], [5, 5], flags="11"))
     with pytest.raises(ValueError) as caught:
         book.check(Option("eagle3", 4))
-    assert str(caught.value) == "proposer 'eagle3': replay knows none, ngram, suffix and draft_model"
+    assert str(caught.value) == "proposer 'eagle3': replay knows none, ngram, suffix, hybrid and draft_model"
+    with pytest.raises(ValueError) as caught:
+        book.check(Option("hybrid", 8, strategy="sglang"))
+    assert str(caught.value) == ("hybrid-k8-sglang: hybrid replays with a fixed k, its engine controller (beta) or "
+                                 "the oracle")
     with pytest.raises(ValueError) as caught:
         book.check(Option("draft_model", 4, "0123456789ab"))
     assert str(caught.value) == (

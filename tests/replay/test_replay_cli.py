@@ -183,10 +183,10 @@ def test_a_policy_for_another_model_revision(files, capsys, tmp_path):
 @pytest.mark.parametrize("arm", ["medusa-k4", "ngram-k17", "ngram-k0", "ngram"])
 def test_an_unknown_arm(files, capsys, tmp_path, arm):
     assert refused(capsys, tmp_path, *files, "--arms", "plain", arm) == (
-        f"error: --arms: {arm!r} is not an arm; use plain, ngram-kN, suffix-kN, draft-kN or draftL-kN (L layers "
-        "of the self-draft), N in 1..16, optionally with a per-round controller: -beta, -sglang, -vllm=TABLE "
+        f"error: --arms: {arm!r} is not an arm; use plain, ngram-kN, suffix-kN, hybrid-kN, draft-kN or draftL-kN (L "
+        "layers of the self-draft), N in 1..16, optionally with a per-round controller: -beta, -sglang, -vllm=TABLE "
         "(e.g. ngram-k8-vllm=1:8,4:4,16:2), or a reference: -oracle or -informed[=FEATURES] (n-gram only, e.g. "
-        "ngram-k16-informed=request+match)\n")
+        "ngram-k16-informed=request+match; hybrid-k16-oracle)\n")
 
 
 def test_a_draft_arm_needs_the_pair_in_the_trace(files, capsys, tmp_path):

@@ -1,14 +1,15 @@
 """What the simulated worker reports beside each request's times, as the embedded worker does: its plain
 counterfactual (``Served.plain_ratio``, what auto learns plain decoding's TPOT from) and what its drafts cost
 the sequences beside it (``Served.neighbour_s``, what auto charges); and the simulator's fast paths
-(``Simulation._alone``, ``_fixed_step``), bit-identical to stepping every round through ``_step``. Prices from
-test_replay_sim.py's hand-made cost model."""
+(``Simulation._alone``, a worker's step plan kept across steps), bit-identical to stepping every round through
+``_step`` planned afresh. Prices from test_replay_sim.py's hand-made cost model."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
+import replay.sim as sim_module
 from replay.book import PLAIN, Option, RoundBook
 from replay.choosers import FixedChooser, Prices
 from replay.sim import Load, Simulation
@@ -100,23 +101,26 @@ def test_a_worker_running_one_sequence_jumps_to_the_next_event_with_the_same_flo
 
 
 @pytest.mark.parametrize("load", ["c3", "c16", "p20", "p200"])
-def test_a_step_of_fixed_profiles_gives_the_same_floats_as_the_general_step(load, monkeypatch):
-    """Simulation._fixed_step (every request decodes a fixed profile) is bit-identical to _step: the same
-    steps, prefill chunks, plain counterfactual and finishes, at closed and Poisson loads where prompts prefill
-    beside other requests' rounds (serving cost per stream count included)."""
+def test_a_step_plan_kept_across_steps_gives_the_same_floats_as_planning_every_step(load, monkeypatch):
+    """Simulation._rounds keeps a worker's ``plan_rounds`` until a request is admitted, decodes or leaves;
+    planning every step afresh is bit-identical: the same steps, prefill chunks, plain counterfactual and
+    finishes, at closed and Poisson loads where prompts prefill beside other requests' rounds (serving cost per
+    stream count included)."""
     costs = msgspec.structs.replace(COSTS, serving_s=0.004, serving_streams=[2, 8], serving_streams_s=[0.006, 0.001])
     prices = Prices(RoundBook(Trace(HEADER, list(copy_friendly(12)))), costs)
 
     def run():
         return plain_and_ngram_served(prices, load, 12)
 
-    calls = []
-    real = Simulation._fixed_step
-    monkeypatch.setattr(Simulation, "_fixed_step", lambda self, *a: calls.append(1) or real(self, *a))
+    plans = []
+    real_plan = sim_module.plan_rounds
+    monkeypatch.setattr(sim_module, "plan_rounds", lambda states: plans.append(1) or real_plan(states))
     fast = run()
-    assert len(calls) > 12  # the fast step ran, beyond one per request
-    monkeypatch.setattr(Simulation, "_fixed_step", Simulation._step)
+    kept = len(plans)
+    monkeypatch.setattr(Simulation, "_rounds", staticmethod(
+        lambda worker: sim_module.plan_rounds([f.state for f in worker.scheduler.running])))
     assert run() == fast
+    assert 0 < kept < len(plans) - kept  # the plan was kept across steps
     assert all(s.plain_ratio is not None for served in fast.values() for s in served)
     # neighbour_s too (Served compares whole): n-gram's rounds beside others charge them, plain's never
     assert any(s.neighbour_s > 0 for s in fast[Option("ngram", 4)]) and not any(s.neighbour_s for s in fast[PLAIN])

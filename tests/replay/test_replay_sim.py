@@ -295,10 +295,8 @@ def test_the_default_policy_decides_explores_and_learns():
     sim = Simulation(chooser, Load.parse("c2"), [list(range(40))], 0, max_running=16, max_total_tokens=1 << 16)
     served = sorted(sim.run(), key=lambda s: (s.arrival, s.index))
     assert len(served) == 40
-    labels = {s.choice.label for s in served}
-    allowed = ({"plain", "ngram-k16-beta"} | {f"ngram-k{k}" for k in range(1, 9)}
-               | {f"draft_model-k{k}" for k in range(1, 5)})
-    assert labels <= allowed and "plain" in labels and len(labels) > 1
+    # the rule offers auto plain or the per-round hybrid pool, and each is served
+    assert {s.choice.label for s in served} == {"plain", "hybrid-k16-beta"}
     for s in served:
         c = s.choice
         assert c.slice == ("code" if s.index % 2 == 0 else "prose")
@@ -309,8 +307,8 @@ def test_the_default_policy_decides_explores_and_learns():
     for slice_ in ("code", "prose"):
         mine = [s.choice for s in served if s.choice.slice == slice_]
         assert (mine[0].label, mine[0].exploration) == ("plain", "cold")
-        first_pool = next(c for c in mine if c.pool == "ngram-adaptive")
-        assert first_pool.exploration == "cold" and first_pool.label == "ngram-k16-beta"
+        first_pool = next(c for c in mine if c.pool == "hybrid")
+        assert first_pool.exploration == "cold" and first_pool.label == "hybrid-k16-beta"
     assert chooser.exploring == {}  # every exploration in flight reported back
     arms = chooser.learning.snapshot(sim.now, {}, 1).data.arms
     assert {(key.split("|")[0], key.split("|")[3].split("@")[0]) for key in arms} == {
@@ -323,6 +321,7 @@ def test_a_policy_with_an_adaptive_pool_is_replayed_with_its_per_round_controlle
     text = re.sub(r"^pools:.*$", 'pools:\n  ngram-adaptive: {proposer: ngram, draft_tokens: 8, adaptive: true, '
                   'pair: smollm2-ngram, workers: ["http://127.0.0.1:30000"], speculation: per_request}',
                   text, count=1, flags=re.MULTILINE)
+    text = text.replace("then: {pools: [hybrid]}}", "then: {pools: [ngram-adaptive]}}")  # auto: it or plain
     policy = load_policy(text, "adaptive.yaml")
     revision = policy.pairs["smollm2-self8"].target.revision
     header = Header(format=FORMAT, model="SmolLM2-135M-Instruct", revision=revision, tokenizer="t")
@@ -340,6 +339,6 @@ def test_a_policy_with_an_adaptive_pool_is_replayed_with_its_per_round_controlle
                          .replace("pair: smollm2-ngram, workers", "pair: sfx, workers")
                          .replace("pairs:\n", 'pairs:\n  sfx: {target: {model: SmolLM2-135M-Instruct, revision: "'
                                   + revision + '"}, draft: {kind: suffix}}\n', 1), "s.yaml")
-    with pytest.raises(ValueError, match="pool ngram-adaptive: a per-round draft length replays with ngram and "
-                                         "draft_model, not suffix"):
+    with pytest.raises(ValueError, match="pool ngram-adaptive: a per-round draft length replays with ngram, "
+                                         "draft_model and hybrid, not suffix"):
         PolicyChooser(suffix, prices_of(*reqs, header=header), seed=0, without_flags="exclude")

@@ -38,6 +38,9 @@ def build(policy: Policy, seed: int = 7, history_s: float = 600.0) -> tuple[Tele
     now = time.time()
     for record in traffic(policy, rng, now - history_s, now):
         telemetry.observe(record)
+    # full-information evidence of the learned prose requests: three options each, eight answers
+    for _ in range(8):
+        telemetry.observe_evidence("default", "prose", 3, 0.002)
     t = now - history_s
     while t <= now:
         telemetry.set_pools(pool_state(policy, rng), now=t)

@@ -153,6 +153,9 @@ def test_dashboard_renders_every_chart_without_errors(chromium: Path, server: st
         assert browser.evaluate("window.__dashboard.speedup") == {"rows": 3, "loads": 5, "ratios": 5, "estimated": 5}
 
         _check_gates(browser)
+        evidence = browser.evaluate("Array.from(document.querySelectorAll('#evidence tr'))"
+                                    ".map(r => Array.from(r.cells).map(c => c.textContent))")
+        assert evidence == [["route", "slice", "options taught"], ["default", "prose", "24"]]
 
         # filter to route "ide": its acceptance curves are per slice and pool, acceptance falls with position
         _select_route(browser, "ide")

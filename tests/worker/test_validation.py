@@ -129,7 +129,7 @@ def test_free_text_response_format_and_unforced_tool_choice_are_served(worker):
     assert prompt_tokens["auto"] == prompt_tokens["none"] > prompt_tokens["plain"]
 
 
-SHAPE = ("{proposer: none|ngram|draft_model|suffix, draft_tokens: 1..16, adaptive: bool, "
+SHAPE = ("{proposer: none|ngram|draft_model|suffix|hybrid, draft_tokens: 1..16, adaptive: bool, "
          "strategy: beta|sglang|vllm, k_by_batch: [[lowest batch size, k], ...], prior: up to 16 rates in [0, 1], "
          "scope: string of at most 128 characters}")
 
@@ -187,6 +187,8 @@ def test_override_carries_the_per_round_controller():
     ({"strategy": "vllm", "k_by_batch": [[4, 2], [1, 8]]}, "custom_params.speculation.k_by_batch",
      "must list [lowest batch size, k] pairs in ascending order of batch size, each size once, "
      "e.g. [[1, 8], [4, 4], [16, 0]]"),
+    ({"proposer": "hybrid", "adaptive": True, "strategy": "sglang"}, "custom_params.speculation.strategy",
+     "proposer hybrid picks its source and k with strategy beta, got sglang; send strategy beta or another proposer"),
 ])
 def test_a_bad_controller_override_names_the_field(override, param, message):
     with pytest.raises(BadRequest) as info:

@@ -50,7 +50,11 @@ def test_defaults_match_sglang_conventions():
     ({"max_queued_requests": 0}, "max_queued_requests must be >= 1, got 0"),
     ({"max_batch_tokens": 0}, "max_batch_tokens must be >= 1, got 0"),
     ({"chunked_prefill_size": 0}, "chunked_prefill_size must be >= 1, got 0"),
-    ({"speculative_algorithm": "EAGLE"}, "speculative_algorithm must be one of NGRAM, STANDALONE, SUFFIX or None"),
+    ({"speculative_algorithm": "EAGLE"},
+     "speculative_algorithm must be one of NGRAM, STANDALONE, SUFFIX, HYBRID or None"),
+    ({"speculative_algorithm": "HYBRID", "speculative_adaptive": True, "speculative_adaptive_strategy": "sglang"},
+     "--speculative-algorithm HYBRID picks its source and k with --speculative-adaptive-strategy beta, got sglang; "
+     "use beta or another algorithm"),
     ({"speculative_ngram_min_match_window_size": 0},
      "--speculative-ngram-min-match-window-size must be >= 1, got 0"),
     ({"speculative_ngram_min_match_window_size": 5, "speculative_ngram_max_match_window_size": 4},
@@ -85,6 +89,9 @@ def test_default_speculation_follows_the_launch_flags():
 
     spec = WorkerSettings(speculative_algorithm="SUFFIX", speculative_num_draft_tokens=8).default_speculation
     assert (spec.proposer, spec.draft_tokens) == ("suffix", 8)
+    spec = WorkerSettings(speculative_algorithm="HYBRID", speculative_num_draft_tokens=16,
+                          speculative_adaptive=True).default_speculation
+    assert (spec.proposer, spec.draft_tokens, spec.adaptive, spec.strategy) == ("hybrid", 16, True, "beta")
 
     spec = WorkerSettings(speculative_algorithm="NGRAM", speculative_num_draft_tokens=8, speculative_adaptive=True,
                           speculative_adaptive_strategy="vllm",

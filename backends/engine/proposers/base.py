@@ -22,6 +22,11 @@ class Proposal:
     draft_probs: torch.Tensor | None  # [k', vocab] q for sampled verification; None = deterministic
     seconds: float
     match: int = 0  # n-gram: tokens of the context suffix that found the draft (0: not an n-gram draft)
+    # suffix: the length of the context suffix its tree matched, and arctic-inference's score of the draft
+    # (the sum of its tokens' estimated probabilities); 0 for the other proposers
+    suffix_match: int = 0
+    suffix_score: float = 0.0
+    source: str = ""  # hybrid: which of its sources drafted (source_choice.SOURCES); "" for the others
 
 
 EMPTY = Proposal(tokens=[], draft_probs=None, seconds=0.0)

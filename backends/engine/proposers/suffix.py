@@ -86,6 +86,19 @@ class SuffixStore:
         with self._lock:
             return list(self._scopes)
 
+    def forget(self, proposer: SuffixProposer) -> None:
+        """Take a released proposer's response out of its scope's global tree (a counterfactual that must not
+        leave its answer behind: replay/evidence.py)."""
+        with self._lock:
+            if proposer.seq_id in proposer.entry.cache.cached_requests:
+                proposer.entry.cache.evict_cached_response(proposer.seq_id)
+
+    def remember(self, scope: str, prompt: list[int], output: list[int]) -> None:
+        """Add a finished answer to ``scope``'s global tree, as a request drafting from it would have."""
+        proposer = self.open(scope, prompt)
+        proposer.observe(0, 0, [*prompt, *output])
+        proposer.release()
+
     def cached_requests(self, scope: str) -> int:
         with self._lock:
             entry = self._scopes.get(scope)
@@ -123,7 +136,8 @@ class SuffixProposer(SequenceProposer):
             max_spec_offset=s.max_spec_offset, min_token_prob=s.min_token_prob)
         if not draft.token_ids:
             return EMPTY
-        return Proposal(tokens=list(draft.token_ids[:k]), draft_probs=None, seconds=time.perf_counter() - start)
+        return Proposal(tokens=list(draft.token_ids[:k]), draft_probs=None, seconds=time.perf_counter() - start,
+                        suffix_match=draft.match_len, suffix_score=draft.score)
 
     def observe(self, proposed: int, accepted: int, context: list[int]) -> None:
         self._catch_up(context)  # committed tokens join this request's tree and the scope's global tree

@@ -1,0 +1,113 @@
+"""The hybrid proposer (backends/engine/proposers/hybrid.py) in replay: per output position both sources'
+drafts, and a walker that runs the engine's own choice rule (backends/engine/source_choice.py) round by round.
+
+A round starting at output position p drafts from both sources at its cap, min(k, max_new - p - 1): n-gram's
+draft there is a function of the context (RoundBook.positions), suffix's also of the outputs its scope's tree
+holds, so :func:`suffix_positions` walks the request through the simulated worker's suffix store at admission,
+in arrival order, as suffix's own arms do (RoundBook.suffix_rounds: exact at c1, an approximation that favours
+suffix under concurrency). The rule learns across requests (the engine's pooled acceptance, held in the
+simulated worker's shared controllers), so even a fixed k is walked round by round.
+
+``oracle`` (``hybrid-kN-oracle``): perfect foresight over {n-gram, suffix} x k: each round serves the source
+whose draft will have the longer accepted run (ties: suffix) and the k ``best_k`` finds knowing that run, as
+``ngram-kN-oracle`` does for n-gram alone (replay/walk.Clairvoyant), planned jointly with the step's other joint
+rounds. The engine plans hybrid rounds per sequence (proposers/hybrid.py says why), and so does replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from backends.engine.adaptive import best_k, match_context
+from backends.engine.source_choice import censored, rule_for, suffix_context
+from backends.engine.types import SpeculationParams
+from replay.book import Option
+from replay.walk import ORACLE, Walker
+
+# per output position: drafts found, accepted run, and n-gram's match length or suffix's context
+Positions = tuple[list[int], list[int], list[int]]
+
+
+def suffix_positions(store, scope: str, prompt: Sequence[int], output: Sequence[int], max_new: int,
+                     k: int) -> Positions:
+    """Per output position p: the suffix proposer's draft at the cap a round starting there has (drafts found,
+    how many lead the output, its context: source_choice.suffix_context), from ``store`` (a SuffixStore), which
+    then holds the request's output in ``scope``'s tree. The engine's proposer object, fed the committed tokens
+    one by one."""
+    from backends.engine.counterfactual import GREEDY
+
+    proposer = store.open(scope, list(prompt))
+    context = list(prompt)
+    lens, runs, found_in = [], [], []
+    for p in range(len(output)):
+        cap = min(k, max_new - p - 1)
+        draft = proposer.propose(context, cap, GREEDY, None, None) if cap > 0 else None
+        tokens = draft.tokens if draft is not None else []
+        run = 0
+        while run < len(tokens) and p + run < len(output) and tokens[run] == output[p + run]:
+            run += 1
+        lens.append(len(tokens))
+        runs.append(run)
+        found_in.append(suffix_context(draft.suffix_match, draft.suffix_score, len(tokens)) if tokens else 0)
+        context.append(output[p])
+    proposer.observe(0, 0, context)
+    proposer.release()
+    return lens, runs, found_in
+
+
+class HybridWalker(Walker):
+    """One request under a hybrid ``option`` (k fixed, ``beta`` or ``oracle``), from both sources' positions."""
+
+    def __init__(self, costs, prompt_len: int, output_len: int, max_new: int, option: Option, ngram: Positions,
+                 suffix: Positions, seed: int) -> None:
+        super().__init__(costs, prompt_len, output_len, max_new, option, *ngram, seed=seed)
+        self.sources = ((ngram[0], ngram[1], [match_context(m) for m in ngram[2]]), suffix)
+        self.rule = None
+
+    def bind(self, shared: dict) -> None:
+        """The engine's rule (none for the oracle), its pooled acceptance the simulated worker's (``shared``)."""
+        if self.option.strategy != ORACLE:
+            spec = SpeculationParams(proposer="hybrid", draft_tokens=self.option.k,
+                                     adaptive=self.option.strategy == "beta")
+            self.rule = rule_for(spec, self._round_costs, self.seed, shared)
+
+    @property
+    def joint(self) -> bool:
+        """The oracle is planned with the step's other joint rounds; the engine plans hybrid per sequence."""
+        return self.option.strategy == ORACLE
+
+    def _drafts(self) -> tuple[int, list[tuple[int, int, int]]]:
+        """(the round's cap, each source's (drafts found at it, accepted run, context))."""
+        done = self.done
+        k_cap = max(0, min(self.option.k, self.max_new - done - 1))
+        return k_cap, [(min(k_cap, lens[done]), min(k_cap, lens[done], runs[done]), contexts[done])
+                       for lens, runs, contexts in self.sources]
+
+    @staticmethod
+    def _foreseen(drafts: list[tuple[int, int, int]]) -> tuple[int, list[float]]:
+        """The oracle's source (the longer accepted run; ties: suffix) and its gains: 1 per draft accepted."""
+        pick = max(range(len(drafts)), key=lambda i: (drafts[i][1], i))
+        found, run, _ = drafts[pick]
+        return pick, [1.0] * run + [0.0] * (found - run)
+
+    def gains(self) -> list[float]:
+        """The oracle's known gains for the step's joint plan (its source: the longer run, as next_round's)."""
+        return self._foreseen(self._drafts()[1])[1]
+
+    def next_round(self, batch: int, planned: int | None = None) -> tuple[int, int, float]:
+        self._price(batch)
+        k_cap, drafts = self._drafts()
+        if self.rule is None:
+            pick, known = self._foreseen(drafts)
+            budget = planned if planned is not None else (
+                best_k(known, len(known), self._table, batch - 1) if known else 0)
+        else:
+            pick, k = self.rule.choose([(found, context) for found, _, context in drafts], batch)
+            budget = k if self.option.strategy else k_cap
+        found, run, _ = drafts[pick]
+        drafted = min(budget, found)
+        accepted = min(drafted, run)
+        if self.rule is not None and k_cap > 0:  # the engine's HybridProposer.observe: both drafts scored
+            committed = min(self.output_len, self.done + accepted + 1) - self.done
+            self.rule.observe_scored([(context, *censored(f, r, committed)) for f, r, context in drafts if f])
+        return self._commit(drafted, accepted, budget, k_cap)
