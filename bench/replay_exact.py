@@ -42,6 +42,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from backends.engine.config import EngineConfig
+from backends.engine.model_store import ModelNotPrepared, load_prepared
+from backends.engine.types import MAX_DRAFT_TOKENS, RequestStats, SpeculationParams
 from bench.processes import cpu_model
 from bench.workloads import DEFAULT_ROOT
 
@@ -98,8 +103,6 @@ class RoundTap:
         self._rounds: dict[int, tuple[Any, list]] = {}
 
     def __enter__(self) -> RoundTap:
-        from backends.engine.types import RequestStats
-
         self._original = original = RequestStats.record
         rounds = self._rounds
 
@@ -111,8 +114,6 @@ class RoundTap:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from backends.engine.types import RequestStats
-
         RequestStats.record = self._original  # type: ignore[method-assign]
 
     def take(self, output: Any) -> list[tuple[int, int]]:
@@ -124,13 +125,10 @@ class RoundTap:
 def translate(engine: Any, line: Any, max_new_tokens: int, rid: str) -> Any:
     """A workload line as the worker serves it (replay/trace_build.py's translation): greedy, ``max_tokens``
     capped, no speculation."""
-    import msgspec
-
-    from backends.engine.types import SpeculationParams
-    from backends.sglang import openai_wire
-    from backends.worker.errors import BadRequest
-    from backends.worker.translate import Limits, chat_request
-    from replay.trace_build import served_body
+    from backends.sglang import openai_wire  # about 20 ms with those below: specgate --help loads this module
+    from backends.worker.errors import BadRequest  # see above
+    from backends.worker.translate import Limits, chat_request  # see above
+    from replay.trace_build import served_body  # see above
 
     limits = Limits(context_length=engine.context_length, default_speculation=SpeculationParams())
     try:
@@ -144,8 +142,7 @@ def translate(engine: Any, line: Any, max_new_tokens: int, rid: str) -> Any:
 def check_request(engine: Any, tap: RoundTap, line: Any, n: int, max_new_tokens: int,
                   proposers: Sequence[str], ks: Sequence[int]) -> dict:
     """Plain once, the self-draft's flags once, then every proposer x k on the engine against replay."""
-    from backends.engine.counterfactual import Recorded, draft_matches, replay
-    from backends.engine.types import SpeculationParams
+    from backends.engine.counterfactual import Recorded, draft_matches, replay  # torch (~2 s): specgate --help loads this module
 
     request = translate(engine, line, max_new_tokens, f"exact-{n}-plain")
     plain = engine.generate(request)
@@ -247,8 +244,6 @@ def _positive(text: str) -> int:
 
 
 def _draft_length(text: str) -> int:
-    from backends.engine.types import MAX_DRAFT_TOKENS
-
     value = int(text)
     if not 1 <= value <= MAX_DRAFT_TOKENS:
         raise argparse.ArgumentTypeError(f"k must be in 1..{MAX_DRAFT_TOKENS}, got {value}")
@@ -289,8 +284,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
 def execute(args: argparse.Namespace, command: str) -> int:
     """Load the model, run, print the command, environment, table and runtime. 0: every round equal (or
     the documented stop-token case); 1: anything else differs, or the input cannot be run; 2: no model."""
-    from backends.engine.model_store import ModelNotPrepared, load_prepared
-    from replay.trace_build import workload_requests
+    from replay.trace_build import workload_requests  # about 20 ms: specgate --help loads this module
 
     try:
         lines = workload_requests(args.workloads, args.per_slice, args.seed, args.max_prompt_chars, args.slices)
@@ -302,11 +296,10 @@ def execute(args: argparse.Namespace, command: str) -> int:
     except ModelNotPrepared as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    import torch
-    import transformers
+    import torch  # about 2 s: specgate --help loads this module
+    import transformers  # about 1.3 s: specgate --help loads this module
 
-    from backends.engine.config import EngineConfig
-    from backends.engine.engine import Engine
+    from backends.engine.engine import Engine  # torch, about 6 s: specgate --help loads this module
 
     engine = Engine(EngineConfig(model_path=str(model.path), calibrate=False, draft_layers=args.draft_layers,
                                  num_threads=args.num_threads))
@@ -350,7 +343,7 @@ def execute(args: argparse.Namespace, command: str) -> int:
 
 def _run_with_progress(engine: Any, lines: Sequence[Any], args: argparse.Namespace) -> list[dict]:
     """A bar on a terminal; under nohup or a pipe, plain progress lines on stderr (telemetry/progress.py)."""
-    from telemetry.progress import Progress
+    from telemetry.progress import Progress  # about 0.05 s: specgate --help loads this module
 
     def verdicts(detail: dict) -> str:
         bad = [name for name, r in detail["runs"].items() if r["verdict"] != EQUAL]

@@ -26,6 +26,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from msgspec import structs
+
 from bench.serve.run import MIXED
 from bench.serving_fit import fit, fit_serving_concurrent
 from replay.book import RoundBook
@@ -92,12 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     book = RoundBook(trace, ngram=(int(args.ngram[0]), int(args.ngram[1]), args.ngram[2]))  # type: ignore[arg-type]
     contenders = [parse_arm("suffix-k8" if a == "suffix" else a, book) for a in arms]
     if args.serving_s is not None:
-        from msgspec import structs
-
         costs = structs.replace(costs, serving_s=args.serving_s)
     if args.serving_concurrent_s is not None:
-        from msgspec import structs
-
         costs = structs.replace(costs, serving_concurrent_s=args.serving_concurrent_s)
     if args.fit_serving:
         costs = fit_serving(run, book, costs)
@@ -220,8 +218,6 @@ def fit_serving(run: dict, book: RoundBook, costs):
     minus the TPOT replayed without it (a plain round commits one token, so the difference is per round;
     ``bench.serving_cost.fit``, which measures the same gap on requests of its own). Only those requests are
     used: every other cell (other arms, other loads) is a prediction."""
-    from msgspec import structs
-
 
     request = {r.id: r for r in book.requests}
     measured = [(len(request[r["item"]].prompt_ids), len(request[r["item"]].output_ids), r["tpot_s"])

@@ -36,12 +36,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+import httpx
+from msgspec import structs
+
+from backends.engine import model_store
+from backends.engine.calibrate import default_text
+from bench.serve.arms import ARMS, served_policy
+from bench.serve.client import Result, send
+from bench.serve.load import LoadPoint, drive
+from bench.serve.stack import gateway, worker
 from bench.serving_fit import fit, fit_serving_concurrent, replayed_tpot
+from policies.costmodel import CostModelError, load_cost_model, write_cost_model
+from policies.features import RequestFeatures
+from policies.trace import FORMAT, Header, Sampling, Served, Trace, TraceRequest
+from replay.book import RoundBook
 
 LENGTHS = (300, 1200, 3000, 6000)  # prompt characters, cycled: short prose to a long document
 
@@ -71,11 +85,6 @@ async def _serve(url: str, model: str, texts: list[str], max_tokens: int, idle: 
     """Serve ``texts`` in order, streamed, by ``clients`` closed-loop clients (bench/serve/load.drive: each sends
     the next text when its answer ends); ``idle[n]``: seconds to wait before text n (one client). Results in the
     texts' order."""
-    import httpx
-
-    from bench.serve.client import Result, send
-    from bench.serve.load import LoadPoint, drive
-
     results: list = [None] * len(texts)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
 
@@ -97,17 +106,11 @@ def measure(texts: list[str], max_tokens: int, log_dir: Path,
             idle: list[float] | None = None, clients: int = 1) -> list[tuple[int, int, float]]:
     """(prompt tokens, output tokens, TPOT) of each text served plain, streamed, through a fresh worker and
     gateway (started here, always stopped); ``idle`` and ``clients``: as _serve's."""
-    import httpx
-
-    from backends.engine.model_store import load_prepared
-    from bench.serve.arms import ARMS, served_policy
-    from bench.serve.stack import gateway, worker
-
     # the worker admits every client's request (its default cap is 8 running): a step streams ``clients`` of them,
     # as fit_concurrent replays them
     flags = ["--max-running-requests", str(max(clients, 8))]
     with worker(log_dir, flags, "serving-cost") as (worker_url, _):
-        policy = served_policy(ARMS["plain"], worker_url, load_prepared().revision, log_dir)
+        policy = served_policy(ARMS["plain"], worker_url, model_store.load_prepared().revision, log_dir)
         with gateway(policy, log_dir, "serving-cost") as url:
             model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
             asyncio.run(_serve(url, model, texts[:1], 8))  # warm-up, not counted
@@ -144,12 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.idle_s is not None and (several or args.repeats > 1):
         parser.error("--idle-s measures one client at a time, once: leave out --concurrency and --repeats")
 
-    from backends.engine.calibrate import default_text
-    from backends.engine.model_store import load_prepared
-    from policies.costmodel import CostModelError, load_cost_model, write_cost_model
-
     try:
-        costs = load_cost_model(args.costs, revision=load_prepared().revision)
+        costs = load_cost_model(args.costs, revision=model_store.load_prepared().revision)
     except CostModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -180,8 +179,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats > 1:
         print(f"serving_s over {args.repeats} repeats: {', '.join(f'{v * 1e3:.2f}' for v in values)} ms; kept the "
               f"median, {serving * 1e3:.2f} ms")
-    from msgspec import structs
-
     out = args.out or args.costs
     write_cost_model(out, structs.replace(costs, serving_s=round(serving, 6)))
     print(f"wrote {out}")
@@ -203,10 +200,6 @@ def fit_concurrent(costs, measured: list[tuple[int, int, float]], clients: int):
 def plain_book(costs, lengths: list[tuple[int, int]]):
     """A RoundBook of greedy requests of these (prompt tokens, output tokens), for replaying them plain (plain
     rounds depend on the lengths alone; the ids are placeholders), on ``costs``' model revision."""
-    from replay.book import RoundBook
-    from policies.features import RequestFeatures
-    from policies.trace import FORMAT, Header, Sampling, Served, Trace, TraceRequest
-
     requests = [TraceRequest(id=f"p{n}", arrival_s=float(n), route="default", slice="-",
                              features=RequestFeatures(prompt_tokens=prompt, max_tokens=output),
                              sampling=Sampling(temperature=0.0, max_new_tokens=output),
@@ -220,8 +213,6 @@ def plain_book(costs, lengths: list[tuple[int, int]]):
 def concurrent(costs, texts: list[str], max_tokens: int, counts: list[int], out: Path, repeats: int = 1) -> int:
     """Measure at c``N`` for each of ``counts`` (ascending), ``repeats`` times each, and write the fitted
     ``serving_streams`` table into ``out`` once all are measured (module docstring)."""
-    from policies.costmodel import write_cost_model
-
     fitted = costs
     for clients in counts:
         candidates = []  # (this count's fitted entry, the model holding it) per repeat
@@ -247,8 +238,6 @@ def concurrent(costs, texts: list[str], max_tokens: int, counts: list[int], out:
 
 def idle_effect(texts: list[str], max_tokens: int, idle_s: float) -> int:
     """Serve every text back-to-back and after ``idle_s`` idle (:func:`idle_schedule`); print the pairs."""
-    import math
-
     order = idle_schedule(len(texts))
     with tempfile.TemporaryDirectory() as tmp:
         measured = measure([texts[n] for n, _ in order], max_tokens, Path(tmp),

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import statistics
 
+from msgspec import structs
+
+from replay.book import PLAIN, RoundBook
 from replay.choosers import Prices
+from replay.profile import profile
 from replay.report import percentile
 from replay.run import parse_arm, sweep
-from replay.book import RoundBook
 
 
 def replayed_tpot(costs, prompt_tokens: int, output_tokens: int) -> float:
     """TPOT of a plain request alone, as replay prices it: its rounds after the first (the first token is the
     TTFT), each a one-token forward at its cached context plus the per-round seconds outside it."""
-    from replay.book import PLAIN
-    from replay.profile import profile
-
     rounds = ((0,) * output_tokens,) * 3
     p = profile(costs, prompt_tokens, output_tokens, PLAIN, rounds)
     return sum(p.serial[1:] + p.alone[1:]) / (output_tokens - 1)
@@ -26,8 +26,6 @@ def replayed_tpot(costs, prompt_tokens: int, output_tokens: int) -> float:
 def fit(costs, measured: list[tuple[int, int, float]]) -> tuple[float, list[float]]:
     """(serving_s, each request's gap): ``measured`` holds (prompt tokens, output tokens, TPOT seconds) per request;
     the gap is measured TPOT minus replay's on ``costs`` without serving_s (one streamed round per plain token)."""
-    from msgspec import structs
-
     base = structs.replace(costs, serving_s=0.0)
     gaps = [tpot - replayed_tpot(base, prompt, output) for prompt, output, tpot in measured if output >= 2]
     if not gaps:
@@ -41,8 +39,6 @@ def fit_serving_concurrent(run: dict, book: RoundBook, costs, load: str, order, 
     order) equals the measured p50 of the run's plain requests there: bisection between 0 and 1 s (replay's TPOT
     grows with it); None when the run has no plain requests at ``load``. ``streams``: set the ``serving_streams``
     table's entry at that stream count instead (added, or replaced; the other entries kept)."""
-    from msgspec import structs
-
     def with_value(value: float):
         if streams is None:
             return structs.replace(costs, serving_concurrent_s=value)

@@ -4,6 +4,13 @@ benchmarks), or a running specgate worker's live step costs (its ``/server_info`
 
 from __future__ import annotations
 
+import asyncio
+
+from backends.sglang.client import SGLangClient
+from backends.sglang.errors import WorkerError
+from policies.costmodel import CostModelError, load_cost_model
+from policies.live_costs import from_server_info
+
 
 def is_url(source: str) -> bool:
     return source.startswith(("http://", "https://"))
@@ -12,13 +19,6 @@ def is_url(source: str) -> bool:
 def live_cost_model(url: str, *, revision: str | None = None, created: str = ""):
     """The CostModel of the worker at ``url``'s live step costs; a worker that cannot be read, or whose report
     cannot price replay, is a CostModelError naming the URL and the fix."""
-    import asyncio
-
-    from backends.sglang.client import SGLangClient
-    from backends.sglang.errors import WorkerError
-    from policies.costmodel import CostModelError
-    from policies.live_costs import from_server_info
-
     async def fetch():
         async with SGLangClient(url) as client:
             return await client.server_info()
@@ -33,6 +33,4 @@ def live_cost_model(url: str, *, revision: str | None = None, created: str = "")
 
 def load_costs(source: str, *, revision: str | None = None):
     """A cost model from a file path or a worker URL (``http://HOST:PORT``), checked against ``revision``."""
-    from policies.costmodel import load_cost_model
-
     return live_cost_model(source, revision=revision) if is_url(source) else load_cost_model(source, revision=revision)

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from backends.engine.model_store import ModelNotPrepared, load_prepared, prepare
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("model", help="prepare or inspect the embedded engine's model")
@@ -22,16 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from backends.engine.model_store import prepare
-
     model = prepare(args.model_dir, force=args.force)
     print(f"model {model.name} ready at {model.path} (revision {model.revision})")
     return 0
 
 
 def _info(args: argparse.Namespace) -> int:
-    from backends.engine.model_store import ModelNotPrepared, load_prepared
-
     try:
         model = load_prepared(args.model_dir)
     except ModelNotPrepared as exc:

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
+
+from backends.engine.calibrate import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_PREFILL_TOKENS, DEFAULT_WIDTHS,
+                                       PROPOSERS, calibrate, default_text, describe_hardware, self_check)
+from backends.engine.model_store import ModelNotPrepared, load_prepared
+from policies.errors import PolicyError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,9 +58,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_calibrate(actions: argparse._SubParsersAction) -> None:
-    from backends.engine.calibrate import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_PREFILL_TOKENS, DEFAULT_WIDTHS,
-                                           PROPOSERS)
-
     calibrate = actions.add_parser(
         "calibrate", help="measure the replay cost model (forward, prefill, draft and overhead seconds)",
         description="Time the embedded engine's target forwards by width (tokens fed: k + 1), context length and "
@@ -98,8 +101,6 @@ def _register_calibrate(actions: argparse._SubParsersAction) -> None:
 def _prepared(args: argparse.Namespace, bad: str | None):
     """The prepared model, or None after printing why the command cannot start (``bad``: a usage problem
     of the caller's own flags; then a missing --out directory)."""
-    from backends.engine.model_store import ModelNotPrepared, load_prepared
-
     try:
         model = load_prepared(args.model_dir)
     except ModelNotPrepared as exc:
@@ -119,13 +120,13 @@ def _build(args: argparse.Namespace) -> int:
     if model is None:
         return 2
 
-    from replay.trace_build import BuildError, build, policy_pairs, read_requests, self_draft_pair, workload_requests
+    from replay.trace_build import (  # about 20 ms: only a build needs it
+        BuildError, build, policy_pairs, read_requests, self_draft_pair, workload_requests)
 
     try:
         pairs = {}
         if args.policy is not None:
-            from policies.errors import PolicyError
-            from policies.load import load_policy_file
+            from policies.load import load_policy_file  # about 20 ms: specgate --help reads no policy
 
             try:
                 policy = load_policy_file(args.policy)
@@ -146,13 +147,13 @@ def _build(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
-    from backends.engine.config import EngineConfig
-    from backends.engine.engine import Engine
+    from backends.engine.config import EngineConfig  # with Engine: torch, about 6 s
+    from backends.engine.engine import Engine  # see above
 
     engine = Engine(EngineConfig(model_path=str(model.path), calibrate=False, num_threads=args.num_threads))
     print(f"tracing {len(requests)} requests on {model.name} ({model.revision}), greedy, max_new_tokens "
           f"<= {args.max_new_tokens}, {len(pairs)} draft pair(s)", file=sys.stderr)
-    from telemetry.progress import track
+    from telemetry.progress import track  # about 0.05 s: only a run shows progress
 
     try:
         summary = build(engine, track(requests, "trace build", len(requests)), args.out, model=model.name,
@@ -174,10 +175,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     if model is None:
         return 2
 
-    from backends.engine.calibrate import calibrate, default_text, describe_hardware, self_check
-    from backends.engine.config import EngineConfig
-    from backends.engine.engine import Engine
-    from policies.costmodel import from_measurements, write_cost_model
+    from backends.engine.config import EngineConfig  # with Engine: torch, about 6 s
+    from backends.engine.engine import Engine  # see above
+    from policies.costmodel import from_measurements, write_cost_model  # about 20 ms more on specgate --help
 
     try:
         text = args.text.read_text(encoding="utf-8") if args.text is not None else default_text()
@@ -191,7 +191,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(f"calibrating {model.name} ({model.revision}) on {hardware}: contexts {sorted(set(args.contexts))}, "
           f"widths {sorted(set(args.widths))}, batches {sorted({1, *args.batches})}, {args.repeats} repeats",
           file=sys.stderr)
-    from telemetry.progress import Progress
+    from telemetry.progress import Progress  # about 0.05 s: only a run shows progress
 
     def stage(line: str) -> None:  # each measured stage: its line above the bar, and a step of it
         bar.note(f"  {line}")
@@ -231,10 +231,8 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _from_worker(url: str, out: Path) -> int:
     """``trace calibrate --from-worker URL``: the cost model of the worker's live step costs
     (policies.live_costs.from_server_info), written as a measured one is."""
-    from datetime import datetime, timezone
-
-    from cli.costs import live_cost_model
-    from policies.costmodel import CostModelError, write_cost_model
+    from cli.costs import live_cost_model  # about 20 ms (the SGLang client): only --from-worker needs it
+    from policies.costmodel import CostModelError, write_cost_model  # about 20 ms more on specgate --help
 
     if not out.parent.is_dir():
         print(f"error: --out {out}: directory {out.parent} does not exist", file=sys.stderr)

@@ -18,6 +18,10 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
+
+from policies.errors import PolicyError
+
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _CLI = "import sys; from cli import main; sys.exit(main())"
 
@@ -52,8 +56,6 @@ def derive_policy(text: str, url: str, count: int) -> tuple[str, list[str]]:
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, deadline: float) -> None:
-    import httpx
-
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"worker for {url} exited with {proc.returncode}")
@@ -67,8 +69,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, deadline: float) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from policies.errors import PolicyError
-    from policies.load import load_policy_file
+    from policies.load import load_policy_file  # about 20 ms: specgate --help reads no policy
 
     try:
         policy = load_policy_file(args.policy)

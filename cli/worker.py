@@ -11,8 +11,10 @@ that breaks speculation on purpose (backends/engine/faults.py), refused unless `
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
+from backends.engine.model_store import ModelNotPrepared
 from backends.engine.types import FAULT_MODES
 
 
@@ -102,13 +104,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import logging
+    import uvicorn  # about 20 ms, and the app below pulls torch (about 6 s): only the worker needs them
 
-    import uvicorn
-
-    from backends.engine.model_store import ModelNotPrepared
-    from backends.worker.app import create_app
-    from backends.worker.settings import WorkerSettings
+    from backends.worker.app import create_app  # see above
+    from backends.worker.settings import WorkerSettings  # see above
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -43,8 +43,15 @@ from litestar import Request, Response, Router, get, post
 from gateway.auth import admin_allowed
 from gateway.errors import ApiError
 from gateway.requests import ChatRequest, CompletionRequest, parse_body
+from policies.costmodel import CostModelError, load_cost_model
 from policies.decide import explain
+from policies.errors import PolicyError
 from policies.features import features_from_openai
+from policies.live_costs import from_server_info
+from policies.load import load_policy
+from policies.trace import TraceError
+from replay.candidate import ReplayTimeout, recorded, replay_candidate
+from replay.sim import Load
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -232,13 +239,6 @@ def admin_router(state: GatewayState) -> Router:
 def _replay_now(state: GatewayState, config: Any, body: ReplayBody, live: Reports) -> Response[bytes]:
     """The candidate and the policy in force on the newest ``body.last`` recorded requests (a thread);
     ``live``: the workers' step-cost reports, used when ``config.costs`` names no file."""
-    from replay.candidate import ReplayTimeout, recorded, replay_candidate
-    from replay.sim import Load
-    from policies.costmodel import CostModelError
-    from policies.errors import PolicyError
-    from policies.load import load_policy
-    from policies.trace import TraceError
-
     try:
         candidate = load_policy(body.policy, "candidate.yaml")
     except PolicyError as exc:
@@ -263,9 +263,6 @@ def _costs(path: Path | None, live: Reports, revision: str) -> tuple[CostModel, 
     """The cost model that prices a replay of a trace of ``revision``, and its source: the file at ``path``,
     else the live step costs of the first worker in ``live`` serving that revision (the first of all when none
     does, which the revision check then refuses, naming both revisions)."""
-    from policies.costmodel import load_cost_model
-    from policies.live_costs import from_server_info
-
     if path is not None:
         return load_cost_model(path, revision=revision), f"file {path}"
     url, info = next(((url, info) for url, info in live if info.revision == revision), live[0])

@@ -90,6 +90,21 @@ class Backend:
     def client(self, url: str) -> SGLangClient:
         return self.monitor.client(url)
 
+    def take(self, pool: str, url: str) -> None:
+        """A request starts on ``url`` of ``pool``: the worker's in-flight count (which ``pick`` balances) and
+        the gateway's (which ``stop_when_idle`` waits on) rise together. The one place either changes."""
+        self.pools[pool].acquire(url)
+        self.in_flight += 1
+
+    def give_back(self, pool: str, url: str, served_at: float | None = None) -> None:
+        """That request left ``url``, whatever its outcome; ``served_at``: it was answered then, which clears
+        the worker's failure streak."""
+        worker_pool = self.pools[pool]
+        worker_pool.release(url)
+        if served_at is not None:
+            worker_pool.report_success(url, served_at)
+        self.in_flight = max(0, self.in_flight - 1)
+
     async def start(self) -> None:
         await self.monitor.start()
         await self.refresh_catalog()

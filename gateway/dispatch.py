@@ -21,6 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import msgspec
+
 from backends.sglang.client import OpenAIResult, SGLangClient
 from backends.sglang.errors import WorkerError, WorkerHTTPError, WorkerStreamError
 from backends.sglang.token_ids import request_fields
@@ -28,33 +30,24 @@ from gateway.errors import ApiError, from_worker
 from gateway.holds import Holds, Stopwatch, worker_fault
 from gateway.request_spans import RequestSpans
 from gateway.stages import Admitted, Dispatched
-from gateway.state import Active, GatewayState
-from policies.decide import Decision
+from gateway.state import GatewayState
+from policies.decide import Decision, plan_attempts
 from policies.schema import Pool
+from speculation import SpeculationOverride
 
 T = TypeVar("T")
 
 
-def plan(active: Active, d: Decision) -> list[tuple[str, str, int, dict[str, Any] | None]]:
-    """(pool, proposer, draft_tokens, speculation override) to try, in order."""
-    policy = active.policy
-    plan = [(d.pool, d.proposer, d.draft_tokens, d.speculation_override)]
-    plain = [p for p, spec in policy.pools.items() if spec.proposer == "none"]
-    per_request = [p for p, spec in policy.pools.items() if spec.speculation == "per_request"]
-    for name in plain + per_request:
-        if name != d.pool or d.proposer != "none":
-            per_req = policy.pools[name].speculation == "per_request"
-            plan.append((name, "none", 0, {"proposer": "none"} if per_req else None))
-    return plan
-
-
-def speculation(pool: Pool, override: dict[str, Any] | None, route: str) -> dict[str, Any] | None:
-    """``custom_params.speculation`` of an attempt on ``pool`` (None: send no ``custom_params``)."""
+def custom_params(pool: Pool, override: SpeculationOverride | None, route: str) -> dict[str, Any] | None:
+    """The ``custom_params`` of an attempt on ``pool`` (None: send none): the decision's speculation override
+    in the route's scope, or only the scope for a suffix-drafting server pool (its workers' default)."""
     if override is not None:
-        return {**override, "scope": route}
-    if pool.proposer in ("suffix", "hybrid"):  # a server-mode suffix worker: its default, in this route's scope
-        return {"scope": route}
-    return None
+        spec = msgspec.structs.replace(override, scope=route)
+    elif pool.proposer in ("suffix", "hybrid"):
+        spec = SpeculationOverride(scope=route)
+    else:
+        return None
+    return {"speculation": msgspec.to_builtins(spec)}
 
 
 class NotServed(Exception):
@@ -76,8 +69,8 @@ async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, 
     last: WorkerError | None = None
     attempts = 0
     pools = admitted.active.policy.pools
-    for pool_name, proposer, k, override in plan(admitted.active, decision):
-        spec = speculation(pools[pool_name], override, admitted.route)
+    for pool_name, proposer, k, override in plan_attempts(admitted.active.policy, decision):
+        custom = custom_params(pools[pool_name], override, admitted.route)
         pool = backend.pools.get(pool_name)
         while pool is not None and attempts < state.settings.max_attempts:
             worker = pool.pick(time.monotonic(), exclude=tried)
@@ -88,12 +81,11 @@ async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, 
             attempts += 1
             fwd = dict(admitted.body)
             fwd["rid"] = f"{admitted.arrival.request_id}-{attempts}"
-            if spec is None:
+            if custom is None:
                 fwd.pop("custom_params", None)
             else:
-                fwd["custom_params"] = {"speculation": spec}
-            pool.acquire(url)
-            backend.in_flight += 1
+                fwd["custom_params"] = custom
+            backend.take(pool_name, url)
             span = None
             try:
                 if spans is None:
@@ -108,8 +100,7 @@ async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, 
             except (asyncio.CancelledError, WorkerError) as exc:
                 if span is not None:
                     RequestSpans.attempt_failed(span, type(exc).__name__, str(exc) or "cancelled")
-                pool.release(url)  # this attempt's slot; a served attempt's goes into holds
-                backend.in_flight -= 1
+                backend.give_back(pool_name, url)  # this attempt's slot; a served attempt's goes into holds
                 if not isinstance(exc, WorkerHTTPError):  # the client left, or a timeout or broken
                     # connection: the request may still run there, so never leave it computing for nobody
                     state.spawn(abort_upstream(backend.client(url), fwd["rid"], state.settings.abort_timeout_s))

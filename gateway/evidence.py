@@ -118,5 +118,5 @@ class WorkerCosts:
 
 
 def _adaptive(decision: Decision) -> bool:
-    override = decision.speculation_override or {}
-    return bool(override.get("adaptive"))
+    override = decision.speculation_override
+    return bool(override is not None and override.adaptive)

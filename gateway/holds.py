@@ -69,8 +69,8 @@ class Holds:
         (without a success) and the new one held; the request stays one in flight."""
         if self.worker is not None:
             old_backend, old_pool, old_url = self.worker
-            old_backend.pools[old_pool].release(old_url)
-        backend.pools[pool].acquire(url)
+            old_backend.give_back(old_pool, old_url)
+        backend.take(pool, url)
         self.worker, self.worker_failed = (backend, pool, url), False
 
     def fail_worker(self, exc: WorkerError) -> None:
@@ -86,11 +86,7 @@ class Holds:
         left = time.monotonic()
         if self.worker is not None:
             backend, pool_name, url = self.worker
-            pool = backend.pools[pool_name]
-            pool.release(url)
-            if not self.worker_failed:
-                pool.report_success(url, left)
-            backend.in_flight = max(0, backend.in_flight - 1)
+            backend.give_back(pool_name, url, served_at=None if self.worker_failed else left)
         if self.joined is not None:
             joined_at, joined_area = self.joined
             if left > joined_at:

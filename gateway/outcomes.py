@@ -25,6 +25,7 @@ from litestar import Request, Response, post
 from msgspec import Meta
 
 from gateway.errors import ApiError
+from gateway.fleet import FleetDown
 from gateway.requests import field_of
 
 if TYPE_CHECKING:
@@ -74,8 +75,6 @@ async def fleet_report(state: GatewayState, rid: str, route: str, score: float) 
         return False
     if outcome is None:
         return "off"
-    from gateway.fleet import FleetDown
-
     try:
         if state.gates.served(rid, route, time.monotonic()) is not None:
             await state.sync_fleet()  # served here: its sample reaches the store before the claim

@@ -49,8 +49,9 @@ import msgspec
 from backends.sglang.client import OpenAIResult
 from backends.sglang.errors import WorkerError, WorkerStreamError
 from backends.sglang.openai_wire import ChatCompletionChunk, CompletionResponse
-from gateway.dispatch import plan, speculation
+from gateway.dispatch import custom_params
 from gateway.request_spans import RequestSpans
+from policies.decide import plan_attempts
 from telemetry.record import Resumed as Step  # one resume: at_token, from_worker, to_worker, pool, outcome
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from gateway.stages import Admitted, Dispatched
     from gateway.state import GatewayState
     from policies.decide import Decision
+    from policies.schema import Policy
 
 _ENCODE = msgspec.json.Encoder()
 _CHAT = msgspec.json.Decoder(ChatCompletionChunk)
@@ -234,6 +236,18 @@ class Converter:
         return [self._encode([self._choice(c.text, c.logprobs, c.finish_reason, c.matched_stop, ids)])]
 
 
+def resume_pools(policy: Policy, decision: Decision, served: str, route: str,
+                 fallback: bool) -> list[tuple[str, dict[str, Any] | None]]:
+    """(pool, custom_params) a resume tries, in order: the pool that served, then (``fallback``) the plain
+    fallbacks of dispatch's plan, each with the ``custom_params`` dispatch would send there."""
+    order: list[tuple[str, dict[str, Any] | None]] = []
+    for name, proposer, _, override in plan_attempts(policy, decision):
+        if (name == served or (fallback and proposer == "none")) and name not in [o[0] for o in order]:
+            order.append((name, custom_params(policy.pools[name], override, route)))
+    order.sort(key=lambda o: o[0] != served)
+    return order
+
+
 class Resumer:
     """Resumes one request's stream, up to the policy's ``resume`` bounds; ``steps`` records every try."""
 
@@ -265,17 +279,9 @@ class Resumer:
                 return (i.target_model_path, i.target_revision, i.target_weight_version)
         return None
 
-    def _candidates(self) -> list[tuple[str, str | None]]:
-        """(pool, custom_params) to try: the served pool, then (when allowed) the plain fallback."""
-        active = self.admitted.active
-        pools = active.policy.pools
-        order: list[tuple[str, Any]] = []
-        for name, proposer, _, override in plan(active, self.decision):
-            if name == self.pool or (self.settings.fallback and proposer == "none"):
-                if name not in [o[0] for o in order]:
-                    order.append((name, speculation(pools[name], override, self.admitted.route)))
-        order.sort(key=lambda o: o[0] != self.pool)
-        return order
+    def _candidates(self) -> list[tuple[str, dict[str, Any] | None]]:
+        return resume_pools(self.admitted.active.policy, self.decision, self.pool, self.admitted.route,
+                            self.settings.fallback)
 
     async def resume(self, exc: WorkerError) -> AsyncIterator[OpenAIResult[Any]]:
         """A new upstream that continues the stream, or ``exc`` raised (after recording why not)."""

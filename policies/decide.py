@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection, Mapping
-from typing import Any, Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import msgspec
 
@@ -20,6 +20,7 @@ from policies.features import RequestFeatures
 from policies.schema import Policy, PoolAction
 from policies.slicing import classify
 from policies.snapshot import Snapshot
+from speculation import PLAIN_OVERRIDE, SpeculationOverride
 
 
 Exploration = Literal["cold", "thompson"]
@@ -39,7 +40,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     bypass: bool
     rule: str
     reason: str
-    speculation_override: dict[str, Any] | None = None
+    speculation_override: SpeculationOverride | None = None
     fallback: bool = False
     exploration: Exploration | None = None
     predicted_speedup: float | None = None  # auto's prediction for the option it chose to exploit
@@ -140,24 +141,49 @@ def _plain(policy: Policy, comp: Compiled, snap: Snapshot, slice_: str, rule: st
                 if policy.pools[p].speculation == "per_request" and snap.pool(p).healthy]
     options += comp.plain_pools + [p for p in comp.speculative if policy.pools[p].speculation == "per_request"]
     pool = options[0]
-    per_request = policy.pools[pool].speculation == "per_request"
     return Decision(slice=slice_, pool=pool, proposer="none", draft_tokens=0, bypass=True, rule=rule,
                     reason=reason, fallback=fallback, exploration=exploration, posterior_tpot_ms=posterior,
-                    speculation_override={"proposer": "none"} if per_request else None)
+                    speculation_override=plain_override(policy, pool))
 
 
-def speculation_override(policy: Policy, pool: str, k: int) -> dict[str, Any] | None:
+def speculation_override(policy: Policy, pool: str, k: int) -> SpeculationOverride | None:
     """``custom_params.speculation`` for a request on ``pool`` at draft length ``k`` (None: a server pool,
     whose workers speculate as launched)."""
     spec = policy.pools[pool]
     if spec.speculation != "per_request":
         return None
-    override: dict[str, Any] = {"proposer": spec.proposer, "draft_tokens": k, "adaptive": spec.adaptive}
-    if spec.adaptive:
-        override["strategy"] = spec.strategy
-        if spec.strategy == "vllm":
-            override["k_by_batch"] = [list(pair) for pair in spec.batch_table]
-    return override
+    if not spec.adaptive:
+        return SpeculationOverride(proposer=spec.proposer, draft_tokens=k, adaptive=False)
+    table = [pair for pair in spec.batch_table] if spec.strategy == "vllm" else None
+    return SpeculationOverride(proposer=spec.proposer, draft_tokens=k, adaptive=True, strategy=spec.strategy,
+                               k_by_batch=table)
+
+
+def plain_override(policy: Policy, pool: str) -> SpeculationOverride | None:
+    """What a plain attempt on ``pool`` sends: per-request workers are told not to speculate; a server pool
+    serving plain needs nothing (the only way ``pool`` serves without speculation, the one place it is said)."""
+    return PLAIN_OVERRIDE if policy.pools[pool].speculation == "per_request" else None
+
+
+class Attempt(NamedTuple):
+    """One try of a request: the pool, what it runs, and the ``custom_params.speculation`` to send."""
+
+    pool: str
+    proposer: str
+    draft_tokens: int
+    override: SpeculationOverride | None
+
+
+def plan_attempts(policy: Policy, d: Decision) -> list[Attempt]:
+    """The decision's own attempt, then the plain fallbacks a worker failure moves on to, in order: every plain
+    pool, then every per-request pool with speculation off (``gateway/dispatch.py``, ``gateway/resume.py``)."""
+    out = [Attempt(d.pool, d.proposer, d.draft_tokens, d.speculation_override)]
+    plain = [p for p, spec in policy.pools.items() if spec.proposer == "none"]
+    per_request = [p for p, spec in policy.pools.items() if spec.speculation == "per_request"]
+    for name in dict.fromkeys(plain + per_request):  # a plain per-request pool once
+        if name != d.pool or d.proposer != "none":
+            out.append(Attempt(name, "none", 0, plain_override(policy, name)))
+    return out
 
 
 def _speculate(policy: Policy, slice_: str, pool: str, k: int, rule: str, reason: str,

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from policies.accept import AcceptanceSummary
+from policies.auto import DEFAULT_LOG_TPOT, PLAIN
 
 
 class ArmSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -182,8 +183,6 @@ class Snapshot:
         every option's there, else every option's anywhere, else auto's default."""
         key = ("arm_anchor", slice_)
         if key not in self._memo:
-            from policies.auto import DEFAULT_LOG_TPOT, PLAIN
-
             index = self._arm_index(slice_)
             plain = index.get(PLAIN, {}).get(None, (0.0, 0.0))[:2]
             every = [sum(v[None][i] for v in index.values()) for i in (0, 1)]

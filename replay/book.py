@@ -16,6 +16,8 @@ import random
 import struct
 from dataclasses import dataclass
 
+from backends.engine.adaptive import match_context
+from backends.engine.types import SpeculationParams
 from policies.trace import Trace, TraceRequest
 
 Rounds = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # per round: (drafted, accepted, budget)
@@ -52,7 +54,7 @@ NGRAM_SPAN = 16  # the longest n-gram draft replay prices (backends/engine/types
 FEATURES = ("match", "exact", "found", "slice", "repeat", "position", "request")
 
 
-def _budgets(rounds: tuple[tuple[int, ...], tuple[int, ...]], output_len: int, max_new: int, k: int
+def round_budgets(rounds: tuple[tuple[int, ...], tuple[int, ...]], output_len: int, max_new: int, k: int
              ) -> tuple[int, ...]:
     """The budget each round asked for, as the engine caps it: min(k, tokens still allowed - 1)."""
     budgets, done = [], 0
@@ -125,8 +127,6 @@ class RoundBook:
     def __init__(self, trace: Trace, ngram: tuple[int, int, str] | None = None) -> None:
         """``ngram``: the workers' (min, max, match) n-gram settings (``--speculative-ngram-*``); default the
         worker's defaults."""
-        from backends.engine.types import SpeculationParams
-
         spec = SpeculationParams()
         self.ngram = ngram or (spec.ngram_min, spec.ngram_max, spec.ngram_match)
         SpeculationParams(ngram_min=self.ngram[0], ngram_max=self.ngram[1], ngram_match=self.ngram[2])  # checks
@@ -157,7 +157,7 @@ class RoundBook:
                              "--policy FILE or --draft-layers N)")
 
     def _record(self, i: int):
-        from backends.engine.counterfactual import Recorded
+        from backends.engine.counterfactual import Recorded  # torch (~2 s): the gateway loads replay
 
         r = self.requests[i]
         return Recorded(prompt=tuple(r.prompt_ids), output=tuple(r.output_ids),
@@ -172,7 +172,7 @@ class RoundBook:
         return hit
 
     def _compute(self, i: int, option: Option) -> Rounds:
-        from backends.engine.counterfactual import MatchedDrafts, replay_request
+        from backends.engine.counterfactual import MatchedDrafts, replay_request  # torch (~2 s): the gateway loads replay
 
         request = self.requests[i]
         n, max_new = len(request.output_ids), request.sampling.max_new_tokens
@@ -190,7 +190,7 @@ class RoundBook:
             raise ValueError(f"proposer {option.proposer}: use suffix_rounds (its drafts depend on the order)")
         result = replay_request(proposer, record, option.k)
         pair = (result.drafted, result.accepted)
-        return result.drafted, result.accepted, _budgets(pair, n, max_new, option.k)
+        return result.drafted, result.accepted, round_budgets(pair, n, max_new, option.k)
 
     def _ngram_positions(self, i: int) -> tuple[list[int], list[int], list[int]]:
         """:func:`ngram_positions` of request ``i`` under the workers' n-gram settings, memoized."""
@@ -232,12 +232,12 @@ class RoundBook:
         outputs of every request admitted before it, including those still running, whose whole output the
         tree then holds while the engine's holds only their committed part (an approximation that favours
         suffix under concurrency; exact at c1)."""
-        from backends.engine.counterfactual import replay_request
+        from backends.engine.counterfactual import replay_request  # torch (~2 s): the gateway loads replay
 
         request = self.requests[i]
         result = replay_request(store.open(request.route, list(request.prompt_ids)), self._record(i), option.k)
         pair = (result.drafted, result.accepted)
-        return result.drafted, result.accepted, _budgets(pair, len(request.output_ids),
+        return result.drafted, result.accepted, round_budgets(pair, len(request.output_ids),
                                                          request.sampling.max_new_tokens, option.k)
 
     @staticmethod
@@ -252,8 +252,6 @@ class RoundBook:
     def feature_keys(self, i: int, features: str = "") -> list[tuple]:
         """Per output position of greedy request ``i``: the key of ``features`` (:data:`FEATURES`, joined by +;
         "" is ``match``) that ``informed`` looks its rates up by."""
-        from backends.engine.adaptive import match_context
-
         hit = self._keys.get((i, features))
         if hit is not None:  # every walker of the request asks again, at every load and seed
             return hit
@@ -307,7 +305,7 @@ class RoundBook:
             reached, accepted = [0] * option.k, [0] * option.k
             store = None
             if option.proposer == "suffix":
-                from backends.engine.proposers.suffix import SuffixStore
+                from backends.engine.proposers.suffix import SuffixStore  # torch (~2 s): the gateway loads replay
 
                 store = SuffixStore()
             for i, r in enumerate(self.requests):

@@ -18,8 +18,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from backends.engine.types import SuffixSettings
 from replay.book import PLAIN, Option, RoundBook
-from replay.profile import Profile, profile
+from replay.hybrid import HybridWalker, suffix_positions
+from replay.profile import CachedCosts, Profile, profile
+from replay.walk import Walker, drawn_positions
+from policies.compiled import compiled
 from policies.decide import decide, exploration_key
 from policies.snapshot import PoolState, load_concurrency
 from policies.stats import LearningState, Outcome, with_counterfactuals
@@ -52,8 +56,6 @@ class Prices:
 
     def __init__(self, book: RoundBook, costs, prefill_chunk: int = 256, context_length: int = 8192,
                  per_worker: dict | None = None, max_batch_tokens: int = 512) -> None:
-        from replay.profile import CachedCosts
-
         self.book, self.costs = book, CachedCosts(costs)
         self.per_worker = {url: CachedCosts(model) for url, model in (per_worker or {}).items()}
         self.prefill_chunk, self.context_length = prefill_chunk, context_length
@@ -107,8 +109,6 @@ class Prices:
     def walker(self, i: int, option: Option, run: RunState):
         """A :class:`~replay.walk.Walker` for a per-round option (its controller seeded per run and
         request); a sampled request's per-position runs are drawn from its slice's rates."""
-        from replay.walk import Walker, drawn_positions
-
         r = self.book.requests[i]
         n = len(r.output_ids)
         if option.proposer == "hybrid":
@@ -128,9 +128,6 @@ class Prices:
     def _hybrid_walker(self, i: int, option: Option, run: RunState):
         """A :class:`~replay.hybrid.HybridWalker`: both sources' drafts per position, suffix's from the run's
         store in admission order; a sampled request's runs are drawn from its slice's rates of each source."""
-        from replay.hybrid import HybridWalker, suffix_positions
-        from replay.walk import drawn_positions
-
         r = self.book.requests[i]
         n, max_new = len(r.output_ids), r.sampling.max_new_tokens
         if r.sampling.greedy:
@@ -166,8 +163,7 @@ class RunState:
     def suffix_store(self, worker: str):
         store = self._stores.get(worker)
         if store is None:
-            from backends.engine.proposers.suffix import SuffixStore
-            from backends.engine.types import SuffixSettings
+            from backends.engine.proposers.suffix import SuffixStore  # torch (~2 s): the gateway loads replay
 
             store = self._stores[worker] = SuffixStore(SuffixSettings())  # the worker's defaults
         return store
@@ -207,8 +203,6 @@ class PolicyChooser:
         """``without_flags``: what to do with a draft_model pool whose pair the trace has no match flags for
         (a recorded trace has none): "refuse" (an error naming the fix), or "exclude" (the pool is
         unhealthy in every simulated snapshot, so decide() never picks it: :attr:`excluded` names them)."""
-        from policies.compiled import compiled
-
         self.policy, self.prices = policy, prices
         self.run = RunState(seed)
         self.rng = random.Random(seed)

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from backends.engine.types import SpeculationParams, SuffixSettings
 from policies.auto import CounterfactualOption
-from replay.book import Option, Rounds, _budgets, fixed_rounds, ngram_positions
+from replay.book import Option, Rounds, fixed_rounds, ngram_positions, round_budgets
 from replay.profile import CachedCosts, profile
 
 EVALUATED = ("ngram", "suffix")  # the proposers whose fixed-k rounds follow from the ids
@@ -58,16 +59,13 @@ class Counterfactuals:
     evaluated here, added after its own options are computed."""
 
     def __init__(self, ngram: tuple[int, int, str] | None = None) -> None:
-        from backends.engine.types import SpeculationParams
-
         spec = SpeculationParams()
         self.ngram = ngram or (spec.ngram_min, spec.ngram_max, spec.ngram_match)
         self._store = None
 
     def _suffix_store(self):
         if self._store is None:
-            from backends.engine.proposers.suffix import SuffixStore
-            from backends.engine.types import SuffixSettings
+            from backends.engine.proposers.suffix import SuffixStore  # torch (~2 s): the gateway loads replay
 
             self._store = SuffixStore(SuffixSettings())
         return self._store
@@ -77,7 +75,7 @@ class Counterfactuals:
         """The rounds of each (proposer, k) of ``options`` (proposers in :data:`EVALUATED`) on one answer;
         the answer then joins ``scope``'s suffix tree (whether or not a suffix option was asked).
         ``ngram_rounds(k)``: the n-gram rounds when the caller has them already (replay's RoundBook)."""
-        from backends.engine.counterfactual import Recorded, replay_request
+        from backends.engine.counterfactual import Recorded, replay_request  # torch (~2 s): the gateway loads replay
 
         prompt, output = list(prompt), list(output)
         out: dict[tuple[str, int], Rounds] = {}
@@ -95,7 +93,8 @@ class Counterfactuals:
                 drafter = store.open(scope, prompt)
                 r = replay_request(drafter, record, k)  # releases the proposer
                 store.forget(drafter)  # this answer joins the tree once, below
-                out[proposer, k] = (r.drafted, r.accepted, _budgets((r.drafted, r.accepted), len(output), max_new, k))
+                pair = (r.drafted, r.accepted)
+                out[proposer, k] = (r.drafted, r.accepted, round_budgets(pair, len(output), max_new, k))
             else:
                 raise ValueError(f"proposer {proposer!r}: full-information evidence covers {', '.join(EVALUATED)}")
         store.remember(scope, prompt, output)

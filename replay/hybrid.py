@@ -34,7 +34,7 @@ def suffix_positions(store, scope: str, prompt: Sequence[int], output: Sequence[
     how many lead the output, its context: source_choice.suffix_context), from ``store`` (a SuffixStore), which
     then holds the request's output in ``scope``'s tree. The engine's proposer object, fed the committed tokens
     one by one."""
-    from backends.engine.counterfactual import GREEDY
+    from backends.engine.counterfactual import GREEDY  # torch (~2 s): the gateway loads replay
 
     proposer = store.open(scope, list(prompt))
     context = list(prompt)

@@ -33,7 +33,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def _t(df: int) -> float:
-    from scipy import stats
+    from scipy import stats  # about 1.4 s: the gateway loads replay
 
     return float(stats.t.ppf(0.975, df))
 
@@ -223,10 +223,10 @@ def plots(summary: dict, contenders: Sequence[str], loads: Sequence[str], slices
     """TPOT p50 and goodput against load, one panel per slice, one line per contender (as ``specgate bench
     serve`` draws them). Needs matplotlib (``pip install matplotlib``); without it, no plots and a note."""
     try:
-        import matplotlib
+        import matplotlib  # optional, about 1 s: only plots need it
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # see above
     except ImportError:
         return []
     paths = []

@@ -16,6 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from policies.errors import PolicyError
+from policies.load import load_policy_file
+from policies.schema import parse_k_by_batch
 from replay.book import PLAIN, Option, RoundBook
 from replay.choosers import FixedChooser, PolicyChooser, Prices
 from replay.sim import Load, Served, Simulation
@@ -63,8 +66,6 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
     strategy = match["strategy"] or ""
     table = ()
     if match["table"]:
-        from policies.schema import parse_k_by_batch
-
         table = parse_k_by_batch(match["table"])
     if strategy in ("oracle", "informed") and not (proposer == "ngram" or (proposer, strategy) == ("hybrid", "oracle")):
         raise ValueError(f"--arms {name}: the references (-oracle, -informed) replay n-gram drafts only "
@@ -207,9 +208,6 @@ def _prepare(prices: Prices, contenders: Sequence[Contender]) -> None:
 
 def load_policy(path: str | Path):
     """A policy file, refused with ``policy check``'s own errors when invalid."""
-    from policies.errors import PolicyError
-    from policies.load import load_policy_file
-
     try:
         return load_policy_file(path)
     except PolicyError as exc:

@@ -26,9 +26,14 @@ from typing import Any
 import msgspec
 
 from backends.engine.model_store import tokenizer_digest
+from backends.engine.types import SpeculationParams
+from backends.sglang import openai_wire
+from backends.worker.errors import BadRequest
+from backends.worker.translate import Limits, chat_request
 from policies.features import features_from_openai
 from policies.schema import DraftId, ModelId, Pair, Policy, pair_version
 from policies.trace import FORMAT, Header, Sampling, Served, TraceRequest, write_trace
+from replay.workloads import SLICES, sample
 
 SOURCE = "specgate trace build"
 
@@ -75,8 +80,6 @@ def workload_requests(root: str | Path | None, per_slice: int, seed: int = 0, ma
                       slices: Sequence[str] | None = None, route: str = "default") -> list[RequestLine]:
     """The seeded per-slice sample of the workloads under ``root`` (``None``: the default directory;
     ``replay.workloads.sample``, the benchmarks' draw) as chat requests; BFCL items carry their ``tools``."""
-    from replay.workloads import SLICES, sample
-
     items = sample(root, per_slice, seed, max_chars, tuple(slices or SLICES))
     return [RequestLine(id=item.id, route=route, slice=item.slice,
                         body={"messages": item.messages, **({"tools": item.tools} if item.tools else {})})
@@ -136,11 +139,7 @@ def build(engine: Any, requests: Iterable[RequestLine], out: str | Path, *, mode
 
 def _traced(engine: Any, requests: Iterable[RequestLine], max_new_tokens: int, pairs: dict[str, Pair],
             clock: Callable[[], float], summary: BuildSummary) -> Iterator[TraceRequest]:
-    from backends.engine.counterfactual import draft_matches
-    from backends.engine.types import SpeculationParams
-    from backends.sglang import openai_wire
-    from backends.worker.errors import BadRequest
-    from backends.worker.translate import Limits, chat_request
+    from backends.engine.counterfactual import draft_matches  # pulls torch (about 2 s): only a build needs it
 
     drafts = {version: engine.runner.truncated(pair.draft.layers)
               for version, pair in pairs.items()}

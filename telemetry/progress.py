@@ -9,6 +9,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TypeVar
 
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+
 T = TypeVar("T")
 
 
@@ -36,10 +40,6 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self.stream.isatty():
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
-
             self._rich = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                       TimeElapsedColumn(), TimeRemainingColumn(),
                                       console=Console(file=self.stream), transient=self.transient)

@@ -46,3 +46,17 @@ def real_model(prepared_model):
 def tiny_engine(real_tokenizer):
     """A fresh engine around a tiny random model with the real tokenizer (vocab 49152)."""
     return make_tiny_engine(real_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def cluster_workers(tmp_path_factory, prepared_model):
+    """Two real workers (bench/reliability/cluster.py) shared by the reliability and resume tests: the model
+    loads once per worker. A test that kills one restarts it on its port before it ends."""
+    from bench.reliability.cluster import Workers
+
+    workers = Workers(tmp_path_factory.mktemp("cluster-workers"))
+    try:
+        workers.start()
+        yield workers
+    finally:
+        workers.close()

@@ -6,6 +6,7 @@ import ast
 import re
 import subprocess
 import sys
+import tokenize
 from collections import Counter
 from pathlib import Path
 
@@ -220,6 +221,24 @@ def test_parts_import_only_downward_and_no_module_imports_itself_in_a_cycle():
         if node not in index:
             visit(node)
     assert cycles == []
+
+
+def test_imports_inside_functions_say_why():
+    # issue 59: imports go at the module top; one kept inside a function (a measured start-up cost, a cycle)
+    # carries a comment on its line saying why, e.g. "# torch (~2 s): the gateway loads replay"
+    repo = TESTS.parent
+    offenders = set()
+    for part in LAYERS:
+        for path in (repo / part).rglob("*.py"):
+            source = path.read_text(encoding="utf-8")
+            with tokenize.open(path) as f:
+                commented = {token.start[0] for token in tokenize.generate_tokens(f.readline)
+                             if token.type == tokenize.COMMENT}
+            for node in ast.walk(ast.parse(source, str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    offenders |= {f"{path.relative_to(repo)}:{sub.lineno}" for sub in ast.walk(node)
+                                  if isinstance(sub, (ast.Import, ast.ImportFrom)) and sub.lineno not in commented}
+    assert sorted(offenders) == [], "imports inside functions without a comment saying why (move them to the top)"
 
 
 def test_every_top_level_part_is_in_the_layers():

@@ -34,6 +34,7 @@ parser, which shows the defaults defined here, and must stay instant.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -104,7 +105,7 @@ def _batched_grid(runner, ids: list[int], contexts: Sequence[int], widths: Seque
                   repeats: int, chunk: int, progress: Progress) -> dict:
     """The forward grid of ``batch`` sequences per step: at every context each width fed by all of them in
     one ``forward_batch`` (what a step of ``batch`` rounds of that width runs), rolled back."""
-    from backends.engine.runner import Feed
+    from backends.engine.runner import Feed  # pulls torch and transformers (about 6 s): see the module docstring
 
     samples: dict[tuple[int, int], list[float]] = {}
     caches = [runner.new_cache() for _ in range(batch)]
@@ -127,9 +128,9 @@ def _batched_grid(runner, ids: list[int], contexts: Sequence[int], widths: Seque
 
 def _draft_model(runner, ids: list[int], contexts: Sequence[int], repeats: int, stop_ids: frozenset[int],
                  progress: Progress) -> dict:
-    import torch
+    import torch  # about 2 s: see the module docstring
 
-    from backends.engine.proposers.draft_model import DraftModelProposer
+    from backends.engine.proposers.draft_model import DraftModelProposer  # see above
 
     proposer = DraftModelProposer(runner, stop_ids)
     generator = torch.Generator().manual_seed(0)
@@ -168,7 +169,7 @@ def _draft_model(runner, ids: list[int], contexts: Sequence[int], repeats: int, 
 
 def _model_free(name: str, open_proposer: Callable[[list[int]], object], ids: list[int],
                 contexts: Sequence[int], progress: Progress) -> dict:
-    import torch
+    import torch  # about 2 s: see the module docstring
 
     steady: list[float] = []
     first: dict[int, float] = {}
@@ -198,7 +199,7 @@ def _model_free(name: str, open_proposer: Callable[[list[int]], object], ids: li
 def seeded_suffix_store(engine, ids: list[int]):
     """A store of its own (the engine's scopes stay untouched), whose scope already holds a few responses,
     as a serving scope does."""
-    from backends.engine.proposers.suffix import SuffixStore
+    from backends.engine.proposers.suffix import SuffixStore  # pulls torch (about 2 s): see the module docstring
 
     store = SuffixStore(engine.config.suffix)
     for j in range(16):
@@ -275,7 +276,7 @@ def calibrate(engine, token_ids: Sequence[int], *, model: str, revision: str,
     """Measure a cost model on ``engine`` (an ``Engine``, not started) with ``token_ids`` (a real text's ids,
     repeated as needed). ``model`` and ``revision`` name the target, as a trace header does. Returns the
     file's fields as plain data (``policies.costmodel.from_measurements`` makes the CostModel)."""
-    from backends.engine.proposers.ngram import NgramProposer
+    from backends.engine.proposers.ngram import NgramProposer  # pulls torch (about 2 s): see the module docstring
 
     progress = progress or (lambda line: None)
     contexts, widths, prefill_tokens = sorted(set(contexts)), sorted(set(widths)), sorted(set(prefill_tokens))
@@ -361,8 +362,6 @@ def default_text() -> str:
     """Real text when none is given: the source of Python's argparse module (~25k tokens of code, present
     wherever Python is). Forward times do not depend on which ids are fed; ngram and suffix calls do a little,
     so ``specgate trace calibrate --text`` takes a workload's text instead."""
-    import argparse
-
     source = argparse.__file__ or ""
     if not source.endswith(".py"):
         raise ValueError("this Python ships no argparse.py source; give a text file with --text")
@@ -372,7 +371,7 @@ def default_text() -> str:
 
 def describe_hardware(dtype: str) -> str:
     """What the numbers were measured on: CPU model, cores, torch threads and version, dtype."""
-    import torch
+    import torch  # about 2 s: see the module docstring
 
     cpu = platform.processor() or platform.machine()
     try:

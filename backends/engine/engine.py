@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import torch
+from transformers import AutoTokenizer
 
 from backends.engine.adaptive import BetaDraftLength, controller_for, match_context, plan_step
 from backends.engine.step_costs import StepCosts
@@ -56,8 +57,6 @@ TREE_FED = ("suffix", "hybrid")  # proposers whose own answers enter the suffix 
 
 class Engine:
     def __init__(self, config: EngineConfig, *, model=None, tokenizer=None) -> None:
-        from transformers import AutoTokenizer
-
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.config = config

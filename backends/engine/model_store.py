@@ -103,7 +103,7 @@ def prepare(model_dir: Path | None = None, *, force: bool = False, progress: boo
         except ModelNotPrepared:
             pass
     gguf = find_gguf()
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # about 0.1 s: conversion only
 
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=not progress
@@ -111,8 +111,8 @@ def prepare(model_dir: Path | None = None, *, force: bool = False, progress: boo
         task = bar.add_task(f"converting {gguf.name} (one time, ~30 s)", total=3)
         if not progress:
             os.environ.setdefault("TQDM_DISABLE", "1")
-        from safetensors.torch import save_file
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from safetensors.torch import save_file  # about 2 s (torch): only a conversion needs them
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # see above
 
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

@@ -15,7 +15,7 @@ load (``torch.ops.mkldnn._reorder_linear_weight``, the form torch's own CPU comp
 :func:`_mm`), not through ``x @ W``: at the 2-17 rows of a verify round or a small batch torch's MKL GEMM streamed
 the weights at a third of the one-row speed (likely its per-call packing of an operand, which prepacking does
 once), by an amount that changed from one process to the next; prepacked, a forward of 5 tokens costs about
-what one of 1 token does, in every process (``python -m bench.gemm_processes``; docs/engine.md, "The GEMM").
+what one of 1 token does, in every process (docs/engine.md, "The GEMM": measured in fresh processes).
 The packed copy costs one more copy of the
 weights in memory (~540 MB for the fp32 135M model). ``gemm="mkl"`` multiplies ``x @ W`` instead (and is what a
 torch without oneDNN gets).
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MIN_CAPACITY = 64  # positions a new cache holds before its first growth
@@ -338,8 +338,6 @@ def _causal_mask(n: int, start: int) -> torch.Tensor | None:
 
 def load_model(path: str, dtype: str = "float32") -> PreTrainedModel:
     """Load the prepared transformers directory (never a hub download: local_files_only)."""
-    from transformers import AutoModelForCausalLM
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], local_files_only=True).eval()

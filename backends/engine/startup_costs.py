@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from backends.engine.calibrate import GREEDY, greedy_request, run_rounds, seeded_suffix_store
+from backends.engine.proposers.draft_model import DraftModelProposer
+from backends.engine.proposers.ngram import NgramProposer
+from backends.engine.runner import Feed
 from backends.engine.types import SpeculationParams
 
 CALIBRATION_WIDTHS = (1, 2, 3, 5, 9, 17, 33)  # tokens of one sequence; others interpolate (StepCosts.forward)
@@ -20,8 +25,6 @@ def measure_steps(runner, costs, *, context: int = 32, repeats: int = 1) -> None
     """The engine's start-up calibration of its per-round cost model (``step_costs.StepCosts``): one sequence
     at each of CALIBRATION_WIDTHS, and CALIBRATION_BATCHES sequences of 1 and 5 tokens each, after a
     ``context``-token prefix, recorded as ``costs.context``. Live steps refine every shape through the same EMA."""
-    from backends.engine.runner import Feed
-
     prompt = list(range(100, 100 + context))
     shapes = [(1, w) for w in CALIBRATION_WIDTHS] + [(n, w) for n in CALIBRATION_BATCHES for w in (1, 5)]
     for seqs, width in shapes:
@@ -49,11 +52,6 @@ def measure_rounds(engine, *, context: int = 32) -> None:
     not counted. Suffix drafts from a store of its own, so no serving scope sees these tokens; the overhead comes
     from one plain request of 8 tokens stepped here (the engine is not started yet), whose forwards are not kept.
     A proposer that cannot run here (suffix without arctic-inference) is left out: live rounds fill it in."""
-    import torch
-
-    from backends.engine.proposers.draft_model import DraftModelProposer
-    from backends.engine.proposers.ngram import NgramProposer
-
     costs = engine.costs
     ids = [300 + i % 4 for i in range(context + STARTUP_CALLS + 1)]
     generator = torch.Generator().manual_seed(0)

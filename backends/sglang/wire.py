@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, UnsetType
 
-from backends.engine.types import MAX_DRAFT_TOKENS, Proposer
+from speculation import SpeculationOverride  # noqa: F401 - custom_params.speculation, defined with the vocabulary
 
 
 def always(default: Any) -> Any:
@@ -64,7 +64,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
 
     ``max_new_tokens: None`` (sent as null) means "up to the context window"; left out, SGLang's 128.
     ``custom_params`` is the only free-form place SGLang allows; specgate puts its per-request speculation
-    override there (``custom_params.speculation``: ``SpeculationOverride``).
+    override there (``custom_params.speculation``: ``speculation.SpeculationOverride``).
     """
 
     max_new_tokens: int | None = 128
@@ -91,26 +91,6 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     custom_params: dict[str, Any] | None = None
-
-
-class SpeculationOverride(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """``sampling_params.custom_params.speculation`` (or top-level ``custom_params.speculation`` of the OpenAI
-    endpoints): specgate's per-request speculation. A real SGLang server ignores the whole object.
-
-    Any field left out keeps the worker's launch default. ``scope`` (suffix decoding): whose earlier outputs
-    the suffix proposer may draft from; the gateway sends the route's name (its length is checked by the
-    worker, so the message can say what to do). The n-gram and suffix settings are server settings (launch
-    flags, part of the pair version), never per request. ``strategy``/``k_by_batch``/``prior``: engine/adaptive.py.
-    """
-
-    proposer: Proposer | None = None
-    draft_tokens: Annotated[int, Meta(ge=1, le=MAX_DRAFT_TOKENS)] | None = None
-    adaptive: bool | None = None
-    strategy: Literal["beta", "sglang", "vllm"] | None = None
-    k_by_batch: Annotated[list[tuple[Annotated[int, Meta(ge=1)], Annotated[int, Meta(ge=0, le=MAX_DRAFT_TOKENS)]]],
-                          Meta(max_length=64)] | None = None
-    prior: Annotated[list[Annotated[float, Meta(ge=0.0, le=1.0)]], Meta(max_length=MAX_DRAFT_TOKENS)] | None = None
-    scope: str | None = None
 
 
 class GenerateReqInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -28,7 +28,7 @@ class TokenTexts:
     """Token id -> (bytes, text), cached per id (a worker sees a small part of the vocabulary)."""
 
     def __init__(self, tokenizer: Any) -> None:
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
+        from transformers.convert_slow_tokenizer import bytes_to_unicode  # about 1.1 s: responses.py loads without it
 
         self._tokenizer = tokenizer
         self._byte_of = {char: byte for byte, char in bytes_to_unicode().items()}

@@ -22,6 +22,7 @@ from backends.engine.types import (
     MAX_DRAFT_TOKENS, MAX_TOP_LOGPROBS, PROPOSERS, SCOPE_MAX_CHARS, GenerateRequest, SamplingParams,
     SpeculationParams,
 )
+from speculation import SpeculationOverride
 from backends.sglang import wire
 from backends.sglang import openai_wire
 from backends.worker.errors import BadRequest
@@ -93,19 +94,16 @@ def speculation(custom_params: dict[str, Any] | None, default: SpeculationParams
         return default
     field = f"{where}custom_params.speculation"
     try:
-        override = msgspec.convert(raw, wire.SpeculationOverride)
+        override = msgspec.convert(raw, SpeculationOverride)
     except msgspec.ValidationError as exc:
         text = str(exc)
         path = text.rsplit(" - at `$", 1)[1].rstrip("`") if " - at `$" in text else ""
         raise BadRequest(f"invalid {field}{path}: {text.split(' - at ')[0]}; expected {SPECULATION_SHAPE}",
                          f"{field}{path}") from exc
-    _check(override.scope is None or len(override.scope) <= SCOPE_MAX_CHARS, f"{field}.scope",
-           f"must be at most {SCOPE_MAX_CHARS} characters, got {len(override.scope or '')}; send a shorter "
-           "name (the gateway sends the route's name)")
+    problem = override.problem()
+    if problem is not None:
+        raise BadRequest(f"{field}.{problem[0]} {problem[1]}", f"{field}.{problem[0]}")
     table = default.k_by_batch if override.k_by_batch is None else tuple(map(tuple, override.k_by_batch))
-    _check(list(table) == sorted(table) and len({lo for lo, _ in table}) == len(table), f"{field}.k_by_batch",
-           "must list [lowest batch size, k] pairs in ascending order of batch size, each size once, "
-           "e.g. [[1, 8], [4, 4], [16, 0]]")
     strategy = override.strategy or default.strategy
     _check(strategy != "vllm" or table, f"{field}.k_by_batch",
            "strategy vllm needs k_by_batch (vLLM's num_speculative_tokens_per_batch_size), e.g. [[1, 8], [4, 4]]")

@@ -22,6 +22,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from bench.serve.presets import PRESETS
+
 
 def sequential(load: str) -> bool:
     """One request at a time (c1): arms take turns per request, the requests are close to independent."""
@@ -262,8 +264,6 @@ def section(result: dict, cells: list[SameConfigCell] | None = None,
         for (arm, load), (n, kinds) in explored.items():
             what = ", ".join(f"{k} {v}" for k, v in kinds.most_common()) or "-"
             lines.append(f"| {arm} | {load} | {sum(kinds.values())} / {n} | {what} |")
-    from bench.serve.presets import PRESETS
-
     full = PRESETS["full"]
     est = duration_estimate(result, full["per_slice"], full["max_tokens"], len(full["loads"]))
     lines.append(f"\nEstimated duration of `--preset full` ({full['per_slice']} requests per slice, max_tokens "

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
 from bench.serve.arms import ARMS
+from bench.serve.misses import report
+from bench.serve.presets import PRESETS
 from bench.workloads import DEFAULT_ROOT, SLICES
 
 
@@ -47,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-progress", action="store_true", help="leave the progress bar on screen at the end")
     p.add_argument("--report", type=Path, default=None, metavar="DIR",
                    help="run nothing: re-render DIR/serve.md and the plots from DIR/serve.json (or serve.json.gz)")
+    p.add_argument("--misses", type=Path, default=None, metavar="RUN",
+                   help="run nothing: RUN's (serve.json or serve.json.gz) SLO misses by cause (TTFT, TPOT, both) per "
+                        "arm, load and slice, and the TTFT misses with another prompt of the cell waiting alongside "
+                        "(the arms of --arms when given, else every arm of the run)")
     p.add_argument("--merge", type=Path, nargs="+", default=None, metavar="DIR",
                    help="run nothing: join the results of one command run per load point (e.g. --preset full "
                         "--loads c1, then --loads c4; each DIR with serve.json or serve.json.gz) into --out's "
@@ -54,8 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
-    from bench.serve.presets import PRESETS
-
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -77,9 +82,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
 
 
 def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
-    import signal
-
-    from bench.serve.run import run, write
+    from bench.serve.run import run, write  # about 0.1 s: specgate --help loads this module
 
     def interrupt(*_: object) -> None:  # SIGTERM unwinds like Ctrl-C, so workers and gateways are stopped
         raise KeyboardInterrupt
@@ -87,6 +90,8 @@ def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     if args.report is not None:
         return _rerender(args.report)
+    if args.misses is not None:
+        return report(args.misses, None if args.arms == list(ARMS) else args.arms)
     if args.merge is not None:
         return _merge(args.merge, args.out)
     try:
@@ -105,7 +110,7 @@ def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _rerender(out: Path) -> int:
-    from bench.serve.run import read, write
+    from bench.serve.run import read, write  # about 0.1 s: specgate --help loads this module
 
     try:
         result = read(out)
@@ -118,8 +123,8 @@ def _rerender(out: Path) -> int:
 
 
 def _merge(dirs: list[Path], out: Path) -> int:
-    from bench.serve.merge import load_parts, merge
-    from bench.serve.run import write
+    from bench.serve.merge import load_parts, merge  # about 0.1 s (it imports bench.serve.run): as above
+    from bench.serve.run import write  # see above
 
     try:
         if out.resolve() in {d.resolve() for d in dirs}:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.serve.run import read
+
 # settings every part must share; "loads" is what the parts split
 SHARED_SETTINGS = ("arms", "slices", "per_slice", "repeats", "max_tokens", "seed", "max_prompt_chars",
                    "warmup_per_slice", "warmup_concurrency", "max_running_requests", "restart")
@@ -22,8 +24,6 @@ SHARED_META = ("commit", "slo", "cpu", "cores", "python", "torch", "transformers
 
 
 def load_parts(dirs: list[Path]) -> list[dict]:
-    from bench.serve.run import read
-
     parts = []
     for d in dirs:
         try:

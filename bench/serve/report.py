@@ -8,6 +8,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from scipy import stats
+
 from bench.serve.analyse import noise_by_load, repeats, same_config_cells, section
 
 
@@ -35,8 +37,6 @@ def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, sli
     independent, divided by ``repeats`` (each side averages that many independent runs of the cell); the
     degrees of freedom by Welch-Satterthwaite. Bounds are NaN when ``between`` is needed but unknown
     (``(nan, 0)``)."""
-    from scipy import stats
-
     logs_of: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in requests:
         if (r["load"] == load and slice_ in (None, r["slice"]) and r["arm"] in (arm, other) and r["ok"]
@@ -157,10 +157,10 @@ def markdown(result: dict, plots: list[Path] | None = None) -> str:
 
 
 def plots(result: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
+    import matplotlib  # a dev dependency (about 1 s): only plots need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # see above
 
     settings, written = result["settings"], []
     loads, slices = settings["loads"], settings["slices"]

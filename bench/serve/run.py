@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from backends.engine.model_store import load_prepared
+from bench.processes import cpu_model
 from bench.serve.arms import DEFAULT_POLICY, REPO, Arm, cell_key, parse_arms, served_policy
 from bench.serve.client import Result, request_body, send, slo_met
 from bench.serve.load import LoadPoint, drive
@@ -27,6 +29,7 @@ from bench.serve.report import markdown, plots
 from bench.serve.stack import RssSampler, gateway, worker
 from bench.serve.summary import cell, learning_cost
 from bench.workloads import WorkItem, sample
+from policies.load import load_policy_file
 from telemetry.progress import Progress
 
 class Bench:
@@ -165,8 +168,6 @@ def mixed(items: list[WorkItem], seed: int) -> list[WorkItem]:
 
 
 def _meta(args: argparse.Namespace, argv: list[str], slo: dict) -> dict:
-    from bench.processes import cpu_model
-
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     return {"command": "specgate bench serve " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -195,16 +196,11 @@ def _warmup_items(args: argparse.Namespace, eval_ids: set[str]) -> list[WorkItem
 def _context_chars(max_tokens: int) -> int:
     """The longest prompt (chars) that fits the model's context with ``max_tokens`` to generate, at a
     conservative 3 characters per token (SmolLM2's tokenizer averages ~3.6 on these workloads)."""
-    from backends.engine.model_store import load_prepared
-
     config = json.loads((Path(load_prepared().path) / "config.json").read_text())
     return (int(config["max_position_embeddings"]) - max_tokens - 64) * 3
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
-    from backends.engine.model_store import load_prepared
-    from policies.load import load_policy_file
-
     limit = _context_chars(args.max_tokens)
     if args.max_prompt_chars > limit:
         raise ValueError(f"--max-prompt-chars {args.max_prompt_chars} exceeds the model's context window "

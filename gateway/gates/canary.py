@@ -29,6 +29,7 @@ from backends.sglang.spec_stats import spec_stats_from_sglext
 from gateway.gates.judge import homogeneity, sum_histograms
 from gateway.gates.values import Mismatch, Verdict
 from policies.schema import Equivalence, SampledCheck
+from speculation import SpeculationOverride
 
 T = TypeVar("T")
 
@@ -117,7 +118,7 @@ class Side(msgspec.Struct, frozen=True, kw_only=True):
 
     client: SGLangClient
     model: str
-    speculation: dict[str, Any] | None = None
+    speculation: SpeculationOverride | None = None
 
 
 class _Answer(msgspec.Struct, frozen=True):
@@ -133,7 +134,7 @@ async def _ask(side: Side, canary: Canary, max_tokens: int, temperature: float, 
     if seed is not None:
         body["seed"] = seed
     if side.speculation is not None:
-        body["custom_params"] = {"speculation": side.speculation}
+        body["custom_params"] = {"speculation": msgspec.to_builtins(side.speculation)}
     result = await side.client.chat_completions(body)
     ext = result.parsed.sglext
     if ext is None or not ext.output_ids:

@@ -25,7 +25,7 @@ def chi_square(rows: Sequence[Sequence[int]]) -> float | None:
     columns = [i for i in range(width) if any(r[i] for r in padded)]
     if len(columns) < 2 or not all(sum(r) for r in padded):
         return None
-    from scipy import stats as scistats
+    from scipy import stats as scistats  # here, not at the top: module docstring
 
     return float(scistats.chi2_contingency([[r[i] for i in columns] for r in padded]).pvalue)
 
@@ -115,6 +115,6 @@ def worse(spec: list[float], plain: list[float], outcome: OutcomeCheck) -> float
     shifted = [x - outcome.max_drop for x in plain]
     if statistics.pvariance(spec) == 0 and statistics.pvariance(shifted) == 0:
         return 0.0 if statistics.fmean(spec) < statistics.fmean(shifted) else 1.0
-    from scipy import stats as scistats
+    from scipy import stats as scistats  # here, not at the top: module docstring
 
     return float(scistats.ttest_ind(spec, shifted, equal_var=False, alternative="less").pvalue)

@@ -17,6 +17,7 @@ from gateway.gates.values import Verdict
 from gateway.gates.canary import BUILTIN, Canary, Side, load_canaries, pick, run
 from policies.decide import speculation_override
 from policies.schema import Equivalence, Policy
+from speculation import PLAIN_OVERRIDE
 
 
 def canaries_of(policy: Policy, base_dir: Path) -> list[Canary]:
@@ -47,7 +48,7 @@ def sides(policy: Policy, pool_name: str, backend: Backend) -> list[tuple[Side, 
         model = backend.models.get(worker.url, "default")
         mine = Side(client=backend.client(worker.url), model=model, speculation=override)
         if override is not None:
-            out.append((mine, Side(client=mine.client, model=model, speculation={"proposer": "none"})))
+            out.append((mine, Side(client=mine.client, model=model, speculation=PLAIN_OVERRIDE)))
             continue
         same = [w for p in plain_pools for w in p.selectable(now) if w.identity is not None
                 and (w.identity.target_model_path, w.identity.target_revision)

@@ -3,6 +3,7 @@ where its header says (no processes are started)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import yaml
 
@@ -75,9 +76,10 @@ def test_a_peer_arm_tells_the_worker_its_controller_per_request(arm, pool, k, ex
     """What the gateway sends in ``custom_params.speculation`` and what the worker makes of it: the peer's
     controller and table, over a worker launched with specgate's own controller and no table."""
     override = speculation_override(load_policy_file(ARMS[arm].policy), pool, k)
-    assert override == {"proposer": "ngram", "draft_tokens": k, "adaptive": True, **extra}
+    sent = msgspec.json.decode(msgspec.json.encode(override))  # as it goes on the wire
+    assert sent == {"proposer": "ngram", "draft_tokens": k, "adaptive": True, **extra}
     launched = SpeculationParams(proposer="ngram", draft_tokens=4)
-    params = speculation({"speculation": override}, launched, "")
+    params = speculation({"speculation": sent}, launched, "")
     assert (params.proposer, params.draft_tokens, params.adaptive, params.strategy, params.k_by_batch) == (
         "ngram", k, True, extra["strategy"], table)
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from backends.sglang.errors import WorkerConnectError
-from backends.sglang.pool import WorkerPool
 from backends.worker.settings import WorkerSettings
 from backends.worker.translate import speculation
 from gateway.dispatch import dispatch
 from gateway.errors import ApiError
+from gateway.resume import resume_pools
 from gateway.holds import Stopwatch
 from gateway.requests import ChatRequest, parse_body
 from gateway.stages import Admitted, Arrival
@@ -26,6 +26,7 @@ from policies.decide import Decision, decide
 from policies.features import RequestFeatures
 from policies.load import load_policy
 from policies.snapshot import PoolState, Snapshot, SnapshotData
+from tests.gateway.gateway_helpers import offline_backend
 
 POLICY = """
 version: 1
@@ -66,11 +67,8 @@ def _decision(policy, pool: str) -> Decision:
 def _dispatch(policy, decision: Decision, fail: set[str] = frozenset()) -> list[tuple[str, dict[str, Any]]]:
     """Run ``dispatch`` for a request of route ``ide``; the (worker URL, forwarded body) of every attempt.
     Workers in ``fail`` refuse the connection (the attempt is retried on the plain fallback)."""
-    pools = {name: WorkerPool(name, spec.workers) for name, spec in policy.pools.items()}
-    for pool in pools.values():
-        for url in pool.workers:
-            pool.workers[url].healthy = True
-    state = SimpleNamespace(backend=SimpleNamespace(pools=pools, client=lambda url: url, in_flight=0),
+    backend = offline_backend(policy)  # ``send`` below stands in for the workers
+    state = SimpleNamespace(backend=backend,
                             settings=SimpleNamespace(max_attempts=3, abort_timeout_s=1.0),
                             spawn=lambda coro: coro.close())
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "custom_params": FOREIGN}
@@ -89,6 +87,10 @@ def _dispatch(policy, decision: Decision, fail: set[str] = frozenset()) -> list[
     holds = SimpleNamespace(hold_worker=lambda backend, pool, url: None)
     asyncio.run(dispatch(state, admitted, decision, holds, Stopwatch(), send))
     assert body["custom_params"] is FOREIGN  # the admitted body itself is never modified
+    # the served attempt's slot is held (for ``holds`` to give back); every failed one was given back
+    served = sent[-1][0]
+    assert backend.in_flight == 1 and [(w.url, w.in_flight) for p in backend.pools.values()
+                                       for w in p.workers.values() if w.in_flight] == [(served, 1)]
     return sent
 
 
@@ -133,3 +135,17 @@ def test_a_client_cannot_send_custom_params():
     assert (exc.value.status, exc.value.param) == (400, "custom_params")
     assert exc.value.message == ("invalid field `custom_params`: Object contains unknown field `custom_params`; "
                                  "remove it")
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+def test_a_resume_sends_what_dispatch_would_to_each_pool_in_the_routes_scope(fallback):
+    """A resumed stream continues on the pool that served it with that decision's override, then (fallback
+    allowed) on the plain pools with speculation off, each ``custom_params`` read by the worker as meant."""
+    policy = load_policy(POLICY, "p.yaml")
+    decision = _decision(policy, "ngram")
+    pools = resume_pools(policy, decision, "ngram", "ide", fallback)
+    assert [name for name, _ in pools] == (["ngram", "plain", "suffix"] if fallback else ["ngram"])
+    launched = WorkerSettings(speculative_algorithm="NGRAM", speculative_num_draft_tokens=8).default_speculation
+    read = [speculation(custom, launched, "") for _, custom in pools]
+    assert [(s.proposer, s.draft_tokens, s.scope) for s in read] == [("ngram", 4, "ide")] + (
+        [("none", 8, "ide"), ("none", 8, "ide")] if fallback else [])

@@ -15,7 +15,6 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from opentelemetry.trace import SpanKind, StatusCode
 
 from backends.sglang.errors import WorkerConnectError
-from backends.sglang.pool import WorkerPool
 from gateway.dispatch import dispatch
 from gateway.holds import Stopwatch
 from gateway.request_spans import RequestSpans
@@ -24,6 +23,7 @@ from policies.decide import decide
 from policies.features import RequestFeatures
 from policies.load import load_policy
 from policies.snapshot import PoolState, Snapshot, SnapshotData
+from tests.gateway.gateway_helpers import offline_backend
 from telemetry.otel import Tracing
 
 POLICY = """
@@ -50,11 +50,7 @@ def _dispatch_with_a_retry(spans: RequestSpans) -> list[tuple[str, dict[str, str
     policy = load_policy(POLICY, "p.yaml")
     decision = decide(policy, RequestFeatures(), Snapshot(SnapshotData(
         pools={p: PoolState(healthy=True, pair_verified=True) for p in policy.pools})))
-    pools = {name: WorkerPool(name, spec.workers) for name, spec in policy.pools.items()}
-    for pool in pools.values():
-        for worker in pool.workers.values():
-            worker.healthy = True
-    state = SimpleNamespace(backend=SimpleNamespace(pools=pools, client=lambda url: url, in_flight=0),
+    state = SimpleNamespace(backend=offline_backend(policy),
                             settings=SimpleNamespace(max_attempts=3, abort_timeout_s=1.0),
                             spawn=lambda coro: coro.close())
     admitted = Admitted(arrival=Arrival(request_id="r", endpoint="chat", t0=0.0),

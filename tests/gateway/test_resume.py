@@ -34,10 +34,11 @@ def test_the_continuation_body_carries_the_ids_sent_and_what_is_left():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "min_tokens": 3,
             "temperature": 0.7, "top_p": 0.9, "seed": 5, "stop": ["\n\n"], "logprobs": True, "top_logprobs": 2,
             "stream": True, "stream_options": {"include_usage": False}, "user": "u"}
-    out = continuation_body(body, True, [1, 2, 3], [7, 8], "rid-r1", {"proposer": "none", "scope": "a"}, 2048)
+    custom = {"speculation": {"proposer": "none", "scope": "a"}}
+    out = continuation_body(body, True, [1, 2, 3], [7, 8], "rid-r1", custom, 2048)
     assert out == {"model": "m", "temperature": 0.7, "top_p": 0.9, "seed": 5, "stop": ["\n\n"],
                    "prompt": [1, 2, 3, 7, 8], "max_tokens": 8, "min_tokens": 1, "logprobs": 2,
-                   "custom_params": {"proposer": "none", "scope": "a"}, "stream": True,
+                   "custom_params": custom, "stream": True,
                    "stream_options": {"include_usage": True}, "return_token_ids": True, "rid": "rid-r1"}
     # no budget: up to the window, as the original (a completions request without max_tokens would get 16)
     assert continuation_body({"model": "m", "prompt": "x"}, False, [1, 2], [3], "r", None, 100)["max_tokens"] == 97

@@ -51,6 +51,20 @@ def _wait_for(gw: str, want: float) -> float:
     return got
 
 
+def _idle(gw: str) -> None:
+    """Wait until the gateway's last load report from the worker shows nothing running: a report still showing
+    the previous answer would put the next decision (and ``/admin/explain``) in the next load bucket, where this
+    test's evidence is not filed. The load counts once the answer ends, so a slow machine only waits longer."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        views = httpx.get(f"{gw}/admin/pools", timeout=30, headers=ADMIN).json()
+        loads = [w["load"] for pool in views.values() for w in pool["workers"]]
+        if all(load is not None and load["running"] + load["waiting"] == 0 for load in loads):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the worker never reported idle: {loads}")
+
+
 def test_every_greedy_answer_teaches_both_fixed_options(tmp_path, prepared_model):
     with worker(tmp_path, "--max-running-requests", "2", "--num-threads", "1", calibrate=True) as url:
         policy = write_policy(tmp_path / "policy.yaml", _policy(url, prepared_model.revision))
@@ -58,6 +72,7 @@ def test_every_greedy_answer_teaches_both_fixed_options(tmp_path, prepared_model
             taught = 0.0
             pools = []
             for _ in range(3):
+                _idle(gw)
                 r = httpx.post(f"{gw}/v1/chat/completions", timeout=300, json={
                     "model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16,
                     "temperature": 0})
@@ -78,6 +93,7 @@ def test_every_greedy_answer_teaches_both_fixed_options(tmp_path, prepared_model
             assert sampled.json()["specgate"].get("exploration") != "cold"
             time.sleep(1.0)
             assert _observations(gw) == taught  # a sampled answer teaches only the option it got
+            _idle(gw)
             explained = httpx.post(f"{gw}/admin/explain", timeout=30, headers=ADMIN, json={
                 "model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16, "temperature": 0})
             assert explained.status_code == 200, explained.text

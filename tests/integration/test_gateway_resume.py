@@ -32,13 +32,8 @@ KEYS = {"K_PLAIN": "key-plain", "K_NGRAM": "key-ngram", "K_SUFFIX": "key-suffix"
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, prepared_model):
-    workers = Workers(tmp_path_factory.mktemp("resume-workers"))
-    try:
-        workers.start()
-        yield workers
-    finally:
-        workers.close()
+def pair(cluster_workers):
+    return cluster_workers
 
 
 def policy(workers: list[str], revision: str, max_resumes: int = 1) -> str:

@@ -18,6 +18,7 @@ from policies.features import RequestFeatures
 from policies.load import load_policy
 from policies.snapshot import PoolState, load_concurrency
 from policies.stats import LearningState, Outcome
+from speculation import SpeculationOverride
 
 POLICY = """
 version: 1
@@ -93,7 +94,8 @@ def test_a_fresh_learner_serves_every_option_once_then_draws() -> None:
     state = LearningState(p.learning)
     d = decide(p, PROSE, state.snapshot(0.0, HEALTHY, 1))
     assert (d.bypass, d.pool, d.draft_tokens, d.exploration) == (True, "plain", 0, None)
-    assert d.reason == "rule 'learned' auto: plain decoding" and d.speculation_override == {"proposer": "none"}
+    assert d.reason == "rule 'learned' auto: plain decoding"
+    assert d.speculation_override == SpeculationOverride(proposer="none")
     first = decide(p, PROSE, state.snapshot(0.0, HEALTHY, 1), rng=random.Random(0))
     assert (first.bypass, first.exploration, first.reason) == (
         True, "cold", "rule 'learned' auto: exploring plain decoding (never measured here)")
@@ -130,7 +132,7 @@ def test_posterior_means_decide_without_a_random_source_and_min_gain_is_a_margin
                                    for c in trace.candidates}
     assert set(d.posterior_tpot_ms) == {"plain decoding", *(f"ngram k={k}" for k in k_grid(p, "ngram"))}
     assert d.expected_accept_length == pytest.approx(101 / 50)
-    assert d.speculation_override == {"proposer": "ngram", "draft_tokens": 2, "adaptive": False}
+    assert d.speculation_override == SpeculationOverride(proposer="ngram", draft_tokens=2, adaptive=False)
     # min_gain is a margin on the draw: a 1.25x option loses to plain under min_gain 1.4
     assert decide(policy(gain=1.4), PROSE, snap).bypass
     assert share_speculating(p, snap) > 0.99 and share_speculating(policy(gain=1.4), snap) < 0.01

@@ -14,6 +14,7 @@ from policies.features import (RequestFeatures, approx_tokens, code_score, featu
 from policies.load import load_policy, load_policy_file
 from policies.slicing import classify
 from policies.snapshot import PoolState, Snapshot, SnapshotData
+from speculation import SpeculationOverride
 
 DEFAULT = Path(__file__).resolve().parents[2] / "deploy" / "policies" / "default.yaml"
 OK = PoolState(healthy=True, pair_verified=True)
@@ -99,7 +100,7 @@ rules: [{name: always, then: {pool: ngram, draft_tokens: 4}}]
     p = load_policy(text, "p.yaml")
     d = decide(p, RequestFeatures(), snap({"ngram": PoolState(healthy=True, pair_verified=False)}))
     assert (d.pool, d.bypass, d.fallback) == ("ngram", True, True)
-    assert d.speculation_override == {"proposer": "none"}
+    assert d.speculation_override == SpeculationOverride(proposer="none")
     assert d.reason == ("rule 'always' chose pool 'ngram' but pool 'ngram' pair is mismatched; safety "
                         "fallback without speculation")
 

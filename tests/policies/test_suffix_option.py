@@ -14,6 +14,7 @@ from policies.features import RequestFeatures
 from policies.load import load_policy
 from policies.snapshot import PoolState
 from policies.stats import LearningState, Outcome
+from speculation import SpeculationOverride
 
 POLICY = """
 version: 1
@@ -87,7 +88,7 @@ def test_auto_chooses_suffix_when_its_learned_acceptance_is_best(action):
     assert by_pool["ngram"].speedup == pytest.approx(1.55, abs=0.1)
     d = decide(p, FEATURES, snap)
     assert (d.pool, d.proposer, d.draft_tokens, d.bypass, d.explored) == ("suffix", "suffix", 8, False, False)
-    assert d.speculation_override == {"proposer": "suffix", "draft_tokens": 8, "adaptive": False}
+    assert d.speculation_override == SpeculationOverride(proposer="suffix", draft_tokens=8, adaptive=False)
     assert d.reason.startswith("rule 'learned' auto: pool 'suffix' k=8, posterior-mean speedup ")
 
 

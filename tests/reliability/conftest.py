@@ -1,20 +1,8 @@
-"""Two real workers shared by every reliability test (the model loads once per worker)."""
+"""The reliability tests' fixtures; their two real workers are ``cluster_workers`` (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-from bench.reliability.cluster import Workers
-
-
-@pytest.fixture(scope="session")
-def cluster_workers(tmp_path_factory, prepared_model):
-    workers = Workers(tmp_path_factory.mktemp("reliability-workers"))
-    try:
-        workers.start()
-        yield workers
-    finally:
-        workers.close()
 
 
 @pytest.fixture(scope="session")

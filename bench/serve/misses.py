@@ -1,7 +1,7 @@
 """Why requests of a serving-benchmark run missed the SLO: by cause (TTFT, TPOT, both) per arm, slice and load,
 and for each TTFT miss how many other prompts of the same cell were waiting for their first token meanwhile.
 
-    python -m bench.slo_misses RUN [--arms plain ngram-k4 ...]
+    specgate bench serve --misses RUN [--arms plain ngram-k4 ...]
 
 RUN is a ``specgate bench serve`` result (serve.json or serve.json.gz); the SLO is the run's own
 (``meta.slo``). A request waits for its first token from ``start_s`` to ``start_s + ttft_s``; another
@@ -13,7 +13,6 @@ decoding the arms differ in.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import sys
@@ -50,14 +49,12 @@ def misses(requests: list[dict], slo: dict) -> dict[tuple[str, str, str], dict[s
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.slo_misses", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="serve.json or serve.json.gz of specgate bench serve")
-    parser.add_argument("--arms", nargs="+", help="the arms shown (default: every arm of the run)")
-    args = parser.parse_args(argv)
-    raw = gzip.open(args.run).read() if args.run.suffix == ".gz" else args.run.read_bytes()
+def report(path: Path, arms: list[str] | None = None) -> int:
+    """Print the table of ``misses`` for the run at ``path`` (``arms``: those shown, default every arm of the run);
+    2 with a message naming what to fix when an arm is not in the run."""
+    raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
     run = json.loads(raw)
-    arms = args.arms or run["settings"]["arms"]
+    arms = arms or run["settings"]["arms"]
     unknown = [a for a in arms if a not in run["settings"]["arms"]]
     if unknown:
         print(f"error: --arms {unknown[0]!r} is not in the run (it has: {', '.join(run['settings']['arms'])})",
@@ -87,7 +84,3 @@ def _row(arm: str, load: str, slice_: str, row: dict[str, int]) -> str:
     met = row["requests"] - row["ttft"] - row["tpot"] - row["both"]
     return (f"| {arm} | {load} | {slice_} | {row['requests']} | {met} | {row['ttft']} | {row['tpot']} | "
             f"{row['both']} | {row['alongside']} |")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,5 @@
-"""bench.slo_misses: SLO misses by cause, and TTFT misses with another prompt of the cell waiting alongside; on
+"""`specgate bench serve --misses` (bench/serve/misses.py): SLO misses by cause, and TTFT misses with another
+prompt of the cell waiting alongside; on
 synthetic requests and on the kept c4 run (docs/runs/onednn/confirm26) whose goodput gap
 docs/runs/2026-12-05-issue26-onednn/README.md explains with it."""
 
@@ -6,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.slo_misses import main, misses
+from bench.serve.cli import main
+from bench.serve.misses import misses
 
 RUN = Path(__file__).resolve().parents[2] / "docs/runs/onednn/confirm26/serve-c4-mixed/serve.json.gz"
 SLO = {"ttft_ms": 2000.0, "tpot_ms": 150.0}
@@ -37,7 +39,7 @@ def test_each_miss_is_counted_once_by_its_cause_and_overlapping_waits_are_alongs
 
 
 def test_the_kept_c4_run_splits_its_goodput_gap_into_ttft_and_tpot_misses(capsys):
-    assert main([str(RUN), "--arms", "plain", "ngram-k4", "ngram-k16-beta", "adaptive-warm"]) == 0
+    assert main(["--misses", str(RUN), "--arms", "plain", "ngram-k4", "ngram-k16-beta", "adaptive-warm"]) == 0
     out = capsys.readouterr().out
     # | arm | load | slice | requests | met | TTFT only | TPOT only | both | TTFT misses alongside |
     for row in ("| plain | c4 | all | 80 | 62 | 17 | 1 | 0 | 9 |",
@@ -47,5 +49,5 @@ def test_the_kept_c4_run_splits_its_goodput_gap_into_ttft_and_tpot_misses(capsys
                 "| adaptive-warm | c4 | all | 80 | 50 | 21 | 9 | 0 | 18 |",
                 "| adaptive-warm | c4 | long_context | 16 | 0 | 16 | 0 | 0 | 14 |"):
         assert row in out, row
-    assert main([str(RUN), "--arms", "eagle"]) == 2
+    assert main(["--misses", str(RUN), "--arms", "eagle"]) == 2
     assert "--arms 'eagle' is not in the run" in capsys.readouterr().err
