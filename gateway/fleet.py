@@ -50,6 +50,7 @@ import msgspec
 import structlog
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
+from gateway.fleet_slots import SLOTS_SCRIPT, SlotShare
 from gateway.gates.values import Sample, Verdict
 from policies.schema import State
 from policies.shared_sums import TABLES, Merger, Summary, field_of, from_wire, to_wire
@@ -207,6 +208,7 @@ class Fleet:
         self._acquire = self.client.register_script(_ACQUIRE)
         self._renew = self.client.register_script(_RENEW)
         self._verdict = self.client.register_script(_VERDICT)
+        self._slots = self.client.register_script(SLOTS_SCRIPT)
         self.metrics = FleetMetrics(self.registry if self.registry is not None else CollectorRegistry())
         self.up = False
         self.ever_up = False
@@ -236,6 +238,8 @@ class Fleet:
         self.remote_samples: list[Sample] = []
         # limits
         self.reserves: dict[str, Reserve] = {}
+        self.slot_shares: dict[str, SlotShare] = {}  # concurrency caps (gateway/fleet_slots.py)
+        self.slots_ttl_s = max(2.0, 4 * self.interval)  # a grant's life: a dead replica's slots free after it
         self._limits_wake = asyncio.Event()
         self._sync_lock = asyncio.Lock()
 
@@ -267,6 +271,8 @@ class Fleet:
         self._published.clear()  # republish whole when it returns (replaces, never adds)
         for reserve in self.reserves.values():
             reserve.live, reserve.level = False, 0.0
+        for share in self.slot_shares.values():
+            share.lost()
 
     async def bounded(self, coro: Any, calls: int = 1) -> Any:
         """A call to the server, bounded by ``timeout_ms`` per call; marks the store down when it fails."""
@@ -278,6 +284,13 @@ class Fleet:
             raise FleetDown(str(exc)) from None
 
     async def close(self) -> None:
+        """Give back this replica's concurrency slots (the others may take them at once) and disconnect."""
+        with contextlib.suppress(Exception):
+            if self.up and self.slot_shares:
+                pipe = self.client.pipeline(transaction=False)
+                for share in self.slot_shares.values():
+                    pipe.hdel(self.key("slots", share.key), self.replica)
+                await self.bounded(pipe.execute())
         with contextlib.suppress(Exception):
             await self.client.aclose()
 
@@ -448,13 +461,28 @@ class Fleet:
             self._limits_wake.set()
         return reserve
 
+    def slots(self, key: str, cap: int) -> SlotShare:
+        """This replica's share of the fleet-wide concurrency cap ``key`` (one per route and cap)."""
+        share = self.slot_shares.get(key)
+        if share is None:
+            share = self.slot_shares[key] = SlotShare(key=key, cap=cap)
+            self._limits_wake.set()
+        return share
+
+    def drop_slots(self, key: str) -> None:
+        """A reload changed the route's cap: stop renewing the old grant (the store forgets it within its ttl)."""
+        self.slot_shares.pop(key, None)
+
     def wake_limits(self) -> None:
         self._limits_wake.set()
 
     async def refill(self) -> None:
-        """Ask the fleet buckets for what the reserves lack (one pipelined round for all of them)."""
+        """Ask the fleet buckets for what the reserves lack, and renew the concurrency grants that are due (one
+        pipelined round for all of them)."""
         todo = [r for r in self.reserves.values() if not r.live or r.want > r.level or r.level < r.batch / 2]
-        if not todo:
+        now, replicas = time.monotonic(), max(1, len(self.replicas))
+        shares = [s for s in self.slot_shares.values() if s.due(replicas, self.slots_ttl_s, now)]
+        if not todo and not shares:
             return
         pipe = self.client.pipeline(transaction=False)
         for r in todo:
@@ -462,13 +490,18 @@ class Fleet:
             want = max(r.batch - r.level, least)
             await self._grant(keys=[self.key("rl", r.key)], args=[repr(r.rate), repr(r.capacity), repr(want),
                                                               repr(least)], client=pipe)
+        for s in shares:
+            await self._slots(keys=[self.key("slots", s.key)], args=[
+                self.replica, s.want(replicas), s.cap, int(self.slots_ttl_s * 1000)], client=pipe)
         answers = await self.bounded(pipe.execute())
-        for r, (granted, wait) in zip(todo, answers, strict=True):
+        for r, (granted, wait) in zip(todo, answers[:len(todo)], strict=True):
             r.level += float(granted)
             r.wait_s = float(wait)
             r.live = True
             if r.level >= r.want:
                 r.want = 0.0
+        for s, (granted, others) in zip(shares, answers[len(todo):], strict=True):
+            s.granted(int(granted), int(others), replicas)
 
     async def limits_loop(self) -> None:
         """Refill reserves as soon as one runs short (woken by the request path), else every 50 ms."""
@@ -516,7 +549,10 @@ class Fleet:
                 "key_prefix": self.prefix, "replica": self.replica, "up": self.up, "last_sync": self.last_sync,
                 "lag_s": self.lag_s(), "sync_ms": None if self.sync_s is None else round(self.sync_s * 1000, 2),
                 "failures": self.failures, "last_error": self.last_error, "sync_interval_s": self.interval,
-                "replicas": self.replicas}
+                "replicas": self.replicas,
+                # each capped route's slots here: granted, in flight, and held by the other replicas (fleet_slots.py)
+                "slots": {s.key: {"held": s.held, "in_flight": s.in_flight, "others": s.others, "live": s.live}
+                          for s in self.slot_shares.values()}}
 
 
 class FleetDown(Exception):

@@ -8,9 +8,10 @@ max(1, ceil(rate))). Tokens cost prompt (approximate) + max_tokens against ``tok
 
 In a fleet (``gateway/fleet.py``) both buckets live in the state store: a request is admitted from this replica's
 reserve, a share of the fleet bucket granted to it off the request path (``fleet.Reserve``), so the fleet admits at
-most R x t + burst in all and admission never waits for the store. While the store is unreachable, or before the
-first grant, the local buckets below admit (each replica then allows up to R). The concurrency cap stays per
-replica.
+most R x t + burst in all and admission never waits for the store. The concurrency cap is held fleet-wide the same
+way: this replica admits while its requests in flight are fewer than the slots it was granted, and the grants of
+all replicas never add up to more than the cap (``gateway/fleet_slots.py``). While the store is unreachable, or
+before the first grant, the local buckets and cap below admit (each replica then allows up to R and the cap).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from policies.schema import Route
 
 if TYPE_CHECKING:
     from gateway.fleet import Fleet, Reserve
+    from gateway.fleet_slots import SlotShare
 
 
 class TokenBucket:
@@ -77,20 +79,43 @@ class RouteLimiter:
                 self.shared_tokens = fleet.reserve(f"{route.name}:tokens:{rl.tokens_per_min:g}",
                                                    rl.tokens_per_min / 60.0, rl.tokens_per_min)
         self.max_concurrency = route.max_concurrency
-        self.in_flight = 0
+        self.shared_slots: SlotShare | None = None
+        if fleet is not None and route.max_concurrency is not None:
+            self.shared_slots = fleet.slots(f"{route.name}:concurrency:{route.max_concurrency}", route.max_concurrency)
+        self._in_flight = 0
         self.successor: RouteLimiter | None = None  # the limiter a reload with new limits replaced this one by
 
+    @property
+    def in_flight(self) -> int:
+        """The route's requests in flight at this replica (admitted, not finished)."""
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, value: int) -> None:
+        self._in_flight = value
+        if self.shared_slots is not None:
+            self.shared_slots.in_flight = value  # what its next grant asks for
+
     def _shared(self) -> bool:
-        """Whether admission counts against the fleet's buckets now (the store answers, and granted)."""
+        """Whether admission counts against the fleet's buckets and cap now (the store answers, and granted)."""
         fleet = self.fleet
         return fleet is not None and fleet.up and all(
-            r is None or r.live for r in (self.shared_requests, self.shared_tokens))
+            r is None or r.live for r in (self.shared_requests, self.shared_tokens, self.shared_slots))
 
     def admit(self, cost_tokens: int) -> None:
         """Reserve one slot and ``cost_tokens``; ApiError 429 (with Retry-After) when refused.
         Every admitted request must be paired with exactly one ``finish``."""
         name = self.route_name
-        if self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
+        shared = self._shared()
+        if shared and self.shared_slots is not None:
+            if not self.shared_slots.admits():
+                assert self.fleet is not None
+                self.fleet.wake_limits()  # ask for one more slot, off the request path
+                raise ApiError(429, f"route '{name}' has its max_concurrency {self.max_concurrency} in flight across "
+                               f"the fleet ({self.in_flight} here, the other replicas hold "
+                               f"{self.shared_slots.others}); retry when one finishes", retry_after=1,
+                               code="concurrency_limit")
+        elif self.max_concurrency is not None and self.in_flight >= self.max_concurrency:
             raise ApiError(429, f"route '{name}' already has {self.in_flight} requests in flight "
                            f"(max_concurrency {self.max_concurrency}); retry when one finishes",
                            retry_after=1, code="concurrency_limit")
@@ -99,7 +124,7 @@ class RouteLimiter:
             raise ApiError(429, f"request needs ~{cost_tokens} tokens (prompt + max_tokens) but route "
                            f"'{name}' allows {self.tokens.capacity:.0f} tokens per minute; lower "
                            "max_tokens or the prompt", code="token_rate_limit", retry_after=60)
-        if self._shared():
+        if shared:
             self._admit_shared(cost_tokens)
             self.in_flight += 1
             return
@@ -163,7 +188,9 @@ class RouteLimiter:
         if self.tokens is not None:
             self.tokens._refill(now)
             level = round(self.tokens.level, 1)
-        return {"in_flight": self.in_flight, "max_concurrency": self.max_concurrency, "tokens_available": level}
+        slots = self.shared_slots
+        return {"in_flight": self.in_flight, "max_concurrency": self.max_concurrency, "tokens_available": level,
+                "fleet_slots": slots.held if slots is not None and slots.live else None}
 
 
 def limiters_for(routes: list[Route], names: list[str], old: dict[str, RouteLimiter],
@@ -181,4 +208,7 @@ def limiters_for(routes: list[Route], names: list[str], old: dict[str, RouteLimi
             if kept is not None:  # its requests in flight now count here, and finish here
                 out[name].in_flight = kept.in_flight
                 kept.successor = out[name]
+                if kept.fleet is not None and kept.shared_slots is not None \
+                        and kept.shared_slots is not out[name].shared_slots:
+                    kept.fleet.drop_slots(kept.shared_slots.key)
     return out

@@ -58,7 +58,7 @@ MEANINGS = {
     "SloOverride.min_ttft_ms": "the tightest x-slo-ttft-ms accepted (lower: 400)",
     "SloOverride.min_tpot_ms": "the tightest x-slo-tpot-ms accepted (lower: 400)",
     "Route.rate_limit": "admission limits of the route",
-    "Route.max_concurrency": "requests of the route in flight at once",
+    "Route.max_concurrency": "requests of the route in flight at once (across the fleet with `state`)",
     "RateLimit.requests_per_s": "sustained requests per second",
     "RateLimit.tokens_per_min": "tokens per minute: approximate prompt + `max_tokens`",
     "RateLimit.burst": "the request bucket's capacity; none: the rate, rounded up",

@@ -24,12 +24,14 @@ from tests.valkey_helpers import ValkeyServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 
-KEYS = {"FLEET_KEYS_APP": "key-app", "FLEET_KEYS_LIMITED": "key-limited"}
+KEYS = {"FLEET_KEYS_APP": "key-app", "FLEET_KEYS_LIMITED": "key-limited", "FLEET_KEYS_CAPPED": "key-capped"}
 RATE = 1.0  # the limited route's requests_per_s (low: its admitted requests run on a CPU worker)
 BURST = 1
+CAP = 2  # the capped route's max_concurrency
 ROUTES = f"""routes:
   - {{name: app, api_keys_env: FLEET_KEYS_APP}}
   - {{name: limited, api_keys_env: FLEET_KEYS_LIMITED, rate_limit: {{requests_per_s: {RATE:g}, burst: {BURST}}}}}
+  - {{name: capped, api_keys_env: FLEET_KEYS_CAPPED, max_concurrency: {CAP}}}
 """
 GATES = ("  equivalence: {max_tokens: 16, sampled: null, max_canaries: 4}\n  serving: null\n"
          "  outcome: {min_reports: 50}\n")
@@ -200,6 +202,36 @@ def test_a_route_limit_holds_across_the_fleet(fleet):
     assert admitted <= bound, (admitted, refused, sent)
     assert admitted >= RATE * seconds * 0.6, (admitted, refused, sent)
     assert retry and all(r.isdigit() and int(r) >= 1 for r in retry)
+
+
+def test_a_concurrency_cap_holds_across_the_fleet(fleet):
+    """``max_concurrency: 2`` on three replicas: six long streams offered round-robin, two admitted fleet-wide
+    (three separate gateways would admit six), the rest refused with 429 ``concurrency_limit``."""
+    gws = fleet["gws"]
+
+    def slots() -> list:
+        return [httpx.get(f"{gw}/admin/requests", headers=ADMIN, timeout=10).json()["routes"]["capped"]["fleet_slots"]
+                for gw in gws]
+
+    held = _until(lambda: (s := slots()) and None not in s and sum(s) == CAP and s, timeout=30)
+    statuses, codes, reading = [], [], []
+    with contextlib.ExitStack() as stack:
+        for i in range(6):
+            client = stack.enter_context(httpx.Client(timeout=120))
+            response = stack.enter_context(client.stream(
+                "POST", f"{gws[i % 3]}/v1/chat/completions", headers={"authorization": "Bearer key-capped"},
+                json={"model": MODEL, "max_tokens": 400, "stream": True, "temperature": 0,
+                      "messages": [{"role": "user", "content": "Write a long story about the sea."}]}))
+            statuses.append(response.status_code)
+            if response.status_code == 200:
+                lines = response.iter_lines()
+                reading.append(lines)  # kept open: a dropped iterator closes the stream (the client leaves)
+                next(line for line in lines if line.startswith("data: "))  # in flight
+            else:
+                codes.append(response.read() and response.json()["error"]["code"])
+        print(f"\nfleet concurrency cap {CAP} over 3 replicas (slots {held}): statuses {statuses}")
+        assert statuses.count(200) == CAP and statuses.count(429) == 6 - CAP, (statuses, held)
+        assert set(codes) == {"concurrency_limit"}
 
 
 def test_every_replica_decides_from_every_replicas_evidence(fleet):
