@@ -235,6 +235,8 @@ class GateBook:
                     self._served and now - next(iter(self._served.values()))[1] > outcome.ttl_s):
                 rid, _ = self._served.popitem(last=False)
                 self._reported.discard(rid)
+        if sample.resumed:  # not a timing or acceptance sample of either worker's pool (Sample.resumed)
+            return
         if sample.pool is None:
             if not sample.ok:  # as on the speculative side: a failed request has no timings to compare
                 return

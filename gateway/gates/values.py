@@ -63,6 +63,9 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     histogram: tuple[int, ...] = ()
     completion_tokens: int = 0
     seconds: float = 0.0  # engine-side seconds of the request (e2e), the outcome gate's cost
+    # continued on another worker after its own failed (gateway/resume.py): its timings and draft counters span
+    # two workers and the gap between, so it is evidence for the outcome gate only
+    resumed: bool = False
 
     @classmethod
     def of(cls, record: RequestRecord, bucket: int, key: str) -> Sample:
@@ -73,4 +76,5 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
                    ok=record.status == "ok", tpot_s=record.tpot_s, ttft_s=record.ttft_s, slo_met=record.slo_met,
                    verify_ct=record.verify_ct or 0, correct_drafts=record.num_correct_drafts or 0,
                    histogram=tuple(record.correct_drafts_histogram or ()),
-                   completion_tokens=record.completion_tokens, seconds=record.e2e_s)
+                   completion_tokens=record.completion_tokens, seconds=record.e2e_s,
+                   resumed=any(r.outcome == "ok" for r in record.resumes))

@@ -33,10 +33,11 @@ def passed(gates: Gates = GATES, verdict: Verdict = PASS, at: float = 0.0) -> Ga
 def sample(rid: str = "r", *, pool: str | None = "eagle", slice_: str = "code", bucket: int = 0, route: str = "ide",
            tpot: float | None = 0.05, ttft: float | None = 0.2, slo: bool | None = True, rounds: int = 0,
            correct: int = 0, histogram: tuple[int, ...] = (), tokens: int = 0, seconds: float = 0.0,
-           ok: bool = True) -> Sample:
+           ok: bool = True, resumed: bool = False) -> Sample:
     return Sample(request_id=rid, route=route, slice=slice_, bucket=bucket, pool=pool, ok=ok,
                   key="v1" if pool else "", tpot_s=tpot, ttft_s=ttft, slo_met=slo, verify_ct=rounds,
-                  correct_drafts=correct, histogram=histogram, completion_tokens=tokens, seconds=seconds)
+                  correct_drafts=correct, histogram=histogram, completion_tokens=tokens, seconds=seconds,
+                  resumed=resumed)
 
 
 # -- equivalence ---------------------------------------------------------------------------------------------
@@ -162,6 +163,18 @@ def test_region_ramps_doubles_then_opens() -> None:
     assert (gate.reason, gate.since) == (PASS.reason, 0.0)  # a region's event is not the pool's state
     feed(book, 4, 3.0)
     assert book.view("eagle", 3.0)["regions"][0]["window"] == {"speculative": 0, "plain": 0}  # open: done
+
+
+def test_a_resumed_answer_is_outcome_evidence_only() -> None:
+    """A request continued on another worker (gateway/resume.py) spans two workers and the gap: slow, with draft
+    counters of neither alone. It never enters a ramp window or the collapse watch, speculative side or plain,
+    and its outcome can still be reported."""
+    book = passed()
+    feed(book, 4, 1.0, tpot=0.5, rounds=20, correct=0, histogram=(20,), resumed=True)
+    feed(book, 4, 1.0, pool=None, tpot=0.5, resumed=True)
+    assert book.view("eagle", 1.0)["regions"] == [] and book.drain() == []
+    assert book.pools["eagle"].state == "passed"
+    assert book.report("eagle-1.0-0", "ide", 1.0, 2.0, 2.0) is None  # its outcome is taken
 
 
 @pytest.mark.parametrize("bad, miss", [
