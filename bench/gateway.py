@@ -5,6 +5,7 @@ front of the SAME worker in the same run.
     .venv/bin/python -m bench.gateway --duration 5 --concurrency 1 32 [--real] [--markdown FILE]
     .venv/bin/python -m bench.gateway --duration 4 --concurrency 1 32 --via specgate specgate-otel
     .venv/bin/python -m bench.gateway --duration 5 --concurrency 1 32 --via specgate specgate-valkey specgate-2p smg
+    .venv/bin/python -m bench.gateway --duration 5 --concurrency 1 32 --stream --via specgate specgate-noresume
 
 Workers: ``instant`` (``bench/instant_worker.py``, answers at once: what remains is the gateway's own
 cost; a stand-in allowed only for this measurement) and, with ``--real``, a real ``specgate worker``
@@ -88,9 +89,13 @@ def wrk(url: str, body: dict, concurrency: int, duration: float, tmp: Path, time
             "socket_errors": socket_errors.group(1) if socket_errors else ""}
 
 
-def _policy(worker: str, tmp: Path) -> Path:
+def _policy(worker: str, tmp: Path, resume: bool = True) -> Path:
+    """The default policy without gates, in front of ``worker``; ``resume`` False: never resume a stream (nothing
+    asks the worker for ids or takes them out of chunks), the ``specgate-noresume`` arm."""
     text = without_gates((REPO / "deploy/policies/default.yaml").read_text()).replace("http://127.0.0.1:30000", worker)
-    path = tmp / f"policy-{worker.rsplit(':', 1)[1]}.yaml"
+    if not resume:
+        text += "resume: {max_resumes: 0}\n"
+    path = tmp / f"policy-{worker.rsplit(':', 1)[1]}{'' if resume else '-noresume'}.yaml"
     path.write_text(text)
     return path
 
@@ -111,6 +116,14 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
                  "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-{port}.log",
                 env={**NO_OTEL, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
             urls["specgate"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        if "specgate-noresume" in which:  # resume off: what asking every stream for ids costs (gateway/resume.py)
+            port = free_port()
+            pids["specgate-noresume"] = stack.enter_context(running(
+                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp, resume=False)), "--port",
+                 str(port), "--log-level", "warning"], f"http://127.0.0.1:{port}/ready",
+                tmp / f"specgate-noresume-{port}.log",
+                env={**NO_OTEL, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
+            urls["specgate-noresume"] = f"http://127.0.0.1:{port}/v1/chat/completions"
         if "specgate-otel" in which:  # trace export on, every request sampled, to a sink standing in for a collector
             sink = free_port()
             stack.enter_context(running([sys.executable, "-m", "bench.otlp_sink", "--port", str(sink)],
@@ -212,6 +225,8 @@ def _wait_model(base: str, model: str, timeout: float = 60) -> None:
 def run_worker_set(label: str, worker: str, model: str, which: list[str], args: argparse.Namespace,
                    tmp: Path) -> list[dict]:
     body = {"model": model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+    if args.stream:
+        body.update(stream=True, stream_options={"include_usage": True})
     real = label == "real"
     duration = args.real_duration if real else args.duration
     rows = []
@@ -288,10 +303,13 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--via", nargs="+", default=["specgate", "smg", "litellm"],
-                        choices=["specgate", "specgate-otel", "specgate-valkey", "specgate-2p", "smg", "litellm"],
+                        choices=["specgate", "specgate-noresume", "specgate-otel", "specgate-valkey", "specgate-2p",
+                                 "smg", "litellm"],
                         help="gateways in front of the instant worker (specgate-otel: trace export on, --otel-sample; "
                              "specgate-valkey: fleet state in a real valkey-server, --state; specgate-2p: "
-                             "--processes 2 sharing that state)")
+                             "--processes 2 sharing that state; specgate-noresume: the policy's resume off)")
+    parser.add_argument("--stream", action="store_true",
+                        help="streamed chat completions (stream_options.include_usage) instead of whole answers")
     parser.add_argument("--real", action="store_true", help="also direct vs specgate with the real engine")
     parser.add_argument("--real-duration", type=float, default=60.0,
                         help="seconds per real-engine measurement (must exceed one request's latency)")

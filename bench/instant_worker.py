@@ -24,7 +24,9 @@ _CHAT = {"id": "instant-1", "object": "chat.completion", "created": 0, "model": 
 _TEXT = {**_CHAT, "object": "text_completion", "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}
 _STREAM_CHAT = [
     {"id": "instant-1", "object": "chat.completion.chunk", "model": MODEL,
-     "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": None}]},
+     # the ids a stream that may resume carries (gateway/resume.py), as the embedded worker sends them when asked
+     "choices": [{"index": 0, "delta": {"role": "assistant", "content": "ok"}, "finish_reason": None,
+                  "prompt_token_ids": [1, 2, 3, 4, 5], "token_ids": [1]}]},
     {"id": "instant-1", "object": "chat.completion.chunk", "model": MODEL,
      "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
     {"id": "instant-1", "object": "chat.completion.chunk", "model": MODEL, "choices": [],
