@@ -188,9 +188,12 @@ class RouteLimiter:
         if self.tokens is not None:
             self.tokens._refill(now)
             level = round(self.tokens.level, 1)
+        view: dict[str, float | int | None] = {"in_flight": self.in_flight, "max_concurrency": self.max_concurrency,
+                                               "tokens_available": level}
         slots = self.shared_slots
-        return {"in_flight": self.in_flight, "max_concurrency": self.max_concurrency, "tokens_available": level,
-                "fleet_slots": slots.held if slots is not None and slots.live else None}
+        if slots is not None:  # in a fleet: the slots this replica holds (None until granted, or with the store down)
+            view["fleet_slots"] = slots.held if slots.live else None
+        return view
 
 
 def limiters_for(routes: list[Route], names: list[str], old: dict[str, RouteLimiter],
