@@ -551,7 +551,7 @@ class Fleet:
                 "failures": self.failures, "last_error": self.last_error, "sync_interval_s": self.interval,
                 "replicas": self.replicas,
                 # each capped route's slots here: granted, in flight, and held by the other replicas (fleet_slots.py)
-                "slots": {s.key: {"held": s.held, "in_flight": s.in_flight, "others": s.others, "live": s.live}
+                "slots": {s.key: {"held": s.held, "in_flight": s.in_flight(), "others": s.others, "live": s.live}
                           for s in self.slot_shares.values()}}
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # grant ARGV[2] slots (at most) to replica ARGV[1] out of ARGV[3], for ARGV[4] ms; returns {granted, others' slots}
@@ -54,7 +55,8 @@ class SlotShare:
     key: str
     cap: int
     held: int = 0  # slots granted to this replica
-    in_flight: int = 0  # the route's requests in flight here (kept by its RouteLimiter)
+    # the route's requests in flight here, read from the count's one owner, its RouteLimiter (``gateway/limits.py``)
+    in_flight: Callable[[], int] = lambda: 0
     short: bool = False  # a request was refused for want of a slot since the last grant
     others: int = 0  # the other replicas' slots at the last grant
     granted_at: float = 0.0  # monotonic time of the last grant
@@ -63,14 +65,14 @@ class SlotShare:
 
     def admits(self) -> bool:
         """Whether one more request fits in this replica's slots (else it is marked short, to ask for more)."""
-        if self.in_flight < self.held:
+        if self.in_flight() < self.held:
             return True
         self.short = True
         return False
 
     def want(self, replicas: int) -> int:
         fair = math.ceil(self.cap / max(1, replicas))
-        return min(self.cap, max(fair, self.in_flight + (1 if self.short else 0)))
+        return min(self.cap, max(fair, self.in_flight() + (1 if self.short else 0)))
 
     def due(self, replicas: int, ttl_s: float, now: float) -> bool:
         """Whether to ask for a grant now: never granted, short, the fair share changed, or a third of the way

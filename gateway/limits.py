@@ -82,19 +82,9 @@ class RouteLimiter:
         self.shared_slots: SlotShare | None = None
         if fleet is not None and route.max_concurrency is not None:
             self.shared_slots = fleet.slots(f"{route.name}:concurrency:{route.max_concurrency}", route.max_concurrency)
-        self._in_flight = 0
+            self.shared_slots.in_flight = lambda: self.in_flight  # this limiter owns the count its grants ask for
+        self.in_flight = 0  # the route's requests in flight at this replica (admitted, not finished)
         self.successor: RouteLimiter | None = None  # the limiter a reload with new limits replaced this one by
-
-    @property
-    def in_flight(self) -> int:
-        """The route's requests in flight at this replica (admitted, not finished)."""
-        return self._in_flight
-
-    @in_flight.setter
-    def in_flight(self, value: int) -> None:
-        self._in_flight = value
-        if self.shared_slots is not None:
-            self.shared_slots.in_flight = value  # what its next grant asks for
 
     def _shared(self) -> bool:
         """Whether admission counts against the fleet's buckets and cap now (the store answers, and granted)."""
