@@ -108,52 +108,33 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
     checkout (put first on its PYTHONPATH), e.g. an older commit for a before/after comparison."""
     urls = {"direct": f"{worker}/v1/chat/completions"}
     pids: dict[str, int] = {}
+    pythonpath = {"PYTHONPATH": str(tree.resolve())} if tree else {}
     with contextlib.ExitStack() as stack:
+
+        def serve(name: str, *flags: str, env: dict[str, str] = NO_OTEL, resume: bool = True) -> None:
+            """Start one specgate arm: the gateway with the default policy in front of ``worker``, plus ``flags``."""
+            port = free_port()
+            pids[name] = stack.enter_context(running(
+                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp, resume)), "--port", str(port),
+                 "--log-level", "warning", *flags], f"http://127.0.0.1:{port}/ready", tmp / f"{name}-{port}.log",
+                env={**env, **pythonpath})).pid
+            urls[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
+
         if "specgate" in which:
-            port = free_port()
-            pids["specgate"] = stack.enter_context(running(
-                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
-                 "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-{port}.log",
-                env={**NO_OTEL, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
-            urls["specgate"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            serve("specgate")
         if "specgate-noresume" in which:  # resume off: what asking every stream for ids costs (gateway/resume.py)
-            port = free_port()
-            pids["specgate-noresume"] = stack.enter_context(running(
-                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp, resume=False)), "--port",
-                 str(port), "--log-level", "warning"], f"http://127.0.0.1:{port}/ready",
-                tmp / f"specgate-noresume-{port}.log",
-                env={**NO_OTEL, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
-            urls["specgate-noresume"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            serve("specgate-noresume", resume=False)
         if "specgate-otel" in which:  # trace export on, every request sampled, to a sink standing in for a collector
             sink = free_port()
             stack.enter_context(running([sys.executable, "-m", "bench.otlp_sink", "--port", str(sink)],
                                         f"http://127.0.0.1:{sink}/", tmp / f"otlp-sink-{sink}.log"))
-            port = free_port()
-            otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink}", "OTEL_SDK_DISABLED": "false",
-                    "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": f"{otel_sample:g}"}
-            pids["specgate-otel"] = stack.enter_context(running(
-                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
-                 "--log-level", "warning"], f"http://127.0.0.1:{port}/ready", tmp / f"specgate-otel-{port}.log",
-                env={**otel, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
-            urls["specgate-otel"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            serve("specgate-otel", env={
+                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink}", "OTEL_SDK_DISABLED": "false",
+                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": f"{otel_sample:g}"})
         if "specgate-valkey" in which:  # fleet state in a real valkey-server (gateway/fleet.py): its overhead
-            store = stack.enter_context(valkey_server(tmp))
-            port = free_port()
-            pids["specgate-valkey"] = stack.enter_context(running(
-                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
-                 "--log-level", "warning", "--state", store], f"http://127.0.0.1:{port}/ready",
-                tmp / f"specgate-valkey-{port}.log",
-                env={**NO_OTEL, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
-            urls["specgate-valkey"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            serve("specgate-valkey", "--state", stack.enter_context(valkey_server(tmp)))
         if "specgate-2p" in which:  # two gateway processes on one port, one fleet (`serve --processes 2`)
-            store = stack.enter_context(valkey_server(tmp))
-            port = free_port()
-            pids["specgate-2p"] = stack.enter_context(running(
-                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(port),
-                 "--log-level", "warning", "--state", store, "--processes", "2"], f"http://127.0.0.1:{port}/ready",
-                tmp / f"specgate-2p-{port}.log",
-                env={**NO_OTEL, **({"PYTHONPATH": str(tree.resolve())} if tree else {})})).pid
-            urls["specgate-2p"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            serve("specgate-2p", "--state", stack.enter_context(valkey_server(tmp)), "--processes", "2")
         if "smg" in which:
             port, prom = free_port(), free_port()
             pids["smg"] = stack.enter_context(running(
