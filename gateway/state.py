@@ -285,11 +285,8 @@ class GatewayState:
             pools = self.backend.pool_snapshots(now)
             states = {name: self._gated(name, pool_state(s), now) for name, s in pools.items()}
             snap = self.learning.snapshot(now, states, load_concurrency(self.in_flight, states))
-            if self.fleet is not None and any(self.fleet.merger.others.values()):
-                # decide from every replica's evidence: own sums + the others' (policies/shared_sums.py)
-                tables = self.fleet.merger.tables(self.learning.tables(), snap.data.half_life_s)
-                snap = Snapshot(msgspec.structs.replace(snap.data, acceptance=tables["acceptance"],
-                                                        arms=tables["arms"], gaps=tables["gaps"]))
+            if self.fleet is not None:  # decide from every replica's evidence (policies/shared_sums.py)
+                snap = self.fleet.merger.snapshot(snap, self.learning.tables())
             self._snapshot = snap
             self._snapshot_at = now
             self._dirty = False

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 import msgspec
 
 from policies.accept import AcceptanceSummary
-from policies.snapshot import ArmSummary
+from policies.snapshot import ArmSummary, Snapshot
 
 TABLES = ("acceptance", "arms", "gaps")
 Summary = AcceptanceSummary | ArmSummary
@@ -120,3 +120,12 @@ class Merger:
                 view[key] = both
             out[table] = view
         return out
+
+    def snapshot(self, snap: Snapshot, own: Mapping[str, Mapping[str, Summary]]) -> Snapshot:
+        """``snap`` (built from this replica's own sums ``own``) deciding from the fleet's evidence instead:
+        its tables replaced by own + the others' (``snap`` itself when no other replica published any)."""
+        if not any(self.others.values()):
+            return snap
+        tables = self.tables(own, snap.data.half_life_s)
+        return Snapshot(msgspec.structs.replace(snap.data, acceptance=tables["acceptance"], arms=tables["arms"],
+                                                gaps=tables["gaps"]))

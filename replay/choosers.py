@@ -16,7 +16,7 @@ exact options and recomputed per run for suffix (its tree depends on the order) 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.engine.types import SuffixSettings
 from replay.book import PLAIN, Option, RoundBook
@@ -26,6 +26,7 @@ from replay.walk import Walker, drawn_positions
 from policies.compiled import compiled
 from policies.decide import decide, exploration_key
 from policies.snapshot import PoolState, load_concurrency
+from policies.shared_sums import Merger
 from policies.stats import LearningState, Outcome, with_counterfactuals
 from replay.evidence import EVALUATED, Counterfactuals
 
@@ -43,6 +44,7 @@ class Choice:
     estimated: bool = False
     counterfactual: tuple = ()  # the decision's full-information options (policies.auto.counterfactual_options)
     worker: str = ""
+    replica: int = 0  # which gateway of a simulated fleet decided it (PolicyChooser's ``replicas``)
 
     @property
     def label(self) -> str:
@@ -193,25 +195,52 @@ class FixedChooser:
         pass
 
 
+@dataclass(eq=False)
+class _Replica:
+    """One gateway's learner, its explorations in flight and its snapshot cache (a fleet has several)."""
+
+    learning: LearningState
+    exploring: dict[str, int] = field(default_factory=dict)  # its own explorations in flight
+    remote: dict[str, int] = field(default_factory=dict)  # the other replicas', as of the last sync
+    merger: Merger = field(default_factory=Merger)  # the other replicas' sums, as of the last sync
+    snapshot: object = None
+    at: float = float("-inf")
+    dirty: bool = False
+
+    def fleet_exploring(self) -> dict[str, int]:
+        """Explorations in flight as its decisions see them: its own plus the others' (gateway/state.py)."""
+        if not self.remote:
+            return self.exploring
+        both = dict(self.remote)
+        for key, count in self.exploring.items():
+            both[key] = both.get(key, 0) + count
+        return both
+
+
 class PolicyChooser:
     """A policy file, deciding with the gateway's real ``decide()`` and learning as the gateway learns."""
 
     plain_estimates = True  # its outcomes carry the worker's plain counterfactual (Served.plain_ratio)
 
     def __init__(self, policy, prices: Prices, seed: int, snapshot_max_age_s: float = 0.1,
-                 without_flags: str = "refuse") -> None:
+                 without_flags: str = "refuse", replicas: int = 1, sync_s: float | None = None) -> None:
         """``without_flags``: what to do with a draft_model pool whose pair the trace has no match flags for
         (a recorded trace has none): "refuse" (an error naming the fix), or "exclude" (the pool is
-        unhealthy in every simulated snapshot, so decide() never picks it: :attr:`excluded` names them)."""
+        unhealthy in every simulated snapshot, so decide() never picks it: :attr:`excluded` names them).
+        ``replicas``: a fleet of that many gateways, each with its own learner, taking requests in turn (round
+        robin); ``sync_s``: they share their sums and explorations in flight as gateway/fleet.py does, each
+        seeing the others' as of the sync before last (the staleness bound: two sync intervals), or None: they
+        share nothing (a fleet without a state store)."""
         self.policy, self.prices = policy, prices
         self.run = RunState(seed)
         self.rng = random.Random(seed)
-        self.learning = LearningState(policy.learning)
+        self.replicas = [_Replica(LearningState(policy.learning)) for _ in range(replicas)]
+        self.sync_s = sync_s if replicas > 1 else None
+        self._turn, self._next_sync = 0, 0.0
+        self._published: list[tuple[dict, dict]] = [({}, {})] * replicas
         self.evidence = Counterfactuals(prices.book.ngram)  # decisions name the options (learning.counterfactual)
         self.pair_versions = compiled(policy).pair_versions
         self.max_age = snapshot_max_age_s
-        self.exploring: dict[str, int] = {}
-        self._snapshot, self._at, self._dirty = None, float("-inf"), False
         header = prices.book.trace.header
         self.excluded: list[str] = []
         for name, pool in policy.pools.items():
@@ -250,21 +279,55 @@ class PolicyChooser:
                                      waiting=waiting, kv_usage=usage, workers_healthy=len(pool.workers))
         return states
 
-    def snapshot(self, t: float, sim):
-        age = t - self._at
-        if self._snapshot is None or age >= self.max_age or (self._dirty and age >= self.max_age / 2):
+    @property
+    def learning(self) -> LearningState:
+        """The learner (of the first gateway, in a fleet)."""
+        return self.replicas[0].learning
+
+    def snapshot(self, t: float, sim, replica: int = 0):
+        """What ``replica`` decides from at ``t``, rebuilt as gateway/state.py rebuilds it."""
+        r = self.replicas[replica]
+        age = t - r.at
+        if r.snapshot is None or age >= self.max_age or (r.dirty and age >= self.max_age / 2):
             pools = self._pools(sim)
-            self._snapshot = self.learning.snapshot(t, pools, load_concurrency(sim.in_flight, pools))
-            self._at, self._dirty = t, False
-        return self._snapshot
+            snap = r.learning.snapshot(t, pools, load_concurrency(sim.in_flight, pools))
+            r.snapshot = r.merger.snapshot(snap, r.learning.tables())
+            r.at, r.dirty = t, False
+        return r.snapshot
+
+    def _sync(self, t: float) -> None:
+        """The fleet's sync rounds due by ``t``: each replica publishes its own sums and explorations in flight,
+        and takes the others' published a round earlier (policies/shared_sums.Merger, as gateway/fleet.py)."""
+        if self.sync_s is None or t < self._next_sync:
+            return
+        due = int((t - self._next_sync) // self.sync_s) + 1
+        if due > 2:  # the learners have not changed since the last event: the rounds before the last two change nothing
+            self._next_sync += (due - 2) * self.sync_s
+        while t >= self._next_sync:
+            before = self._published
+            self._published = [({table: dict(keys) for table, keys in r.learning.tables().items()},
+                                dict(r.exploring)) for r in self.replicas]
+            for n, r in enumerate(self.replicas):
+                others = [tables for m, (tables, _) in enumerate(before) if m != n]
+                r.merger.set_others(others, self.policy.learning.half_life_s)
+                r.remote = {}
+                for m, (_, exploring) in enumerate(before):
+                    if m != n:
+                        for key, count in exploring.items():
+                            r.remote[key] = r.remote.get(key, 0) + count
+            self._next_sync += self.sync_s
 
     def choose(self, i: int, t: float, sim) -> tuple[Choice, str, Profile, int]:
         request = self.prices.book.requests[i]
-        d = decide(self.policy, request.features, self.snapshot(t, sim), rng=self.rng,
-                   exploring=self.exploring)
+        self._sync(t)
+        n = self._turn % len(self.replicas)
+        self._turn += 1
+        r = self.replicas[n]
+        d = decide(self.policy, request.features, self.snapshot(t, sim, n), rng=self.rng,
+                   exploring=r.fleet_exploring())
         key = exploration_key(d)
         if key is not None:
-            self.exploring[key] = self.exploring.get(key, 0) + 1
+            r.exploring[key] = r.exploring.get(key, 0) + 1
         option = PLAIN
         if not d.bypass and d.proposer != "none" and d.draft_tokens > 0:
             pair = self.pair_versions.get(d.pool, "") if d.proposer == "draft_model" else ""
@@ -278,19 +341,21 @@ class PolicyChooser:
         if option.proposer not in ("suffix", "hybrid"):  # those feed the tree themselves
             self.run.remember(url, request.route, request.prompt_ids, request.output_ids)
         choice = Choice(option, pool=d.pool, rule=d.rule, slice=d.slice, exploration=d.exploration,
-                        exploring=key, estimated=estimated, counterfactual=d.counterfactual, worker=url)
+                        exploring=key, estimated=estimated, counterfactual=d.counterfactual, worker=url, replica=n)
         return choice, url, prof, self.prices.reserve(i, option)
 
     def finished(self, served, prof: Profile, t: float, sim) -> None:
         c: Choice = served.choice
         request = self.prices.book.requests[served.index]
+        self._sync(t)  # the rounds before this outcome publish what the learners held before it
+        r = self.replicas[c.replica]
         key = c.exploring
         if key is not None:
-            n = self.exploring.get(key, 0) - 1
+            n = r.exploring.get(key, 0) - 1
             if n > 0:
-                self.exploring[key] = n
+                r.exploring[key] = n
             else:
-                self.exploring.pop(key, None)
+                r.exploring.pop(key, None)
         speculative = c.option.proposer != "none"
         outcome = Outcome(
             route=request.route, slice=c.slice, pool=c.pool, pair_version=self.pair_versions.get(c.pool, ""),
@@ -315,5 +380,5 @@ class PolicyChooser:
                 ngram_rounds=lambda k: self.prices.book.rounds(served.index, Option("ngram", k)),
                 memo=self.prices.evidence_memo)
             outcome = with_counterfactuals(outcome, ratios, own_ratio)
-        self.learning.record(outcome)
-        self._dirty = True
+        r.learning.record(outcome)
+        r.dirty = True

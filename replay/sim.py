@@ -159,7 +159,10 @@ class Simulation:
     cost models and their ``prefill_chunk`` and ``max_batch_tokens`` (the worker's flags)."""
 
     def __init__(self, chooser, load: Load, blocks: Sequence[Sequence[int]], seed: int, *,
-                 max_running: int, max_total_tokens: int, arrival_of: Callable[[int], float] | None = None) -> None:
+                 max_running: int, max_total_tokens: int, arrival_of: Callable[[int], float] | None = None,
+                 start: float = 0.0) -> None:
+        """``start``: the clock's reading when the first block starts (a chooser whose learner served an earlier
+        run keeps that run's time, so its decayed sums age on, never back)."""
         self.chooser, self.load, self.blocks, self.seed = chooser, load, blocks, seed
         prices = chooser.prices
         self.prefill_chunk, self.max_batch_tokens = prices.prefill_chunk, prices.max_batch_tokens
@@ -167,9 +170,9 @@ class Simulation:
                         for name in chooser.workers()}
         self.arrival_of = arrival_of
         self.plain_estimates = getattr(chooser, "plain_estimates", True)  # price Served.plain_ratio
-        self.now = 0.0
+        self.now = self.start = start
         self.in_flight = 0
-        self._area, self._area_t = 0.0, 0.0
+        self._area, self._area_t = 0.0, start
         self._events: list = []
         self._n = 0
         self.served: list[Served] = []
@@ -187,7 +190,7 @@ class Simulation:
         heapq.heappush(self._events, (t, kind, self._n, item))
 
     def run(self) -> list[Served]:
-        start = 0.0
+        start = self.start
         for block in self.blocks:
             self._feed(block, start)
             self._drain()

@@ -60,11 +60,11 @@ def prices_of(*requests: TraceRequest, header: Header = HEADER) -> Prices:
 
 
 def simulate(prices: Prices, load: str, order, *, option: Option = PLAIN, seed: int = 0, max_running: int = 16,
-             max_total_tokens: int = 1 << 16) -> dict[int, object]:
+             max_total_tokens: int = 1 << 16, start: float = 0.0) -> dict[int, object]:
     """Request index -> Served, one fixed option on one worker; ``order``: the blocks of indices."""
     book = prices.book
     sim = Simulation(FixedChooser(option, prices, seed), Load.parse(load), order, seed, max_running=max_running,
-                     max_total_tokens=max_total_tokens, arrival_of=lambda i: book.requests[i].arrival_s)
+                     max_total_tokens=max_total_tokens, arrival_of=lambda i: book.requests[i].arrival_s, start=start)
     return {s.index: s for s in sim.run()}
 
 

@@ -206,6 +206,11 @@ def test_poisson_arrivals_are_the_seeded_exponential_gaps():
     assert again == served
     other = simulate(prices, "p2.5", order, seed=8)
     assert {i: s.arrival for i, s in other.items()} != expected
+    # a run that starts its clock later (a learner carried over from an earlier run) is the same run, shifted
+    later = simulate(prices, "p2.5", order, seed=7, start=64.0)
+    assert {i: s.arrival for i, s in later.items()} == {i: at + 64.0 for i, at in expected.items()}
+    for i, s in served.items():
+        assert (later[i].tpot, later[i].ttft) == pytest.approx((s.tpot, s.ttft), rel=TIGHT)
 
 
 def test_the_trace_load_keeps_the_recorded_gaps():
@@ -272,7 +277,9 @@ def test_the_same_sweep_twice_is_identical_and_seeds_change_the_order():
 # -- a policy -----------------------------------------------------------------------------------------
 
 
-def test_the_default_policy_decides_explores_and_learns():
+def _default_policy_stream(n: int = 40):
+    """The default policy and a stream of ``n`` requests alternating code and prose, whose draft pool finds its
+    match flags in the trace: (policy, prices, pair version)."""
     policy = load_policy_file(DEFAULT_POLICY)
     revision = policy.pairs["smollm2-self8"].target.revision  # the trace must be of the policy's model
     self8 = Pair(target=ModelId(model="SmolLM2-135M-Instruct", revision=revision),
@@ -284,13 +291,17 @@ def test_the_default_policy_decides_explores_and_learns():
     rng = random.Random(0)
     phrase = [11, 12, 13, 14, 15, 16, 17, 18]
     requests = []
-    for i in range(40):
+    for i in range(n):
         code = i % 2 == 0
         requests.append(request(
             0, 0, rid=f"r{i}", slice_="code" if code else "prose", prompt=phrase * 3, output=phrase * 2,
             features=RequestFeatures(prompt_tokens=24, max_tokens=16, code_score=0.5 if code else 0.1),
             flags={version: "".join(rng.choice("01") for _ in range(16))}))
-    prices = prices_of(*requests, header=header)
+    return policy, prices_of(*requests, header=header), version
+
+
+def test_the_default_policy_decides_explores_and_learns():
+    policy, prices, version = _default_policy_stream()
     chooser = PolicyChooser(policy, prices, seed=0)
     sim = Simulation(chooser, Load.parse("c2"), [list(range(40))], 0, max_running=16, max_total_tokens=1 << 16)
     served = sorted(sim.run(), key=lambda s: (s.arrival, s.index))
@@ -309,10 +320,35 @@ def test_the_default_policy_decides_explores_and_learns():
         assert (mine[0].label, mine[0].exploration) == ("plain", "cold")
         first_pool = next(c for c in mine if c.pool == "hybrid")
         assert first_pool.exploration == "cold" and first_pool.label == "hybrid-k16-beta"
-    assert chooser.exploring == {}  # every exploration in flight reported back
+    assert [r.exploring for r in chooser.replicas] == [{}]  # every exploration in flight reported back
     arms = chooser.learning.snapshot(sim.now, {}, 1).data.arms
     assert {(key.split("|")[0], key.split("|")[3].split("@")[0]) for key in arms} == {
         (s.choice.slice, s.choice.pool if s.choice.option.proposer != "none" else "none") for s in served}
+
+
+def _evidence(chooser: PolicyChooser, replica: int, t: float, sim) -> float:
+    """The requests ``replica`` decides from at ``t``: its snapshot's arms' never-decayed counts, summed."""
+    return sum(arm.ever for arm in chooser.snapshot(t, sim, replica).data.arms.values())
+
+
+@pytest.mark.parametrize("sync_s", [None, 0.5])
+def test_a_fleet_of_replicas_learns_from_every_replica_only_when_it_shares(sync_s):
+    policy, prices, _ = _default_policy_stream(60)
+    chooser = PolicyChooser(policy, prices, seed=0, replicas=3, sync_s=sync_s)
+    sim = Simulation(chooser, Load.parse("c2"), [list(range(60))], 0, max_running=16, max_total_tokens=1 << 16)
+    served = sim.run()
+    # requests go round robin, 20 per replica, and each replica records only what it served
+    assert sorted(sum(1 for s in served if s.choice.replica == n) for n in range(3)) == [20, 20, 20]
+    own = [sum(arm.ever for arm in r.learning.snapshot(sim.now, {}, 1).data.arms.values()) for r in chooser.replicas]
+    assert min(own) > 0
+    late = sim.now + 10.0  # two sync rounds after the last request
+    chooser._sync(late)
+    seen = [_evidence(chooser, n, late, sim) for n in range(3)]
+    if sync_s is None:  # no store: each decides from its own third
+        assert seen == own
+    else:  # shared: every replica decides from the whole fleet's evidence, nothing counted twice
+        assert seen == [sum(own)] * 3
+    assert [r.exploring for r in chooser.replicas] == [{}, {}, {}]
 
 
 def test_a_policy_with_an_adaptive_pool_is_replayed_with_its_per_round_controller():
