@@ -8,6 +8,7 @@ re-model them) and come back parsed, together with the raw bytes for verbatim fo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -134,8 +135,9 @@ class SGLangClient:
     """Talks SGLang's HTTP protocol to the worker at ``base_url``.
 
     ``incremental_output``: None detects the /generate streaming mode (see ``streaming.py``);
-    True/False declares it. ``transport`` is for tests and unusual deployments. ``fast_json``:
-    non-streaming chat/completions go through ``h1.H1Pool`` (the gateway's hot path) instead of httpx.
+    True/False declares it. ``transport`` is for tests and unusual deployments. ``fast_json``: chat,
+    completions and /generate, whole and streamed, go through ``h1.H1Pool`` (the gateway's hot path) instead of
+    httpx.
     """
 
     def __init__(self, base_url: str, *, timeouts: ClientTimeouts = ClientTimeouts(),
@@ -261,43 +263,64 @@ class SGLangClient:
         connection dropped before the answer's status line is retried once (:data:`_DROPPED`)."""
         for attempt in range(2):
             try:
-                async for payload in self._stream_once(path, body, headers):
-                    yield payload
+                async with contextlib.aclosing(self._stream_once(path, body, headers)) as payloads:
+                    async for payload in payloads:
+                        yield payload
                 return
             except _Unanswered as exc:  # raised before the first payload, so nothing was yielded
                 if attempt:
                     raise self._translate(exc.cause, bytes_received=False) from exc.cause
 
+    async def _events(self, lines: AsyncIterator[str], received: list[bool]) -> AsyncIterator[bytes]:
+        """The data payloads of an SSE body up to ``[DONE]``; error chunks raised typed. ``received[0]`` turns
+        True once a payload was handed over."""
+        async for payload in sse_data(lines):
+            if payload == DONE:
+                return
+            envelope = _error_in(payload)
+            if envelope is not None:
+                detail = envelope.detail_or_none()
+                assert detail is not None
+                raise WorkerStreamError(
+                    self.base_url, detail.message, bytes_received=received[0],
+                    error_type=detail.type, code=detail.code, retryable=detail.retryable)
+            received[0] = True
+            yield payload
+        raise WorkerStreamError(self.base_url, "stream ended without data: [DONE]", bytes_received=received[0])
+
     async def _stream_once(self, path: str, body: Any, headers: Mapping[str, str] | None = None
                            ) -> AsyncIterator[bytes]:
-        received = status_seen = False
+        received = [False]
+        if self._h1 is not None:
+            async with self._h1.stream(path, _JSON.encode(body), headers) as response:
+                if response.status >= 400:
+                    self._raise_http(response.status, _phrase(response.status), await response.read(),
+                                     response.headers)
+                try:
+                    async for payload in self._events(response.lines(), received):
+                        yield payload
+                except WorkerTimeout as exc:
+                    raise WorkerTimeout(self.base_url, exc.phase, bytes_received=received[0]) from exc
+                except WorkerStreamError as exc:
+                    if exc.bytes_received == received[0]:
+                        raise
+                    raise WorkerStreamError(self.base_url, exc.message, bytes_received=received[0],
+                                            error_type=exc.error_type, code=exc.code,
+                                            retryable=exc.retryable) from exc
+            return
+        status_seen = False
         try:
             async with self.http.stream("POST", path, json=body, headers=headers) as response:
                 status_seen = True
                 await self._raise_for_status(response)
-                done = False
-                async for payload in sse_data(response.aiter_lines()):
-                    if payload == DONE:
-                        done = True
-                        break
-                    envelope = _error_in(payload)
-                    if envelope is not None:
-                        detail = envelope.detail_or_none()
-                        assert detail is not None
-                        raise WorkerStreamError(
-                            self.base_url, detail.message, bytes_received=received,
-                            error_type=detail.type, code=detail.code, retryable=detail.retryable)
-                    received = True
+                async for payload in self._events(response.aiter_lines(), received):
                     yield payload
-                if not done:
-                    raise WorkerStreamError(self.base_url, "stream ended without data: [DONE]",
-                                            bytes_received=received)
         except _DROPPED as exc:
             if not status_seen:
                 raise _Unanswered(exc) from exc
-            raise self._translate(exc, bytes_received=received) from exc
+            raise self._translate(exc, bytes_received=received[0]) from exc
         except httpx.HTTPError as exc:
-            raise self._translate(exc, bytes_received=received) from exc
+            raise self._translate(exc, bytes_received=received[0]) from exc
 
     # -- native ------------------------------------------------------------------------------------
 
@@ -311,15 +334,15 @@ class SGLangClient:
         """Streaming ``POST /generate``: one ``GenerateDelta`` per chunk, text as deltas."""
         body = msgspec.to_builtins(msgspec.structs.replace(request, stream=True))
         tracker = DeltaTracker(self.incremental_output)
-        async for payload in self._stream_payloads("/generate", body):
-            chunk = self._decode(GenerateResponse, payload, "/generate chunk", bytes_received=True)
-            try:
-                text, ids = tracker.push(chunk.text, chunk.output_ids,
-                                         chunk.meta_info.completion_tokens)
-            except ValueError as exc:
-                raise WorkerProtocolError(self.base_url, str(exc), bytes_received=True) from exc
-            yield GenerateDelta(text=text, output_ids=ids, meta_info=chunk.meta_info,
-                                finished=chunk.meta_info.finish_reason is not None)
+        async with contextlib.aclosing(self._stream_payloads("/generate", body)) as payloads:
+            async for payload in payloads:
+                chunk = self._decode(GenerateResponse, payload, "/generate chunk", bytes_received=True)
+                try:
+                    text, ids = tracker.push(chunk.text, chunk.output_ids, chunk.meta_info.completion_tokens)
+                except ValueError as exc:
+                    raise WorkerProtocolError(self.base_url, str(exc), bytes_received=True) from exc
+                yield GenerateDelta(text=text, output_ids=ids, meta_info=chunk.meta_info,
+                                    finished=chunk.meta_info.finish_reason is not None)
 
     async def abort(self, rid: str) -> None:
         """``POST /abort_request``: stop a running request (e.g. its client went away)."""
@@ -353,9 +376,10 @@ class SGLangClient:
         """Streaming chat: yields each chunk (raw data payload + parsed), the sglext and usage
         chunks included (``choices == []``). ``include_usage`` adds ``stream_options`` unless set."""
         body = self._openai_body(body, True, spec_details, include_usage)
-        async for payload in self._stream_payloads("/v1/chat/completions", body, headers):
-            yield OpenAIResult(payload, self._decode(ChatCompletionChunk, payload, "chat chunk",
-                                                     bytes_received=True))
+        async with contextlib.aclosing(self._stream_payloads("/v1/chat/completions", body, headers)) as payloads:
+            async for payload in payloads:
+                yield OpenAIResult(payload, self._decode(ChatCompletionChunk, payload, "chat chunk",
+                                                         bytes_received=True))
 
     async def completions(self, body: Mapping[str, Any], *, spec_details: bool = True,
                           headers: Mapping[str, str] | None = None) -> OpenAIResult[CompletionResponse]:
@@ -369,9 +393,10 @@ class SGLangClient:
                                  ) -> AsyncIterator[OpenAIResult[CompletionResponse]]:
         """Streaming ``/v1/completions``; each chunk's ``choices[].text`` is a delta."""
         body = self._openai_body(body, True, spec_details, include_usage)
-        async for payload in self._stream_payloads("/v1/completions", body, headers):
-            yield OpenAIResult(payload, self._decode(CompletionResponse, payload,
-                                                     "completion chunk", bytes_received=True))
+        async with contextlib.aclosing(self._stream_payloads("/v1/completions", body, headers)) as payloads:
+            async for payload in payloads:
+                yield OpenAIResult(payload, self._decode(CompletionResponse, payload,
+                                                         "completion chunk", bytes_received=True))
 
     # -- control -----------------------------------------------------------------------------------
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from backends.sglang.client import SGLangClient
-from backends.sglang.errors import WorkerConnectError, WorkerHTTPError, WorkerTimeout
+from backends.sglang.client import ClientTimeouts, SGLangClient
+from backends.sglang.errors import WorkerConnectError, WorkerHTTPError, WorkerStreamError, WorkerTimeout
 from backends.sglang.h1 import H1Pool
 
 CHAT = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
@@ -22,7 +22,9 @@ def _answer(status: str, body: bytes, extra: bytes = b"") -> bytes:
 
 
 class Scripted:
-    """Answers each request with ``answer(n, request_bytes)``; counts connections and requests."""
+    """Answers each request with ``answer(n, request_bytes)``: the answer's bytes, None (close without a byte), or a
+    list of steps (bytes: write them; a float: wait that many seconds; None: close); counts connections and
+    requests."""
 
     def __init__(self, answer) -> None:
         self.answer = answer
@@ -40,11 +42,15 @@ class Scripted:
                 body = await reader.readexactly(length)
                 self.requests.append(head + body)
                 out = await self.answer(len(self.requests), body)
-                if out is None:
-                    writer.close()
-                    return
-                writer.write(out)
-                await writer.drain()
+                for step in out if isinstance(out, list) else [out]:
+                    if step is None:
+                        writer.close()
+                        return
+                    if isinstance(step, float):
+                        await asyncio.sleep(step)
+                        continue
+                    writer.write(step)
+                    await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
 
@@ -165,10 +171,11 @@ def _sse(*payloads: bytes) -> bytes:
     return _answer("200 OK", body).replace(b"application/json", b"text/event-stream")
 
 
-def test_httpx_paths_resend_once_on_a_connection_dropped_before_the_answer():
-    """Streaming and the httpx JSON path: a reused keep-alive connection the worker closes unanswered (as
-    uvicorn does after 5 idle seconds, racing the next request) is retried once on a new connection; a
-    second drop in a row is the worker's fault, typed retry-safe."""
+@pytest.mark.parametrize("fast_json", [False, True])
+def test_both_paths_resend_once_on_a_connection_dropped_before_the_answer(fast_json):
+    """Streaming and the JSON path, on httpx and on H1Pool: a reused keep-alive connection the worker closes
+    unanswered (as uvicorn does after 5 idle seconds, racing the next request) is retried once on a new
+    connection; a second drop in a row is the worker's fault, typed retry-safe."""
     async def answer(n, body):
         if n in (2, 5, 7, 8):
             return None  # read the request, close without a byte
@@ -179,7 +186,7 @@ def test_httpx_paths_resend_once_on_a_connection_dropped_before_the_answer():
     async def main():
         server = Scripted(answer)
         async with server as url:
-            async with SGLangClient(url, fast_json=False) as client:
+            async with SGLangClient(url, fast_json=fast_json) as client:
                 stream = {"model": "m", "messages": [], "stream": True}
                 first = [c.parsed.choices[0].delta.content async for c in client.chat_completions_stream(stream)]
                 again = [c.parsed.choices[0].delta.content async for c in client.chat_completions_stream(stream)]
@@ -190,4 +197,113 @@ def test_httpx_paths_resend_once_on_a_connection_dropped_before_the_answer():
         assert first == again == ["hi"] and len(server.requests) == 8
         assert plain.parsed.usage.completion_tokens == retried.parsed.usage.completion_tokens == 1
         assert err.value.retry_safe and "RemoteProtocolError" in err.value.message
+    run(main())
+
+
+def _chunked_head() -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _event(content: str) -> bytes:
+    chunk = {**CHUNK, "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def _contents(client: SGLangClient, got: list[str]):
+    async def read():
+        async for c in client.chat_completions_stream({"model": "m", "messages": [], "stream": True}):
+            got.extend(choice.delta.content for choice in c.parsed.choices)
+    return read()
+
+
+def test_a_stream_arrives_piece_by_piece_and_its_connection_is_reused():
+    """H1Pool's streamed answer: events split anywhere across chunks (mid-line, CRLF line ends) come out whole
+    and in order, each as soon as its chunk arrived; a complete answer's connection serves the next one."""
+    first, second = _event("a"), _event("b").replace(b"\n", b"\r\n")
+
+    async def answer(n, body):
+        return [_chunked_head(), _chunk(first[:17]), 0.05, _chunk(first[17:] + second[:5]), 0.05,
+                _chunk(second[5:] + b"data: [DONE]\n\n"), b"0\r\n\r\n"]
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            async with SGLangClient(url, fast_json=True) as client:
+                one, two = [], []
+                await _contents(client, one)
+                await _contents(client, two)
+        assert one == two == ["a", "b"] and server.connections == 1
+    run(main())
+
+
+def test_a_stream_broken_or_silent_mid_answer_is_typed_and_its_connection_dropped():
+    async def answer(n, body):
+        if n == 1:  # the worker dies after one event
+            return [_chunked_head(), _chunk(_event("a")), 0.05, None]
+        if n == 2:  # the worker stalls after one event
+            return [_chunked_head(), _chunk(_event("a")), 5.0]
+        if n == 3:  # the worker dies after the status line, before any event: nothing reached the caller
+            return [_chunked_head(), 0.05, None]
+        return [_chunked_head(), _chunk(_event("z") + b"data: [DONE]\n\n"), b"0\r\n\r\n"]
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            timeouts = ClientTimeouts(read=0.3)
+            async with SGLangClient(url, fast_json=True, timeouts=timeouts) as client:
+                broken, silent, empty, later = [], [], [], []
+                with pytest.raises(WorkerStreamError) as err:
+                    await _contents(client, broken)
+                assert broken == ["a"] and err.value.bytes_received and not err.value.retry_safe
+                with pytest.raises(WorkerTimeout) as stalled:
+                    await _contents(client, silent)
+                assert silent == ["a"] and stalled.value.phase == "read" and stalled.value.bytes_received
+                with pytest.raises(WorkerStreamError) as unstarted:
+                    await _contents(client, empty)
+                assert empty == [] and unstarted.value.retry_safe  # safe to send elsewhere
+                await _contents(client, later)
+        assert later == ["z"] and server.connections == 4  # no broken connection was reused
+    run(main())
+
+
+def test_a_reader_that_leaves_mid_stream_closes_its_connection():
+    async def answer(n, body):
+        if n == 1:
+            return [_chunked_head(), _chunk(_event("a")), 5.0]
+        return [_chunked_head(), _chunk(_event("b") + b"data: [DONE]\n\n"), b"0\r\n\r\n"]
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            async with SGLangClient(url, fast_json=True) as client:
+                stream = client.chat_completions_stream({"model": "m", "messages": [], "stream": True})
+                first = await anext(stream)
+                await stream.aclose()  # the client went away
+                assert client._h1 is not None and client._h1._idle == []
+                later = []
+                await _contents(client, later)
+                assert len(client._h1._idle) == 1  # only the complete answer's connection is kept
+        assert first.parsed.choices[0].delta.content == "a" and later == ["b"] and server.connections == 2
+    run(main())
+
+
+def test_a_streamed_error_status_is_typed_with_the_workers_message():
+    async def answer(n, body):
+        return _answer("429 Too Many Requests", b'{"error": {"message": "queue full", "type": "overloaded"}}',
+                       b"retry-after: 2\r\n")
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            async with SGLangClient(url, fast_json=True) as client:
+                with pytest.raises(WorkerHTTPError) as err:
+                    await _contents(client, [])
+                with pytest.raises(WorkerHTTPError):
+                    await _contents(client, [])
+        assert (err.value.status, err.value.message, err.value.retry_after) == (429, "queue full", 2.0)
+        assert server.connections == 1  # an error answer read whole keeps its connection
     run(main())
