@@ -50,34 +50,17 @@ import msgspec
 import structlog
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
-from gateway.fleet_slots import SLOTS_SCRIPT, SlotShare
-from gateway.gates.values import Sample, Verdict
+from gateway.fleet_gates import FleetGates
+from gateway.fleet_limits import FleetLimits
+from gateway.gates.values import Sample
 from policies.schema import State
 from policies.shared_sums import TABLES, Merger, Summary, field_of, from_wire, to_wire
 
 log = structlog.get_logger("specgate.fleet")
 
 SUMS_TTL_S = 7 * 24 * 3600  # a replica's published sums outlive it (the others keep its evidence), decayed anyway
-VERDICT_TTL_S = 7 * 24 * 3600
 REPORTS_MAXLEN = 100_000
 SAMPLES_MAXLEN = 100_000  # the gate samples stream (~300 bytes each): the last ~100k finished requests
-
-# token bucket with the server's clock: refill, then grant up to ARGV[3] tokens if at least ARGV[4] are there
-_GRANT = """
-local rate, cap, want, least = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local s = redis.call('HMGET', KEYS[1], 'level', 't')
-local level, last = tonumber(s[1]), tonumber(s[2])
-if level == nil then level, last = cap, now end
-if now > last then level = math.min(cap, level + rate * (now - last)); last = now end
-local granted, wait = 0, 0
-if level >= least then granted = math.min(want, level); level = level - granted
-else wait = (least - level) / rate end
-redis.call('HSET', KEYS[1], 'level', tostring(level), 't', tostring(last))
-redis.call('PEXPIRE', KEYS[1], math.floor(cap / rate * 1000) + 60000)
-return {tostring(granted), tostring(wait)}
-"""
 
 # an outcome report: the served sample must exist for this route, and be reported once fleet-wide
 _CLAIM = """
@@ -90,36 +73,6 @@ local sample = string.sub(s, sep + 1)
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'sample', sample, 'score', ARGV[4], 'by', ARGV[3])
 return {'taken', sample}
 """
-
-# a gate run's lease: the holder's token when this replica holds it (new or renewed), else 0 and the holder
-_ACQUIRE = """
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  if string.sub(cur, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. '#' then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2]); return {1, cur}
-  end
-  return {0, cur}
-end
-local token = redis.call('INCR', KEYS[2])
-local holder = ARGV[1] .. '#' .. token
-redis.call('SET', KEYS[1], holder, 'PX', ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return {1, holder}
-"""
-
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]); return 1 end
-return 0
-"""
-
-# the verdict is written only by the lease's current holder (a fenced write: a stale holder's is refused)
-_VERDICT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-redis.call('DEL', KEYS[1])
-return 1
-"""
-
 
 def connect_url(url: str) -> str:
     """``valkey://`` is ``redis://`` on the wire, ``valkeys://`` is ``rediss://`` (TLS)."""
@@ -158,33 +111,6 @@ class FleetMetrics:
 
 
 @dataclass
-class Reserve:
-    """A share of one fleet-wide token bucket this replica was granted, spent locally on the request path."""
-
-    key: str
-    rate: float
-    capacity: float
-    batch: float  # how much one grant asks for (and the most this replica holds)
-    level: float = 0.0
-    want: float = 0.0  # a refused request's cost: the next grant must cover it
-    wait_s: float = 0.0  # the fleet bucket's last answer: seconds until ``want`` is there
-    asked_at: float = 0.0
-    live: bool = False  # granted at least once since the store was last reachable
-
-    def take(self, cost: float) -> float | None:
-        """None when admitted from the reserve, else the Retry-After (the fleet's wait, or one refill)."""
-        if self.level >= cost:
-            self.level -= cost
-            return None
-        self.want = max(self.want, cost)
-        self.batch = min(self.capacity, max(self.batch, cost))  # one grant covers a request this size
-        return max(self.wait_s, 0.05)
-
-    def give_back(self, amount: float) -> None:
-        self.level = min(max(self.batch, self.level), self.level + amount)
-
-
-@dataclass
 class Fleet:
     """One replica's connection to the fleet state; every method that talks to the server is async and bounded."""
 
@@ -203,12 +129,7 @@ class Fleet:
             connect_url(self.config.url), password=password_of(self.config, self.base_dir),
             socket_timeout=self.timeout, socket_connect_timeout=self.timeout, retry_on_timeout=False,
             health_check_interval=0, single_connection_client=False)
-        self._grant = self.client.register_script(_GRANT)
         self._claim = self.client.register_script(_CLAIM)
-        self._acquire = self.client.register_script(_ACQUIRE)
-        self._renew = self.client.register_script(_RENEW)
-        self._verdict = self.client.register_script(_VERDICT)
-        self._slots = self.client.register_script(SLOTS_SCRIPT)
         self.metrics = FleetMetrics(self.registry if self.registry is not None else CollectorRegistry())
         self.up = False
         self.ever_up = False
@@ -236,11 +157,8 @@ class Fleet:
         self._observed: deque[Sample] = deque(maxlen=100_000)
         self._samples_cursor = f"{int(time.time() * 1000)}-0"  # from now on: a starting replica ramps afresh
         self.remote_samples: list[Sample] = []
-        # limits
-        self.reserves: dict[str, Reserve] = {}
-        self.slot_shares: dict[str, SlotShare] = {}  # concurrency caps (gateway/fleet_slots.py)
-        self.slots_ttl_s = max(2.0, 4 * self.interval)  # a grant's life: a dead replica's slots free after it
-        self._limits_wake = asyncio.Event()
+        self.limits = FleetLimits(self)  # route limits (gateway/fleet_limits.py)
+        self.gates = FleetGates(self)  # pair gate runs' leases and verdicts (gateway/fleet_gates.py)
         self._sync_lock = asyncio.Lock()
 
     def key(self, *parts: str) -> str:
@@ -269,10 +187,7 @@ class Fleet:
         self.up = False
         self.remote_exploring = {}  # the others' explorations are unknown now: only this replica's count
         self._published.clear()  # republish whole when it returns (replaces, never adds)
-        for reserve in self.reserves.values():
-            reserve.live, reserve.level = False, 0.0
-        for share in self.slot_shares.values():
-            share.lost()
+        self.limits.lost()
 
     async def bounded(self, coro: Any, calls: int = 1) -> Any:
         """A call to the server, bounded by ``timeout_ms`` per call; marks the store down when it fails."""
@@ -286,10 +201,9 @@ class Fleet:
     async def close(self) -> None:
         """Give back this replica's concurrency slots (the others may take them at once) and disconnect."""
         with contextlib.suppress(Exception):
-            if self.up and self.slot_shares:
+            if self.up and self.limits.slot_shares:
                 pipe = self.client.pipeline(transaction=False)
-                for share in self.slot_shares.values():
-                    pipe.hdel(self.key("slots", share.key), self.replica)
+                self.limits.give_back_slots(pipe)
                 await self.bounded(pipe.execute())
         with contextlib.suppress(Exception):
             await self.client.aclose()
@@ -450,98 +364,15 @@ class Fleet:
             return what, None
         return what, msgspec.json.decode(answer[1], type=Sample)
 
-    # -- limits --------------------------------------------------------------------------------------
-
-    def reserve(self, key: str, rate: float, capacity: float) -> Reserve:
-        """The local share of the fleet bucket ``key`` (one per route, kind and limit)."""
-        reserve = self.reserves.get(key)
-        if reserve is None or (reserve.rate, reserve.capacity) != (rate, capacity):
-            batch = min(capacity, max(1.0, rate * min(0.05, self.interval)))
-            reserve = self.reserves[key] = Reserve(key=key, rate=rate, capacity=capacity, batch=batch)
-            self._limits_wake.set()
-        return reserve
-
-    def slots(self, key: str, cap: int) -> SlotShare:
-        """This replica's share of the fleet-wide concurrency cap ``key`` (one per route and cap)."""
-        share = self.slot_shares.get(key)
-        if share is None:
-            share = self.slot_shares[key] = SlotShare(key=key, cap=cap)
-            self._limits_wake.set()
-        return share
-
-    def drop_slots(self, key: str) -> None:
-        """A reload changed the route's cap: stop renewing the old grant (the store forgets it within its ttl)."""
-        self.slot_shares.pop(key, None)
-
-    def wake_limits(self) -> None:
-        self._limits_wake.set()
-
-    async def refill(self) -> None:
-        """Ask the fleet buckets for what the reserves lack, and renew the concurrency grants that are due (one
-        pipelined round for all of them)."""
-        todo = [r for r in self.reserves.values() if not r.live or r.want > r.level or r.level < r.batch / 2]
-        now, replicas = time.monotonic(), max(1, len(self.replicas))
-        shares = [s for s in self.slot_shares.values() if s.due(replicas, self.slots_ttl_s, now)]
-        if not todo and not shares:
-            return
-        pipe = self.client.pipeline(transaction=False)
-        for r in todo:
-            least = max(r.want - r.level, 0.0)
-            want = max(r.batch - r.level, least)
-            await self._grant(keys=[self.key("rl", r.key)], args=[repr(r.rate), repr(r.capacity), repr(want),
-                                                              repr(least)], client=pipe)
-        for s in shares:
-            await self._slots(keys=[self.key("slots", s.key)], args=[
-                self.replica, s.want(replicas), s.cap, int(self.slots_ttl_s * 1000)], client=pipe)
-        answers = await self.bounded(pipe.execute())
-        for r, (granted, wait) in zip(todo, answers[:len(todo)], strict=True):
-            r.level += float(granted)
-            r.wait_s = float(wait)
-            r.live = True
-            if r.level >= r.want:
-                r.want = 0.0
-        for s, (granted, others) in zip(shares, answers[len(todo):], strict=True):
-            s.granted(int(granted), int(others), replicas)
-
     async def limits_loop(self) -> None:
-        """Refill reserves as soon as one runs short (woken by the request path), else every 50 ms."""
+        """Refill the route limits' reserves as soon as one runs short (woken by the request path), else every
+        50 ms (``FleetLimits.refill``)."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.05):
-                    await self._limits_wake.wait()
-            self._limits_wake.clear()
+            await self.limits.woken(0.05)
             if not self.up:
                 continue
             with contextlib.suppress(FleetDown):
-                await self.refill()
-
-    # -- pair gates ----------------------------------------------------------------------------------
-
-    def _gate_keys(self, pool: str, key: str) -> tuple[str, str, str]:
-        return self.key("gate", pool, key, "lease"), self.key("gate", pool, key, "fence"), \
-            self.key("gate", pool, key, "verdict")
-
-    async def verdict(self, pool: str, key: str) -> Verdict | None:
-        raw = await self.bounded(self.client.get(self._gate_keys(pool, key)[2]))
-        return None if raw is None else msgspec.json.decode(raw, type=Verdict)
-
-    async def acquire(self, pool: str, key: str, lease_s: float) -> str | None:
-        """This replica's lease on running the pool's canaries (its holder string with the fencing token), or
-        None while another replica holds it."""
-        lease, fence, _ = self._gate_keys(pool, key)
-        ok, holder = await self.bounded(self._acquire(keys=[lease, fence], args=[
-            self.replica, int(lease_s * 1000), VERDICT_TTL_S * 1000]))
-        return holder.decode() if ok else None
-
-    async def renew(self, pool: str, key: str, holder: str, lease_s: float) -> bool:
-        lease = self._gate_keys(pool, key)[0]
-        return bool(await self.bounded(self._renew(keys=[lease], args=[holder, int(lease_s * 1000)])))
-
-    async def publish_verdict(self, pool: str, key: str, holder: str, verdict: Verdict) -> bool:
-        """Write the verdict if ``holder`` still holds the lease (False: a stale holder, the write refused)."""
-        lease, _, stored = self._gate_keys(pool, key)
-        return bool(await self.bounded(self._verdict(keys=[lease, stored], args=[
-            holder, msgspec.json.encode(verdict), VERDICT_TTL_S])))
+                await self.limits.refill()
 
     def view(self) -> dict[str, Any]:
         """``/admin/fleet``."""
@@ -550,9 +381,7 @@ class Fleet:
                 "lag_s": self.lag_s(), "sync_ms": None if self.sync_s is None else round(self.sync_s * 1000, 2),
                 "failures": self.failures, "last_error": self.last_error, "sync_interval_s": self.interval,
                 "replicas": self.replicas,
-                # each capped route's slots here: granted, in flight, and held by the other replicas (fleet_slots.py)
-                "slots": {s.key: {"held": s.held, "in_flight": s.in_flight(), "others": s.others, "live": s.live}
-                          for s in self.slot_shares.values()}}
+                "slots": self.limits.view()}
 
 
 class FleetDown(Exception):

@@ -6,8 +6,8 @@ Retry-After = (c - level) / r. Requests cost 1 against ``requests_per_s`` (capac
 max(1, ceil(rate))). Tokens cost prompt (approximate) + max_tokens against ``tokens_per_min``
 (capacity one minute's worth); the unused part of max_tokens is refunded when the request ends.
 
-In a fleet (``gateway/fleet.py``) both buckets live in the state store: a request is admitted from this replica's
-reserve, a share of the fleet bucket granted to it off the request path (``fleet.Reserve``), so the fleet admits at
+In a fleet (``gateway/fleet_limits.py``) both buckets live in the state store: a request is admitted from this
+replica's reserve, a share of the fleet bucket granted to it off the request path (``fleet_limits.Reserve``), so the fleet admits at
 most R x t + burst in all and admission never waits for the store. The concurrency cap is held fleet-wide the same
 way: this replica admits while its requests in flight are fewer than the slots it was granted, and the grants of
 all replicas never add up to more than the cap (``gateway/fleet_slots.py``). While the store is unreachable, or
@@ -71,17 +71,18 @@ class RouteLimiter:
             burst = rl.burst or max(1, math.ceil(rl.requests_per_s))
             self.requests = TokenBucket(rl.requests_per_s, burst, now)
             if fleet is not None:
-                self.shared_requests = fleet.reserve(f"{route.name}:requests:{rl.requests_per_s:g}:{burst:g}",
+                self.shared_requests = fleet.limits.reserve(f"{route.name}:requests:{rl.requests_per_s:g}:{burst:g}",
                                                      rl.requests_per_s, burst)
         if rl is not None and rl.tokens_per_min is not None:
             self.tokens = TokenBucket(rl.tokens_per_min / 60.0, rl.tokens_per_min, now)
             if fleet is not None:
-                self.shared_tokens = fleet.reserve(f"{route.name}:tokens:{rl.tokens_per_min:g}",
+                self.shared_tokens = fleet.limits.reserve(f"{route.name}:tokens:{rl.tokens_per_min:g}",
                                                    rl.tokens_per_min / 60.0, rl.tokens_per_min)
         self.max_concurrency = route.max_concurrency
         self.shared_slots: SlotShare | None = None
         if fleet is not None and route.max_concurrency is not None:
-            self.shared_slots = fleet.slots(f"{route.name}:concurrency:{route.max_concurrency}", route.max_concurrency)
+            self.shared_slots = fleet.limits.slots(f"{route.name}:concurrency:{route.max_concurrency}",
+                                                   route.max_concurrency)
             self.shared_slots.in_flight = lambda: self.in_flight  # this limiter owns the count its grants ask for
         self.in_flight = 0  # the route's requests in flight at this replica (admitted, not finished)
         self.successor: RouteLimiter | None = None  # the limiter a reload with new limits replaced this one by
@@ -100,7 +101,7 @@ class RouteLimiter:
         if shared and self.shared_slots is not None:
             if not self.shared_slots.admits():
                 assert self.fleet is not None
-                self.fleet.wake_limits()  # ask for one more slot, off the request path
+                self.fleet.limits.wake()  # ask for one more slot, off the request path
                 raise ApiError(429, f"route '{name}' has its max_concurrency {self.max_concurrency} in flight across "
                                f"the fleet ({self.in_flight} here, the other replicas hold "
                                f"{self.shared_slots.others}); retry when one finishes", retry_after=1,
@@ -143,7 +144,7 @@ class RouteLimiter:
         if requests is not None:
             wait = requests.take(1)
             if wait is not None:
-                fleet.wake_limits()
+                fleet.limits.wake()
                 raise ApiError(429, f"route '{name}' is over its limit of {requests.rate:g} requests/s "
                                "(fleet-wide); retry after the Retry-After seconds", retry_after=wait,
                                code="request_rate_limit")
@@ -152,12 +153,12 @@ class RouteLimiter:
             if wait is not None:
                 if requests is not None:
                     requests.give_back(1)
-                fleet.wake_limits()
+                fleet.limits.wake()
                 raise ApiError(429, f"route '{name}' is over its limit of {tokens.capacity:.0f} tokens/min "
                                "(fleet-wide); retry after the Retry-After seconds", retry_after=wait,
                                code="token_rate_limit")
         if any(r is not None and r.level < r.batch / 2 for r in (requests, tokens)):
-            fleet.wake_limits()  # refill before the reserve runs dry
+            fleet.limits.wake()  # refill before the reserve runs dry
 
     def finish(self, refund_tokens: int) -> None:
         """End a request admitted here, on the limiter that now counts it: a reload that changed the
@@ -203,5 +204,5 @@ def limiters_for(routes: list[Route], names: list[str], old: dict[str, RouteLimi
                 kept.successor = out[name]
                 if kept.fleet is not None and kept.shared_slots is not None \
                         and kept.shared_slots is not out[name].shared_slots:
-                    kept.fleet.drop_slots(kept.shared_slots.key)
+                    kept.fleet.limits.drop_slots(kept.shared_slots.key)
     return out

@@ -358,12 +358,12 @@ class GatewayState:
         if fleet is None or not fleet.up or gate is None:
             return False, None
         try:
-            shared = await fleet.verdict(pool, key) if gate.verdict is None else None
+            shared = await fleet.gates.verdict(pool, key) if gate.verdict is None else None
             if shared is not None:  # a replica that starts or restarts reads the verdict instead of re-running
                 self.gates.finished(pool, key, shared, time.monotonic(), time.time())
                 self.gate_tick()
                 return True, None
-            holder = await fleet.acquire(pool, key, GATE_LEASE_S)
+            holder = await fleet.gates.acquire(pool, key, GATE_LEASE_S)
         except FleetDown:
             return False, None
         if holder is None:
@@ -377,7 +377,7 @@ class GatewayState:
         while True:
             await asyncio.sleep(GATE_LEASE_S / 3)
             with contextlib.suppress(FleetDown):
-                await self.fleet.renew(pool, key, holder, GATE_LEASE_S)
+                await self.fleet.gates.renew(pool, key, holder, GATE_LEASE_S)
 
     async def _run_gate(self, pool: str, key: str) -> None:
         done, holder = await self._fleet_gate(pool, key)
@@ -397,10 +397,10 @@ class GatewayState:
                 renewer.cancel()
         if holder is not None and self.fleet is not None and not verdict.error:
             try:
-                if not await self.fleet.publish_verdict(pool, key, holder, verdict):
+                if not await self.fleet.gates.publish_verdict(pool, key, holder, verdict):
                     # fenced: this replica's lease expired and another took the run; its verdict is the fleet's
                     log.warning("pair_gate_lease_lost", pool=pool, key=key)
-                    verdict = await self.fleet.verdict(pool, key) or verdict
+                    verdict = await self.fleet.gates.verdict(pool, key) or verdict
             except FleetDown:
                 pass
         self.gates.finished(pool, key, verdict, time.monotonic(), time.time())

@@ -178,18 +178,18 @@ def test_one_replica_at_a_time_holds_a_gate_lease_and_a_stale_holder_cannot_writ
         learner = LearningState()
         await _sync(a, learner)
         await _sync(b, learner)
-        holder = await a.acquire("ngram", "k1", lease_s=0.3)
+        holder = await a.gates.acquire("ngram", "k1", lease_s=0.3)
         assert holder is not None and holder.startswith(a.replica + "#")
-        assert await b.acquire("ngram", "k1", lease_s=0.3) is None
-        assert await a.acquire("ngram", "k1", lease_s=0.3) == holder  # renewed, same fencing token
+        assert await b.gates.acquire("ngram", "k1", lease_s=0.3) is None
+        assert await a.gates.acquire("ngram", "k1", lease_s=0.3) == holder  # renewed, same fencing token
         await asyncio.sleep(0.45)  # a dies mid-check: its lease expires
-        taken = await b.acquire("ngram", "k1", lease_s=5)
+        taken = await b.gates.acquire("ngram", "k1", lease_s=5)
         assert taken is not None and int(taken.rsplit("#", 1)[1]) > int(holder.rsplit("#", 1)[1])
         verdict = Verdict(passed=True, reason="canaries identical", canaries=3)
-        assert not await a.publish_verdict("ngram", "k1", holder, Verdict(passed=False, reason="stale"))
-        assert await b.publish_verdict("ngram", "k1", taken, verdict)
-        assert await a.verdict("ngram", "k1") == verdict  # a replica that (re)starts reads it
-        assert await a.verdict("ngram", "k2") is None
+        assert not await a.gates.publish_verdict("ngram", "k1", holder, Verdict(passed=False, reason="stale"))
+        assert await b.gates.publish_verdict("ngram", "k1", taken, verdict)
+        assert await a.gates.verdict("ngram", "k1") == verdict  # a replica that (re)starts reads it
+        assert await a.gates.verdict("ngram", "k2") is None
         await a.close()
         await b.close()
     asyncio.run(scenario())

@@ -31,7 +31,7 @@ async def _replicas(url: str, n: int = 3) -> tuple[list[Fleet], list[RouteLimite
             await fleet.sync({}, {}, 600.0, {"policy": "p"})
     limiters = [RouteLimiter(Route(name="app", max_concurrency=CAP), fleet=f) for f in fleets]
     for fleet in fleets:
-        await fleet.refill()
+        await fleet.limits.refill()
     return fleets, limiters
 
 
@@ -47,14 +47,14 @@ def _admit(limiter: RouteLimiter) -> bool:
 def test_the_fleet_never_has_more_than_the_cap_in_flight(valkey):
     async def scenario():
         fleets, limiters = await _replicas(valkey.url)
-        assert [f.slot_shares["app:concurrency:4"].held for f in fleets] == [2, 2, 0]  # fair share: ceil(4 / 3)
+        assert [f.limits.slot_shares["app:concurrency:4"].held for f in fleets] == [2, 2, 0]  # fair share: ceil(4 / 3)
         assert fleets[1].view()["slots"] == {"app:concurrency:4": {"held": 2, "in_flight": 0, "others": 2,
                                                                     "live": True}}
         admitted = [_admit(limiters[i % 3]) for i in range(9)]  # round-robin, none finishing
         assert sum(admitted) == CAP and [lim.in_flight for lim in limiters] == [2, 2, 0]
         # the third replica asks for a slot; the other two hold all four
-        await fleets[2].refill()
-        assert not _admit(limiters[2]) and fleets[2].slot_shares["app:concurrency:4"].others == 4
+        await fleets[2].limits.refill()
+        assert not _admit(limiters[2]) and fleets[2].limits.slot_shares["app:concurrency:4"].others == 4
         # one request ends at the first replica: its slot is its own to reuse, never two replicas'
         limiters[0].finish(0)
         assert not _admit(limiters[2]) and _admit(limiters[0])
@@ -63,8 +63,8 @@ def test_the_fleet_never_has_more_than_the_cap_in_flight(valkey):
         for _ in range(2):
             limiters[0].finish(0)
         await fleets[0].close()
-        await fleets[2].refill()
-        assert fleets[2].slot_shares["app:concurrency:4"].held == 2
+        await fleets[2].limits.refill()
+        assert fleets[2].limits.slot_shares["app:concurrency:4"].held == 2
         assert _admit(limiters[2]) and _admit(limiters[2]) and not _admit(limiters[2])
         assert sum(lim.in_flight for lim in limiters) == CAP
         for fleet in fleets[1:]:
@@ -76,15 +76,15 @@ def test_a_dead_replicas_slots_come_free_when_its_grant_expires(valkey):
     async def scenario():
         fleets, limiters = await _replicas(valkey.url, n=2)
         a, b = fleets
-        assert [f.slot_shares["app:concurrency:4"].held for f in fleets] == [2, 2]
+        assert [f.limits.slot_shares["app:concurrency:4"].held for f in fleets] == [2, 2]
         assert all(_admit(limiters[1]) for _ in range(2)) and not _admit(limiters[1])
-        await b.refill()  # a still holds its 2: b gets nothing more
-        assert b.slot_shares["app:concurrency:4"].held == 2
+        await b.limits.refill()  # a still holds its 2: b gets nothing more
+        assert b.limits.slot_shares["app:concurrency:4"].held == 2
         # a dies without giving its slots back (no close, no renewal): they free once its grant expires
-        await asyncio.sleep(a.slots_ttl_s + 0.5)
+        await asyncio.sleep(a.limits.slots_ttl_s + 0.5)
         assert not _admit(limiters[1])  # refused: b asks for one more
-        await b.refill()
-        assert b.slot_shares["app:concurrency:4"].held == 3  # its 2 in flight + the one it was refused
+        await b.limits.refill()
+        assert b.limits.slot_shares["app:concurrency:4"].held == 3  # its 2 in flight + the one it was refused
         assert _admit(limiters[1])
         for fleet in fleets:
             await fleet.close()
@@ -107,7 +107,7 @@ def test_a_reload_that_changes_the_cap_stops_renewing_the_old_grant(valkey):
         fleets, limiters = await _replicas(valkey.url, n=1)
         fleet = fleets[0]
         new = limiters_for([Route(name="app", max_concurrency=2)], ["app"], {"app": limiters[0]}, fleet=fleet)
-        assert set(fleet.slot_shares) == {"app:concurrency:2"} and new["app"].shared_slots is not None
+        assert set(fleet.limits.slot_shares) == {"app:concurrency:2"} and new["app"].shared_slots is not None
         await fleet.close()
     asyncio.run(scenario())
 
@@ -118,6 +118,6 @@ def test_a_route_without_a_cap_holds_no_slots(valkey):
         fleet = _fleet(valkey.url)
         await fleet.sync(LearningState().tables(), {}, 600.0, {"policy": "p"})
         RouteLimiter(Route(name="free"), fleet=fleet)
-        assert fleet.slot_shares == {}
+        assert fleet.limits.slot_shares == {}
         await fleet.close()
     asyncio.run(scenario())
