@@ -149,6 +149,13 @@ class Backend:
         return [(w.url, self.info[w.url]) for pool in self.pools.values() for w in pool.workers.values()
                 if w.healthy and not w.ejected(now) and w.url in self.info and self.info[w.url].specgate_step_costs]
 
+    def chat_stream_ids(self, pool: str) -> bool:
+        """Whether every worker of ``pool`` sends token ids in chat stream chunks (specgate's worker does; SGLang
+        sends a chat answer's ids only at its end): what a whole chat answer needs to resume (gateway/resume.py)."""
+        workers = self.pools[pool].workers if pool in self.pools else {}
+        return bool(workers) and all(url in self.info and self.info[url].specgate_tokenizer_digest is not None
+                                     for url in workers)
+
     def model_names(self) -> list[str]:
         return sorted(set(self.models.values()))
 

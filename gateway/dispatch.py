@@ -140,13 +140,14 @@ async def close_quietly(upstream: Any) -> None:
         await upstream.aclose()
 
 
-def sender(admitted: Admitted, resumable: bool = False) -> Callable[..., Awaitable[Any]]:
-    """The worker call: the whole JSON answer, or a stream opened up to its first chunk. A request selected
-    for the trace, or a stream that may resume (``gateway/resume.py``), also asks for its token ids
-    (``backends/sglang/token_ids.py``); ``headers``: the attempt's ``traceparent`` when trace export is on."""
+def sender(admitted: Admitted, resumable: bool = False, stream: bool | None = None) -> Callable[..., Awaitable[Any]]:
+    """The worker call: the whole JSON answer, or a stream opened up to its first chunk (``stream``; None: as the
+    client asked). A request selected for the trace, or one that may resume (``gateway/resume.py``), also asks
+    for its token ids (``backends/sglang/token_ids.py``); ``headers``: the attempt's ``traceparent`` when trace
+    export is on."""
     chat = admitted.arrival.endpoint == "chat"
     ids = request_fields(chat) if admitted.trace_ids or resumable else {}
-    if not admitted.stream:
+    if not (admitted.stream if stream is None else stream):
         async def whole(client: SGLangClient, fwd: dict[str, Any], headers: dict[str, str] | None = None
                         ) -> OpenAIResult[Any]:
             fwd = {**fwd, **ids} if ids else fwd

@@ -37,7 +37,7 @@ from gateway.dispatch import NotServed, abort_upstream, close_quietly, dispatch,
 from gateway.errors import ApiError
 from gateway.evidence import wanted
 from gateway.holds import Holds, Stopwatch
-from gateway.relay import DONE, Tally, inject, relay_stream
+from gateway.relay import DONE, Tally, assemble, inject, relay_stream
 from gateway.resume import Progress, Resumer, not_resumable, stops_of
 from gateway.request_spans import RequestSpans
 from gateway.requests import ChatRequest, CompletionRequest, parse_body
@@ -162,15 +162,22 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
             holds.count(decision)
             if spans is not None:
                 spans.stage("decide", {"specgate.slice": decision.slice, "specgate.rule": decision.rule})
-            may_resume = admitted.stream and active.policy.resume.max_resumes > 0
-            ids = may_resume and not_resumable(admitted.body) is None  # the ids a resume continues from
+            resume = active.policy.resume
+            resumable = resume.max_resumes > 0 and not_resumable(admitted.body) is None
+            # a whole answer that may resume is streamed from its worker and assembled here (resume.whole_answers)
+            assembled = (not admitted.stream and resumable and resume.whole_answers and not admitted.echo
+                         and body.get("n", 1) == 1
+                         and (endpoint != "chat" or state.backend.chat_stream_ids(decision.pool)))
+            may_resume = (admitted.stream and resume.max_resumes > 0) or assembled
+            ids = (admitted.stream or assembled) and resumable  # the ids a resume continues from
             # a greedy answer that can teach auto options it was not served with (gateway/evidence.py)
             evidence = wanted(decision, admitted.body)
             if evidence and not admitted.trace_ids:
                 tally.want_ids()
             ids = ids or evidence
             answered, served = await unless_client_leaves(
-                request.receive, dispatch(state, admitted, decision, holds, waited, sender(admitted, ids), spans))
+                request.receive, dispatch(state, admitted, decision, holds, waited,
+                                                sender(admitted, ids, admitted.stream or assembled), spans))
         except (ApiError, NotServed) as exc:
             error = exc.error if isinstance(exc, NotServed) else exc
             retries = exc.retries if isinstance(exc, NotServed) else 0
@@ -192,7 +199,7 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
             return stages.info_json(arrival, route, decision, dispatched, tally.relayed(),
                                     tuple(resumer.steps) if resumer is not None else ())
 
-        if not admitted.stream:
+        if not admitted.stream and not assembled:
             tally.take(result.parsed)
             content = inject(strip(result.raw) if admitted.trace_ids or ids else result.raw, info())
             ending, handed_over = stages.OK, time.perf_counter()
@@ -203,6 +210,40 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
         if may_resume:
             resumer = Resumer(state, admitted, decision, dispatched, holds,
                               Progress(endpoint == "chat", stops_of(admitted.body)), spans)
+
+        def failed(exc: WorkerError) -> ApiError:
+            """The error a worker failure after the first chunk ends the answer with (its request aborted)."""
+            nonlocal relaying, ending
+            assert relaying is not None and dispatched is not None
+            client, relaying = relaying[1], None  # its worker request is aborted here, not again below
+            not_resumed = ""
+            if resumer is None or not resumer.steps:
+                holds.fail_worker(exc)
+                state.spawn(abort_upstream(client, dispatched.rid, state.settings.abort_timeout_s))
+            else:  # the resumer reported the failure and aborted the failed worker's request
+                not_resumed = f"; not resumed: {resumer.steps[-1].outcome}"
+            error = ApiError(502, f"the worker failed mid-answer: {exc.message}{not_resumed}", code="upstream_error")
+            ending = Ending(502, "upstream_error", "WorkerError", error.message)
+            return error
+
+        if assembled:
+            try:
+                answered, content = await unless_client_leaves(
+                    request.receive, assemble(tally, admitted, upstream, first, info, waited, resumer))
+            except WorkerError as exc:
+                error = failed(exc)
+                handed_over = time.perf_counter()
+                yield Head(error.status, {**head_headers(), **error.headers()}, error.body())
+                return
+            handed_over = time.perf_counter()
+            if not answered:  # the client left: the worker's request is aborted below
+                ending = stages.CLIENT_LEFT
+                yield Head(499, head_headers(), b"")
+                return
+            assert content is not None
+            ending, relaying = stages.OK, None
+            yield Head(200, head_headers(), content)
+            return
         yield Head(200, {**head_headers(), **SSE_HEADERS}, None)
         try:
             async with contextlib.aclosing(relay_stream(tally, admitted, upstream, first, info, waited, resumer,
@@ -211,16 +252,7 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
                     yield chunk
             ending, relaying = stages.OK, None
         except WorkerError as exc:
-            client, relaying = relaying[1], None  # its worker request is aborted here, not again below
-            not_resumed = ""
-            if resumer is None or not resumer.steps:
-                holds.fail_worker(exc)
-                state.spawn(abort_upstream(client, dispatched.rid, state.settings.abort_timeout_s))
-            else:  # the resumer reported the failure and aborted the failed worker's request
-                not_resumed = f"; not resumed: {resumer.steps[-1].outcome}"
-            error = ApiError(502, f"the worker failed mid-stream: {exc.message}{not_resumed}", code="upstream_error")
-            ending = Ending(502, "upstream_error", "WorkerError", error.message)
-            yield error.stream_chunk()
+            yield failed(exc).stream_chunk()
             yield DONE
     except (GeneratorExit, asyncio.CancelledError):
         ending = ending or stages.CLIENT_LEFT  # the client went away (a whole answer's ending is already set)

@@ -1,4 +1,5 @@
-"""Answering: the worker's stream relayed chunk by chunk as it arrives, and what the answer tells.
+"""Answering: the worker's stream relayed chunk by chunk as it arrives (or assembled into a whole answer that may
+resume: ``assemble``), and what the answer tells.
 
 Chunks are forwarded as the exact bytes the worker sent (no re-serialisation). Three are handled:
 the ``sglext`` chunk (speculation stats, consumed), the usage chunk (forwarded only when the client
@@ -18,6 +19,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from backends.sglang.client import OpenAIResult
 from backends.sglang.errors import WorkerError
 from backends.sglang.openai_wire import SglExt
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
     from gateway.resume import Resumer
 
 DONE = b"data: [DONE]\n\n"
+_JSON = msgspec.json.Encoder()
 
 
 def inject(raw: bytes, info: bytes) -> bytes:
@@ -114,6 +118,89 @@ def _has_content(parsed: Any, chat: bool) -> bool:
     return False
 
 
+async def continued(tally: Tally, upstream: AsyncIterator[OpenAIResult[Any]], first: OpenAIResult[Any],
+                    waited: Stopwatch, resumer: Resumer | None) -> AsyncIterator[tuple[OpenAIResult[Any], bool]]:
+    """The worker's chunks from ``first`` on, each told to ``tally`` (and to the resumer's progress), with whether
+    it is a ``special`` one (the sglext or usage chunk). With a ``resumer`` a worker failure before the finishing
+    chunk continues on another worker (``gateway/resume.py``: its chunks arrive in this stream's shape)."""
+    progress = resumer.progress if resumer is not None else None
+    finished = False
+    item: OpenAIResult[Any] | None = first
+    while item is not None:
+        parsed = item.parsed
+        special = parsed.sglext is not None or (parsed.usage is not None and not parsed.choices)
+        tally.take(parsed)
+        if not special:
+            if progress is not None:
+                progress.take(parsed)
+            finished = finished or any(c.finish_reason for c in parsed.choices)
+        yield item, special
+        with waited:
+            try:
+                item = await anext(upstream, None)
+            except WorkerError as exc:
+                if resumer is None or finished:
+                    raise
+                upstream = await resumer.resume(exc)  # raises exc when it cannot
+                item = await anext(upstream, None)
+
+
+async def assemble(tally: Tally, admitted: Admitted, upstream: AsyncIterator[OpenAIResult[Any]],
+                   first: OpenAIResult[Any], info: Callable[[], bytes], waited: Stopwatch,
+                   resumer: Resumer | None) -> bytes:
+    """A whole answer's JSON built from its worker's stream (``resume.whole_answers``: a whole answer streamed
+    from the worker so that it can resume): the body the worker would have answered whole (one choice: its text,
+    logprobs, finish reason and matched stop; usage; the sglext speculation details), with ``specgate``. Token
+    ids are never in it, and neither is the worker's ``metadata``."""
+    chat = admitted.arrival.endpoint == "chat"
+    head: Any = None
+    text: list[str] = []
+    logprobs: list[Any] = []  # each chunk's choice logprobs
+    finish = matched = usage = sglext = None
+    async for item, special in continued(tally, upstream, first, waited, resumer):
+        parsed = item.parsed
+        if head is None and parsed.id:
+            head = parsed
+        if special:
+            usage = parsed.usage if parsed.usage is not None else usage
+            sglext = parsed.sglext if parsed.sglext is not None else sglext
+            continue
+        for c in parsed.choices[:1]:
+            piece = c.delta.content if chat else c.text
+            if piece:
+                text.append(piece)
+            if c.logprobs is not None:
+                logprobs.append(c.logprobs)
+            if c.finish_reason:
+                finish, matched = c.finish_reason, c.matched_stop
+    content = "".join(text)
+    choice: dict[str, Any] = {"index": 0}
+    if chat:
+        entries = [e for lp in logprobs for e in lp.content or ()]
+        choice.update(message={"role": "assistant", "content": content, "reasoning_content": None, "tool_calls": None},
+                      logprobs={"content": msgspec.to_builtins(entries)} if logprobs else None)
+    else:
+        choice.update(text=content, logprobs=_completion_logprobs(logprobs) if logprobs else None)
+    choice.update(finish_reason=finish, matched_stop=matched)
+    body: dict[str, Any] = {"id": head.id if head else "", "object": "chat.completion" if chat else "text_completion",
+                            "created": head.created if head else 0, "model": head.model if head else "",
+                            "choices": [choice]}
+    if usage is not None:
+        body["usage"] = msgspec.to_builtins(usage)
+    if sglext is not None and sglext.spec_tokens_details is not None:
+        body["sglext"] = {"spec_tokens_details": msgspec.to_builtins(sglext.spec_tokens_details)}
+    return inject(_JSON.encode(body), info())
+
+
+def _completion_logprobs(parts: list[Any]) -> dict[str, Any]:
+    """Completions logprobs of a whole answer: the chunks' lists joined (their text offsets are absolute)."""
+    tops = [t for lp in parts for t in (lp.top_logprobs or [None] * len(lp.tokens))]
+    return {"tokens": [t for lp in parts for t in lp.tokens],
+            "token_logprobs": [v for lp in parts for v in lp.token_logprobs],
+            "top_logprobs": tops if any(lp.top_logprobs for lp in parts) else None,
+            "text_offset": [o for lp in parts for o in lp.text_offset]}
+
+
 async def relay_stream(tally: Tally, admitted: Admitted, upstream: AsyncIterator[OpenAIResult[Any]],
                        first: OpenAIResult[Any], info: Callable[[], bytes], waited: Stopwatch,
                        resumer: Resumer | None = None, ids: bool = False) -> AsyncIterator[bytes]:
@@ -123,17 +210,11 @@ async def relay_stream(tally: Tally, admitted: Admitted, upstream: AsyncIterator
     token ids (for the trace or a resume), which are taken out of every chunk."""
     chat = admitted.arrival.endpoint == "chat"
     clean = strip if ids or admitted.trace_ids else _same  # the worker's token ids never reach the client
-    progress = resumer.progress if resumer is not None else None
     held_finish: bytes | None = None
     usage_raw: bytes | None = None
     echo_pending = admitted.echo
-    item: OpenAIResult[Any] | None = first
-    while item is not None:
+    async for item, special in continued(tally, upstream, first, waited, resumer):
         parsed = item.parsed
-        special = parsed.sglext is not None or (parsed.usage is not None and not parsed.choices)
-        tally.take(parsed)
-        if progress is not None and not special:
-            progress.take(parsed)
         if special:
             if parsed.usage is not None:
                 usage_raw = item.raw
@@ -147,14 +228,6 @@ async def relay_stream(tally: Tally, admitted: Admitted, upstream: AsyncIterator
                 else:
                     tally.first_token()
             yield b"data: " + clean(item.raw) + b"\n\n"
-        with waited:
-            try:
-                item = await anext(upstream, None)
-            except WorkerError as exc:
-                if resumer is None or held_finish is not None:
-                    raise
-                upstream = await resumer.resume(exc)  # raises exc when it cannot
-                item = await anext(upstream, None)
     if held_finish is not None and usage_raw is not None and admitted.include_usage:
         yield b"data: " + held_finish + b"\n\n"
         yield b"data: " + inject(usage_raw, info()) + b"\n\n"

@@ -1,4 +1,5 @@
-"""Resuming an answer whose worker failed after its first byte reached the client (issue 57).
+"""Resuming an answer whose worker failed after its first chunk: a stream the client is reading, or a whole answer
+the gateway asked for as a stream and assembles (``resume.whole_answers``, ``gateway.relay.assemble``).
 
 An autoregressive answer is a function of its prefix: a stream that has sent tokens t_1..t_m continues on any
 worker serving the same target by prefilling the prompt's ids + t_1..t_m and decoding from there. Greedy, that

@@ -132,6 +132,8 @@ MEANINGS = {
     "Resume.max_resumes": "resumes per request after a worker failed mid-answer; 0: never (an error event ends it)",
     "Resume.deadline_s": "no resume starts once the request has run this long",
     "Resume.fallback": "a resume may go to the plain fallback pool when the served pool has no other healthy worker",
+    "Resume.whole_answers": "a whole (non-streamed) answer that may resume is streamed from its worker and assembled "
+                            "here, so it resumes too (`false`: served again from token 0 on a worker failure)",
     "Tracing.path": "the trace file, relative to the policy's folder (which must exist)",
     "Tracing.max_bytes": "rotate before a line would pass this size (64 MiB)",
     "Tracing.keep": "rotated files kept: `path.1` (newest) .. `path.{keep}`",

@@ -303,11 +303,14 @@ class Resume(_Strict, kw_only=True):
     the prompt's ids + the ids already sent, on another healthy worker of the pool serving the same target.
     ``max_resumes``: per request (0: never resume; the stream ends with an error event as before);
     ``deadline_s``: no resume starts once the request has run this long; ``fallback``: a resume may go to the
-    plain fallback pool when the served pool has no other healthy worker."""
+    plain fallback pool when the served pool has no other healthy worker; ``whole_answers``: a whole (non-streamed)
+    answer that may resume is streamed from its worker and assembled at the gateway, so it resumes like a stream
+    (false: it is asked for whole, and a worker failure serves it again from token 0)."""
 
     max_resumes: Annotated[int, Meta(ge=0, le=8)] = 1
     deadline_s: PosFloat = 300.0
     fallback: bool = True
+    whole_answers: bool = True
 
 
 class Tracing(_Strict, kw_only=True):

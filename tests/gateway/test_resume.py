@@ -218,3 +218,49 @@ def test_no_resume_after_the_deadline(stand_ins):
     assert not any(isinstance(x.body["prompt"], list) for x in a.received + b.received if x.path == "/v1/completions")
     metrics = client.get("/metrics").text
     assert 'specgate_resumes_total{outcome="deadline",pool="plain",route="default"} 1.0' in metrics
+
+
+def test_a_whole_completions_answer_is_streamed_from_its_worker_and_resumes(stand_ins):
+    """``resume.whole_answers`` (the default): the gateway asks the worker for a stream, assembles the whole body,
+    and resumes it on the other worker when the first drops mid-answer."""
+    client, a, b = stand_ins
+    body = {"model": "llama-3.1-8b", "prompt": "Count:", "max_tokens": 7, "temperature": 0}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    whole = r.json()
+    first = next(s for s in (a, b) if any(x.path == "/v1/completions" and isinstance(x.body["prompt"], str)
+                                          for x in s.received))
+    other = b if first is a else a
+    [asked] = [x for x in first.received if x.path == "/v1/completions"]
+    assert asked.body["stream"] is True and asked.body["return_token_ids"] is True
+    specgate = whole.pop("specgate")
+    assert whole == {"id": "cmpl-7f", "object": "text_completion", "created": 1761800011,
+                     "model": "SmolLM2-135M-Instruct",
+                     "choices": [{"index": 0, "text": " 1, 2, 3, 4", "logprobs": None, "finish_reason": "length",
+                                  "matched_stop": None}],
+                     "usage": {"prompt_tokens": 4, "completion_tokens": 7, "total_tokens": 11},
+                     "sglext": {"spec_tokens_details": {
+                         "spec_accept_rate": 0.5, "spec_accept_length": 1.5, "spec_num_correct_drafts": 1,
+                         "spec_num_proposed_drafts": 2, "spec_verify_ct": 2, "spec_correct_drafts_histogram": [1, 1],
+                         "spec_cap_lens_histogram": []}}}
+    assert specgate["resumed"] == {"count": 1, "steps": [
+        {"at_token": 4, "from_worker": first.url, "to_worker": other.url, "pool": "plain", "outcome": "ok"}]}
+
+
+@pytest.mark.parametrize("stand_ins", ["{max_resumes: 1, whole_answers: false}"], indirect=True)
+def test_without_whole_answers_a_whole_answer_is_asked_for_whole(stand_ins):
+    client, a, b = stand_ins
+    r = client.post("/v1/completions", json={"model": "llama-3.1-8b", "prompt": "Count:", "max_tokens": 7})
+    [asked] = [x for x in a.received + b.received if x.path == "/v1/completions"][:1]
+    assert asked.body["stream"] is False and "return_token_ids" not in asked.body
+    assert r.status_code != 200  # the stand-in answers every request with a stream, which is no whole answer
+
+
+def test_a_whole_sglang_chat_answer_is_asked_for_whole_it_could_not_resume(stand_ins):
+    """SGLang's chat streams carry no ids (a resume would be refused: no_ids), so a whole chat answer from an SGLang
+    pool is asked for whole, and a worker failure is served again from token 0 by dispatch's retry."""
+    client, a, b = stand_ins
+    client.post("/v1/chat/completions", json={"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}],
+                                              "max_tokens": 7})
+    asked = [x for x in a.received + b.received if x.path == "/v1/chat/completions"]
+    assert asked and all(x.body["stream"] is False for x in asked)

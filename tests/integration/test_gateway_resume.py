@@ -173,25 +173,41 @@ def test_a_stop_string_and_a_completions_stream_resume_exactly(gw, pair):
     assert finish == "stop"
 
 
-def test_a_whole_answer_whose_worker_dies_is_served_again_by_the_retry(gw, pair):
-    """A whole answer reaches the gateway only at its end: nothing was sent, so the dispatch retry serves it again
-    from token 0 on the other worker (docs/reliability.md says so: it is not a resume)."""
+def test_a_whole_answer_is_assembled_as_the_worker_answers_it_and_resumes_token_identical(gw, pair):
+    """``resume.whole_answers``: a whole answer is streamed from its worker and assembled at the gateway (the same
+    choices and usage as the worker's own whole answer), so a worker killed mid-answer is resumed, token-identical,
+    rather than served again from token 0."""
     client = gw.client("plain")
     body = dict(model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=64, temperature=0,
-                extra_body={"ignore_eos": True})
-    whole0 = client.chat.completions.create(**body)
+                logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    whole0 = client.chat.completions.with_raw_response.create(**body)
+    direct = httpx.post(f"{pair.urls[0]}/v1/chat/completions", timeout=180, json={
+        "model": MODEL, "messages": body["messages"], "max_tokens": 64, "temperature": 0, "logprobs": True,
+        "top_logprobs": 2, "ignore_eos": True}).json()
+    assembled = json.loads(whole0.content)
+    assert assembled["choices"] == direct["choices"] and assembled["usage"] == direct["usage"]
+    before = {url: generated_tokens(url) for url in pair.urls}
 
-    def kill_when_serving() -> None:
-        pair.kill(serving(pair))
+    def kill_mid_answer() -> None:
+        i = serving(pair)
+        url, deadline = pair.urls[i], time.monotonic() + 60
+        while generated_tokens(url) < before[url] + 8 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        pair.kill(i)
 
-    killer = threading.Thread(target=lambda: (time.sleep(0.5), kill_when_serving()))
+    killer = threading.Thread(target=kill_mid_answer)
     killer.start()
     raw = client.chat.completions.with_raw_response.create(**body)
     killer.join()
-    whole = raw.parse()
-    assert whole.choices[0].message.content == whole0.choices[0].message.content
-    assert whole.usage.completion_tokens == 64 and raw.headers["x-specgate-retries"] == "1"
-    assert whole.model_extra["specgate"]["resumed"] is None
+    whole = json.loads(raw.content)
+    assert whole["choices"][0]["message"] == assembled["choices"][0]["message"]
+    assert [e["token"] for e in whole["choices"][0]["logprobs"]["content"]] == \
+        [e["token"] for e in assembled["choices"][0]["logprobs"]["content"]]
+    assert whole["usage"] == assembled["usage"] and whole["usage"]["completion_tokens"] == 64
+    assert whole["choices"][0]["finish_reason"] == "length" and raw.headers["x-specgate-retries"] == "0"
+    resumed = whole["specgate"]["resumed"]
+    assert resumed["count"] == 1 and resumed["steps"][0]["outcome"] == "ok"
+    assert 8 <= resumed["steps"][0]["at_token"] < 64
 
 
 def test_a_sampled_stream_with_a_seed_completes_every_token_counted_once(gw, pair):
