@@ -44,7 +44,9 @@ class H1Stream:
     ``read()``. A failure after the status line (the connection broke, no byte for ``read_s``) is raised by
     the read that meets it, as the ``WorkerError`` the whole-answer path raises."""
 
-    __slots__ = ("status", "headers", "complete", "_chunks", "_error", "_wake")
+    __slots__ = ("status", "headers", "complete", "_chunks", "_error", "_wake", "_transport", "_paused")
+
+    PAUSE_AT, RESUME_AT = 64, 16  # pieces buffered: a reader this far behind pauses the socket (flow control)
 
     def __init__(self) -> None:
         self.status = 0
@@ -53,6 +55,15 @@ class H1Stream:
         self._chunks: deque[bytes] = deque()
         self._error: Exception | None = None
         self._wake: asyncio.Future[None] | None = None
+        self._transport: asyncio.Transport | None = None
+        self._paused = False
+
+    def _push(self, data: bytes) -> None:
+        self._chunks.append(data)
+        if len(self._chunks) >= self.PAUSE_AT and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+        self._wakeup()
 
     def _wakeup(self) -> None:
         wake, self._wake = self._wake, None
@@ -68,6 +79,9 @@ class H1Stream:
                 return None
             self._wake = asyncio.get_running_loop().create_future()
             await self._wake
+        if self._paused and len(self._chunks) <= self.RESUME_AT and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
         return self._chunks.popleft()
 
     async def read(self) -> bytes:
@@ -146,8 +160,7 @@ class _Conn(asyncio.Protocol):
         if stream is None:
             self._body.append(body)
         else:
-            stream._chunks.append(body)
-            stream._wakeup()
+            stream._push(body)
 
     def on_message_complete(self) -> None:
         keep = self.parser.should_keep_alive()
@@ -188,6 +201,8 @@ class _Conn(asyncio.Protocol):
         assert self.transport is not None
         self._headers, self._body, self.received = {}, [], False
         self.stream = stream
+        if stream is not None:
+            stream._transport = self.transport
         self.last_data = time.monotonic()
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(payload)
@@ -300,6 +315,8 @@ class H1Pool:
         if stream.complete or stream._error is not None:
             return
         quiet = time.monotonic() - conn.last_data
+        if stream._paused:  # the reader is behind, not the worker: wait on
+            quiet = 0.0
         if quiet >= self.read_s:
             stream._error = WorkerTimeout(self.url, "read", bytes_received=True)
             stream._wakeup()

@@ -307,3 +307,26 @@ def test_a_streamed_error_status_is_typed_with_the_workers_message():
         assert (err.value.status, err.value.message, err.value.retry_after) == (429, "queue full", 2.0)
         assert server.connections == 1  # an error answer read whole keeps its connection
     run(main())
+
+
+def test_a_reader_that_falls_behind_pauses_the_socket_and_loses_nothing():
+    """Flow control: a stream's reader far behind (H1Stream.PAUSE_AT pieces buffered) pauses reading from the
+    worker's socket, and resumes once it caught up; every event arrives, in order."""
+    async def answer(n, body):
+        return [_chunked_head(), *(_chunk(_event(str(i))) for i in range(200)), _chunk(b"data: [DONE]\n\n"),
+                b"0\r\n\r\n"]
+
+    async def main():
+        server = Scripted(answer)
+        async with server as url:
+            pool = H1Pool(url, connect_s=2, read_s=5)
+            async with pool.stream("/v1/chat/completions", b"{}") as response:
+                deadline = asyncio.get_running_loop().time() + 10
+                while not response._paused and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.01)  # not reading: the worker's bytes pile up
+                paused = response._paused
+                lines = [line async for line in response.lines()]
+            pool.close()
+        got = [json.loads(line[6:])["choices"][0]["delta"]["content"] for line in lines if line.startswith("data: {")]
+        assert paused and got == [str(i) for i in range(200)] and not response._paused
+    run(main())
