@@ -166,7 +166,7 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
             resumable = resume.max_resumes > 0 and not_resumable(admitted.body) is None
             # a whole answer that may resume is streamed from its worker and assembled here (resume.whole_answers)
             assembled = (not admitted.stream and resumable and resume.whole_answers and not admitted.echo
-                         and body.get("n", 1) == 1
+                         and body.get("n") in (None, 1)
                          and (endpoint != "chat" or state.backend.chat_stream_ids(decision.pool)))
             may_resume = (admitted.stream and resume.max_resumes > 0) or assembled
             ids = (admitted.stream or assembled) and resumable  # the ids a resume continues from
