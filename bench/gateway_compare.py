@@ -3,7 +3,7 @@
     git worktree add /tmp/wt-before REV
     git show REV:deploy/policies/default.yaml > /tmp/before-policy.yaml   # a policy both trees accept
     .venv/bin/python -m bench.gateway_compare --before /tmp/wt-before --policy /tmp/before-policy.yaml \\
-        --rounds 10 --duration 5 --concurrency 1 32
+        --rounds 10 --duration 5 --concurrency 1 32 [--stream]
 
 One instant worker (``bench/instant_worker.py``, the stand-in that answers at once, so only the gateway's
 cost remains) and BOTH gateways stay up for the whole run, each from its own checkout (``--before`` and
@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--stream", action="store_true", help="streamed chat completions (usage included)")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables as Markdown")
     args = parser.parse_args()
@@ -114,6 +115,8 @@ def main() -> None:
     policy = tmp / "policy.yaml"
     policy.write_text(policy_text(args.policy, worker))
     body = {"model": "instant", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+    if args.stream:
+        body.update(stream=True, stream_options={"include_usage": True})
     rows: list[dict] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(running([sys.executable, "-m", "bench.instant_worker", "--port", str(port)],

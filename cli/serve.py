@@ -44,8 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="JSON log lines (default)")
     log.add_argument("--log-console", dest="log_json", action="store_false", help="human-readable logs")
     p.add_argument("--upstream-read-timeout-s", type=float, default=300.0,
-                   help="seconds to wait for a worker's next byte (a whole JSON answer, or the next stream chunk) "
-                        "before failing the request with 504/502")
+                   help="seconds to wait for a worker's next byte (a whole JSON answer asked for whole, or the next "
+                        "stream chunk: a whole answer that may resume is streamed from its worker) before failing the "
+                        "request with 504/502")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--debug-log-text", action="store_true",
                    help="include prompt and answer text in debug logs (never in production)")

@@ -180,7 +180,9 @@ def test_a_policy_reload_with_new_limits_mid_request_leaves_no_reservation(stack
 
 
 def test_a_worker_read_timeout_gives_everything_back(tmp_path, worker_url, revision):
-    path = write_policy(tmp_path / "policy.yaml", _policy(worker_url, revision))
+    """A whole answer asked for whole waits its whole generation for its first byte: past the read timeout it fails
+    (one that may resume is streamed, and the bound applies per chunk: tests/backends/test_h1.py)."""
+    path = write_policy(tmp_path / "policy.yaml", _policy(worker_url, revision) + "resume: {whole_answers: false}\n")
     with gateway(tmp_path, path, "--upstream-read-timeout-s", "0.5", env={"LIFE_KEYS": "life-key-1"}) as gw:
         before = generated_tokens(worker_url)
         r = httpx.post(f"{gw}/v1/chat/completions", json=_chat(**LONG), headers=KEY, timeout=120)
