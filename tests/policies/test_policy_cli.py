@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SPECGATE = str(ROOT / ".venv" / "bin" / "specgate")
+SPECGATE = str(Path(sys.executable).parent / "specgate")  # the script installed beside the running interpreter
 DEFAULT = str(ROOT / "deploy" / "policies" / "default.yaml")
 
 
