@@ -5,8 +5,8 @@ anyio taking most of the gateway's CPU per request (URL merging, cookie jars, po
 checkpoints, two socket writes). This client does one ``transport.write`` per request and parses the
 answer with ``httptools`` (uvicorn's parser, already a dependency), on a plain asyncio protocol.
 It serves ``/v1/chat/completions`` and ``/v1/completions``, whole (``H1Pool.post``) or streamed
-(``H1Pool.stream``: the body handed over as it arrives, about ten times less gateway CPU per streamed answer than
-httpx's streaming); health, loads and aborts stay on httpx.
+(``H1Pool.stream``: the body handed over as it arrives, for about a third of the gateway CPU per streamed answer
+that httpx's streaming took, docs/runs/2026-12-06-resume/stream-cost.md); health, loads and aborts stay on httpx.
 
 Semantics kept from the httpx path: the connect timeout bounds the TCP connect; the read timeout bounds
 each wait for the next bytes of the answer; a refused or dropped connection before the status line is a
