@@ -91,17 +91,22 @@ def fleet(tmp_path_factory, prepared_model):
         before = _requests_at(worker_url)
         policy = write_policy(tmp / "policy.yaml", _policy(worker_url, prepared_model.revision))
         gws = [stack.enter_context(gateway(tmp, policy, "--state", store.url, env=KEYS)) for _ in range(3)]
-        yield {"store": store, "worker": worker_url, "gws": gws, "requests_before_gateways": before}
+        # the canaries run while the gateways start: count the worker's requests once every gate has decided and
+        # before any scenario sends its own, so the pair gate's test counts only canaries whichever test runs first
+        views = [wait_gate(gw, {"passed", "failed"}) for gw in gws]
+        canary_requests = _requests_at(worker_url) - before
+        yield {"store": store, "worker": worker_url, "gws": gws, "gate_views": views,
+               "canary_requests": canary_requests}
 
 
 def test_the_pair_gate_runs_its_canaries_once_for_the_fleet(fleet):
     """The three gateways start one after the other: the first takes the lease and runs the canaries, the later
     ones wait for its verdict or read it when they start."""
-    views = [wait_gate(gw, {"passed", "failed"}) for gw in fleet["gws"]]
+    views = fleet["gate_views"]  # read when the fixture counted the canaries
     assert [v["state"] for v in views] == ["passed"] * 3, views
     verdicts = [v["verdict"] for v in views]
     assert verdicts[0] == verdicts[1] == verdicts[2]  # one run's verdict (its seconds and worker included)
-    canary_requests = _requests_at(fleet["worker"]) - fleet["requests_before_gateways"]
+    canary_requests = fleet["canary_requests"]
     per_run = 2 * verdicts[0]["canaries"]  # each canary once on the pair, once plain
     print(f"\ncanary requests at the worker for one pair version, 3 gateways: {canary_requests} "
           f"(one run: {per_run})")
