@@ -50,6 +50,14 @@ with no data under it is only the anchor's guess. Every request in flight explor
 more observation at its current mean (the "believer" rule of batched Thompson sampling), so a burst of
 arrivals does not all try the same barely measured option on the same evidence.
 
+**SLO.** A request with a TPOT SLO (``learning.slo_objective``: by default only one it states itself, the
+``x-slo-tpot-ms`` header) is served by the cheapest option among those whose chance of meeting it is within
+``SLO_SLACK`` of the best chance: an option's chance is P(y <= SLO) for y = exp(mu + its request spread s2[o]), mu
+drawn as above. A loose SLO every option meets changes nothing; a tight one moves the request to the option
+likeliest to meet it, e.g. plain decoding, whose TPOT barely spreads, over a speculative option that is faster
+on average but slow on the prompts its drafts miss. y is engine-seconds per token, at least the request's own
+TPOT (they are equal when it is served alone), so under load the chance is a lower bound.
+
 Why this suffices (sketch): Thompson sampling serves each option with the posterior probability that it is
 the best; with Gaussian rewards its expected regret over T requests is O(sqrt(K T log K)) for K options
 (Agrawal & Goyal, 2013), so a worse option's share falls as its evidence grows. The special cases of the
@@ -91,6 +99,9 @@ TAU_BAND = 0.1
 V0 = 1.0  # variance of the first guess for an option never measured in the slice (a factor e either way)
 DEFAULT_LOG_TPOT = math.log(0.05)  # nothing measured anywhere: 50 ms a token; only ranks equal options
 PLAIN = "none"  # the option label of plain decoding
+# options whose chance of meeting a request's TPOT SLO is within this of the best one's are equal for it; the
+# cheapest of them serves (so estimation noise in the chances does not override the cost ranking)
+SLO_SLACK = 0.05
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,6 +119,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     samples: float = 0.0
     p_best: float | None = None
     expected_accept_length: float | None = None
+    slo_chance: float | None = None  # at the posterior mean: P(TPOT <= the request's TPOT SLO), when one steers
 
 
 class CounterfactualOption(msgspec.Struct, frozen=True):
@@ -200,13 +212,20 @@ class Choice(msgspec.Struct, frozen=True):
     candidates: list[Candidate]
     plain_tpot_s: float | None
     posterior_tpot_ms: dict[str, float]  # every option's posterior-mean TPOT by its note (``option_note``)
+    slo_chance: float | None = None  # the chosen option's, at its posterior mean, when a TPOT SLO steered
+
+
+def slo_chance(log_tpot: float, sd: float, log_slo: float) -> float:
+    """P(log y <= log_slo) for log y ~ Normal(log_tpot, sd^2): the chance a request meets its TPOT SLO."""
+    return 0.5 * math.erfc((log_tpot - log_slo) / (sd * math.sqrt(2.0)))
 
 
 def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools: tuple[str, ...],
            versions: Mapping[str, str], rng: random.Random | None, in_flight: Mapping[str, int],
-           explain: bool = False) -> Choice:
+           explain: bool = False, tpot_slo_s: float | None = None) -> Choice:
     """Thompson sampling over plain and every (pool, k) of ``pools`` (module docstring); ``versions``: each
-    pool's pair version. ``in_flight``: explorations in flight per ``slice|pool`` (``slice|none`` for plain)."""
+    pool's pair version. ``in_flight``: explorations in flight per ``slice|pool`` (``slice|none`` for plain).
+    ``tpot_slo_s``: the TPOT SLO that steers the choice (module docstring, "SLO"); None: cost alone."""
     bucket, band = snap.bucket(), repeat_band(policy.learning, prompt_repeat)
     options = [("", 0)] + [(p, k) for p in pools for k in k_grid(policy, p)]
     labels = [option_label(p, k, versions.get(p, "")) for p, k in options]
@@ -225,8 +244,19 @@ def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools
         return [plain_value - margin] + [plain_value + draw(g) if g is not None else draw(post)
                                          for post, g in zip(posts[1:], gaps[1:])]
 
+    log_slo = math.log(tpot_slo_s) if tpot_slo_s else None
+    sds = [math.sqrt(snap.arm_spread(label, S0 * S0, NU0)) for label in labels] if log_slo is not None else []
+
+    def chances(values: list[float]) -> list[float]:
+        """Each option's chance of meeting the SLO given its drawn log TPOT (plain's without the margin)."""
+        return [slo_chance(v + (margin if i == 0 else 0.0), sd, log_slo) for i, (v, sd) in enumerate(zip(values, sds))]
+
     def best(values: list[float]) -> int:
-        return min(range(len(values)), key=values.__getitem__)
+        if log_slo is None:
+            return min(range(len(values)), key=values.__getitem__)
+        p = chances(values)
+        top = max(p)
+        return min((i for i in range(len(values)) if p[i] >= top - SLO_SLACK), key=values.__getitem__)
 
     means = scores(lambda post: post.mean)
     by_mean = best(means)
@@ -242,6 +272,7 @@ def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools
     if pick != by_mean or pick in untried:
         exploration = "cold" if snap.arm_ever(slice_, labels[pick], (bucket, band)) < 1.0 else "thompson"
     plain_mean = posts[0].mean
+    at_mean = chances(means) if log_slo is not None else None
     candidates: list[Candidate] = []
     if explain:
         draws = random.Random(0)
@@ -253,7 +284,7 @@ def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools
             candidates.append(Candidate(
                 pool=p, draft_tokens=k, predicted_tpot_ms=math.exp(mean) * 1e3,
                 sd=math.sqrt((gap or post).var), speedup=math.exp(plain_mean - mean), samples=post.own,
-                p_best=wins[i] / 256,
+                p_best=wins[i] / 256, slo_chance=at_mean[i] if at_mean is not None else None,
                 note=option_note(p, k) + (" (the worker picks k per round up to it)"
                                           if p and policy.pools[p].adaptive else "")))
     # plain's mean less the margin is its score, not its estimate
@@ -262,7 +293,8 @@ def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools
     p, k = options[pick]
     return Choice(pool=p, k=k, exploration=exploration,
                   speedup=None if pick == 0 else math.exp(plain_mean - means[pick]),
-                  candidates=candidates, plain_tpot_s=math.exp(plain_mean), posterior_tpot_ms=posterior_ms)
+                  candidates=candidates, plain_tpot_s=math.exp(plain_mean), posterior_tpot_ms=posterior_ms,
+                  slo_chance=at_mean[pick] if at_mean is not None else None)
 
 
 def option_note(pool: str, k: int) -> str:

@@ -256,6 +256,14 @@ def _act(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatur
     return _auto(policy, comp, snap, features, slice_, rule, crule.subjects, rng, trace, exploring)
 
 
+def steering_slo_ms(policy: Policy, features: RequestFeatures) -> float | None:
+    """The TPOT SLO that steers ``auto`` for this request (``learning.slo_objective``), None for cost alone."""
+    mode = policy.learning.slo_objective
+    if mode == "none" or (mode == "stated" and not features.slo_tpot_stated):
+        return None
+    return features.slo_tpot_ms
+
+
 def _auto(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatures, slice_: str, rule: str,
           pools: tuple[str, ...], rng: random.Random | None, trace: _Trace | None,
           exploring: Collection[str]) -> Decision:
@@ -266,8 +274,9 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatu
         return _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: no pool may speculate ({notes})",
                       pools, fallback=bool(unsafe))
     in_flight = exploring if isinstance(exploring, Mapping) else dict.fromkeys(exploring, 1)
+    slo_ms = steering_slo_ms(policy, features)
     c = choose(policy, snap, slice_, features.prompt_repeat, safe, comp.pair_versions, rng, in_flight,
-               explain=trace is not None)
+               explain=trace is not None, tpot_slo_s=slo_ms / 1e3 if slo_ms else None)
     if trace is not None:
         trace.candidates = [msgspec.structs.replace(x, expected_accept_length=_accept_length(
             policy, comp, snap, features.route, slice_, x.pool)) if x.pool else x for x in c.candidates]
@@ -275,6 +284,8 @@ def _auto(policy: Policy, comp: Compiled, snap: Snapshot, features: RequestFeatu
     # "auto: exploring WHAT (why)": bench/serve/analyse.py names an exploration by WHAT
     verb = "" if c.exploration is None else "exploring "
     why = {"cold": " (never measured here)", "thompson": " (a posterior draw)", None: ""}[c.exploration]
+    if c.slo_chance is not None:
+        why += f" (TPOT SLO {slo_ms:g} ms: met with p={c.slo_chance:.2f})"
     evidence = counterfactual_options(policy, safe, comp.pair_versions, (c.pool, c.k))
     if not c.pool:
         d = _plain(policy, comp, snap, slice_, rule, f"rule '{rule}' auto: {verb}plain decoding{why}", pools,

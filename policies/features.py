@@ -61,6 +61,7 @@ class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # the request's SLO in force: its x-slo-ttft-ms / x-slo-tpot-ms header, else its route's (None: no target)
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    slo_tpot_stated: bool = False  # slo_tpot_ms is the request's own (its x-slo-tpot-ms header), not its route's
 
     @property
     def budget(self) -> int | None:
@@ -132,9 +133,11 @@ def _message_text(content: Any) -> str:
 
 def features_from_openai(body: dict[str, Any], *, route: str = "default", headers: dict[str, str] | None = None,
                          wanted_headers: set[str] | None = None, repeat: bool = True,
-                         slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None) -> RequestFeatures:
+                         slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+                         slo_tpot_stated: bool = False) -> RequestFeatures:
     """Features of an OpenAI chat/completions request body (already validated by the gateway);
-    ``repeat=False`` leaves ``prompt_repeat`` None (not computed); ``slo_*``: the request's SLO in force."""
+    ``repeat=False`` leaves ``prompt_repeat`` None (not computed); ``slo_*``: the request's SLO in force
+    (``slo_tpot_stated``: its TPOT from the request's own header)."""
     if "messages" in body:
         text = "\n".join(_message_text(m.get("content")) for m in body.get("messages") or [])
     else:
@@ -151,4 +154,5 @@ def features_from_openai(body: dict[str, Any], *, route: str = "default", header
         response_format=fmt_type if fmt_type in ("text", "json_object", "json_schema") else None,
         prompt_tokens=approx_tokens(text), max_tokens=max_tokens, temperature=body.get("temperature"),
         stream=bool(body.get("stream", False)), headers=lowered, code_score=code_score(text),
-        prompt_repeat=prompt_repeat(text) if repeat else None, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+        prompt_repeat=prompt_repeat(text) if repeat else None, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+        slo_tpot_stated=slo_tpot_stated)

@@ -129,6 +129,8 @@ MEANINGS = {
     "Learning.repeat_bands": "`prompt_repeat` band edges: a context of `auto` (`[]`: one band)",
     "Learning.counterfactual": "every greedy answer also teaches `auto` the cost of each fixed-k n-gram or suffix "
                                "option of its rule (full information; `false`: only the option it was served with)",
+    "Learning.slo_objective": "which TPOT SLO steers `auto` to the cheapest of the options likeliest to meet it: "
+                              "`stated` (only an `x-slo-tpot-ms` header), `in_force` (the route's too), `none`",
     "Resume.max_resumes": "resumes per request after a worker failed mid-answer; 0: never (an error event ends it)",
     "Resume.deadline_s": "no resume starts once the request has run this long",
     "Resume.fallback": "a resume may go to the plain fallback pool when the served pool has no other healthy worker",

@@ -286,7 +286,10 @@ class Learning(_Strict, kw_only=True):
     ``concurrency_buckets`` and the ``repeat_bands``; ``min_rounds``: decayed rounds a route's own acceptance
     needs before rule conditions read it instead of all routes' pooled acceptance. ``counterfactual``: every greedy
     answer also teaches auto what each fixed-k n-gram or suffix option of its rule would have cost (full
-    information, replay/evidence.py); off, each request teaches only the option it was served with."""
+    information, replay/evidence.py); off, each request teaches only the option it was served with.
+    ``slo_objective``: which TPOT SLO steers ``auto``'s choice toward the options likeliest to meet it
+    (policies/auto.py, "SLO"): ``stated``, only one a request states itself (``x-slo-tpot-ms``); ``in_force``,
+    its route's too; ``none`` (route and request SLOs then only judge goodput)."""
 
     half_life_s: PosFloat = 600.0
     min_rounds: Annotated[int, Meta(ge=0)] = 64
@@ -296,6 +299,7 @@ class Learning(_Strict, kw_only=True):
     # of code, code_edit and long_context prompts are ~0.0 / 0.07 / 0.19
     repeat_bands: list[Annotated[float, Meta(ge=0.0, le=1.0)]] = field(default_factory=lambda: [0.05, 0.15])
     counterfactual: bool = True
+    slo_objective: Literal["stated", "in_force", "none"] = "stated"
 
 
 class Resume(_Strict, kw_only=True):

@@ -101,6 +101,9 @@ def test_admission_carries_the_request_slo_and_a_rule_reads_it(tmp_path, monkeyp
     assert (tight.slo, tight.features.slo_ttft_ms, tight.features.slo_tpot_ms) == (
         Slo(ttft_ms=2000.0, tpot_ms=30.0), 2000.0, 30.0)
     assert (plain.slo, plain.features.slo_tpot_ms) == (ROUTE, 500.0)
+    # auto is steered by the TPOT SLO a request states (learning.slo_objective "stated", policies/auto.py)
+    assert (tight.features.slo_tpot_stated, plain.features.slo_tpot_stated) == (True, False)
+    assert admitted({"x-slo-ttft-ms": "300"}).features.slo_tpot_stated is False
     policy = state.active.policy
     assert decide(policy, tight.features, state.snapshot()).rule == "tight-tpot"
     assert decide(policy, plain.features, state.snapshot()).rule == "rest"
