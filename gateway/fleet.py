@@ -54,7 +54,7 @@ from gateway.fleet_gates import FleetGates
 from gateway.fleet_limits import FleetLimits
 from gateway.gates.values import Sample
 from policies.schema import State
-from policies.shared_sums import TABLES, Merger, Summary, field_of, from_wire, to_wire
+from policies.shared_sums import TABLES, Merger, Summary, field_of, from_wire, sum_counts, to_wire
 
 log = structlog.get_logger("specgate.fleet")
 
@@ -280,7 +280,7 @@ class Fleet:
             pipe.get(self.key("sumsver", r))
         got = await self.bounded(pipe.execute(), calls=2)
         live: dict[str, dict[str, Any]] = {me: {**info, "replica": me, "at": time.time()}}
-        exploring_total: dict[str, int] = {}
+        explores: list[dict[str, int]] = []
         dead = []
         for i, r in enumerate(others):
             hb, explore = got[2 * i], got[2 * i + 1]
@@ -288,8 +288,7 @@ class Fleet:
                 dead.append(r)
                 continue
             live[r] = msgspec.json.decode(hb)
-            for k, v in explore.items():
-                exploring_total[k.decode()] = exploring_total.get(k.decode(), 0) + int(v)
+            explores.append({k.decode(): int(v) for k, v in explore.items()})
         versions = {r: int(v or 0) for r, v in zip(sum_others, got[2 * len(others):], strict=True)}
         stale = [r for r in sum_others if versions[r] != self._their_version.get(r)]
         if stale:
@@ -312,7 +311,7 @@ class Fleet:
         if dead:
             with contextlib.suppress(Exception):
                 await self.bounded(self.client.srem(self.key("replicas"), *dead))
-        self.remote_exploring = exploring_total
+        self.remote_exploring = sum_counts(*explores)
         self.replicas = live
         out: list[tuple[Sample, float, str]] = []
         for _stream, entries in reports_raw or []:

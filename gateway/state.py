@@ -36,6 +36,7 @@ from gateway.telemetry_views import gate_event_view, gate_views, policy_view, po
 from gateway.tracing import Recorder, problems, resolve
 from policies.features import reads_prompt_repeat, referenced_headers
 from policies.schema import Policy, State
+from policies.shared_sums import sum_counts
 from policies.snapshot import PoolState, Snapshot, load_concurrency, worker_load
 from policies.stats import LearningState, Outcome
 from telemetry import Telemetry, otel
@@ -254,9 +255,7 @@ class GatewayState:
             self.gates.observe(sample, now, wall)
         for sample, score, _by in reports:
             self.gates.report_sample(sample, score, wall)
-        remote = fleet.remote_exploring
-        self.exploring = {k: v for k in set(self._own_exploring) | set(remote)
-                          if (v := self._own_exploring.get(k, 0) + remote.get(k, 0)) > 0}
+        self.exploring = sum_counts(self._own_exploring, fleet.remote_exploring)
         self._dirty = True
         if reports or samples:
             self.publish_gates(time.monotonic())

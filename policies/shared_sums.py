@@ -4,7 +4,8 @@ A decayed sum S referenced at t_ref is worth ``S * 2^(-(t - t_ref) / H)`` at any
 sums of the same key merge exactly: rescale the older one to the newer reference time and add (``merge``).
 ``ever_*`` counts are not decayed and simply add. Each replica publishes its *own* sums (never what it merged
 from others), so a merged view is ``own + sum(others)`` and nothing is counted twice, however often a replica
-republishes (after a store restart, or a reconnect).
+republishes (after a store restart, or a reconnect). Explorations in flight merge the same way, as plain counts
+(``sum_counts``).
 
 Replicas' reference times are their own ``time.monotonic()``: on the wire they are wall-clock seconds
 (``to_wire``/``from_wire`` shift by the process's ``wall - monotonic`` offset), so a merged sum is off by at
@@ -51,6 +52,16 @@ def merge(a: Summary, b: Summary, half_life_s: float) -> Summary:
         reached=_add(list(a.reached), _scale(b.reached, f)), accepted=_add(list(a.accepted), _scale(b.accepted, f)),
         ever_requests=a.ever_requests + b.ever_requests, ever_rounds=a.ever_rounds + b.ever_rounds,
         ever_curve_rounds=a.ever_curve_rounds + b.ever_curve_rounds)
+
+
+def sum_counts(*counts: Mapping[str, int]) -> dict[str, int]:
+    """Per key, the sum of several replicas' counts (explorations in flight: the others', or own + the others');
+    a key whose sum is not positive has nothing in flight and is left out."""
+    total: dict[str, int] = {}
+    for each in counts:
+        for key, n in each.items():
+            total[key] = total.get(key, 0) + n
+    return {key: n for key, n in total.items() if n > 0}
 
 
 def field_of(table: str, key: str) -> str:

@@ -26,7 +26,7 @@ from replay.walk import Walker, drawn_positions
 from policies.compiled import compiled
 from policies.decide import decide, exploration_key
 from policies.snapshot import PoolState, load_concurrency
-from policies.shared_sums import Merger
+from policies.shared_sums import Merger, sum_counts
 from policies.stats import LearningState, Outcome, with_counterfactuals
 from replay.evidence import EVALUATED, Counterfactuals
 
@@ -209,12 +209,7 @@ class _Replica:
 
     def fleet_exploring(self) -> dict[str, int]:
         """Explorations in flight as its decisions see them: its own plus the others' (gateway/state.py)."""
-        if not self.remote:
-            return self.exploring
-        both = dict(self.remote)
-        for key, count in self.exploring.items():
-            both[key] = both.get(key, 0) + count
-        return both
+        return sum_counts(self.exploring, self.remote) if self.remote else self.exploring
 
 
 class PolicyChooser:
@@ -310,11 +305,7 @@ class PolicyChooser:
             for n, r in enumerate(self.replicas):
                 others = [tables for m, (tables, _) in enumerate(before) if m != n]
                 r.merger.set_others(others, self.policy.learning.half_life_s)
-                r.remote = {}
-                for m, (_, exploring) in enumerate(before):
-                    if m != n:
-                        for key, count in exploring.items():
-                            r.remote[key] = r.remote.get(key, 0) + count
+                r.remote = sum_counts(*(exploring for m, (_, exploring) in enumerate(before) if m != n))
             self._next_sync += self.sync_s
 
     def choose(self, i: int, t: float, sim) -> tuple[Choice, str, Profile, int]:

@@ -9,7 +9,7 @@ import pytest
 
 from policies.accept import AcceptanceSummary
 from policies.schema import Learning
-from policies.shared_sums import Merger, field_of, from_wire, merge, to_wire
+from policies.shared_sums import Merger, field_of, from_wire, merge, sum_counts, to_wire
 from policies.snapshot import ArmSummary
 from policies.stats import LearningState
 from tests.policies.shared_sums_stream import stream as _stream
@@ -71,3 +71,9 @@ def test_republishing_the_same_sums_does_not_count_them_twice():
     merger.set_others([b.tables()], 60.0)  # b flushed again (a store restart, a reconnect): replaces
     again = merger.tables(a.tables(), 60.0)
     assert first == again
+
+
+def test_sum_counts_adds_per_key_and_leaves_out_what_is_not_in_flight():
+    own, a, b = {"x": 1, "y": 2}, {"y": 3, "z": 1}, {"x": -1, "w": 0}
+    assert sum_counts(own, a, b) == {"y": 5, "z": 1}  # x: 1 - 1 and w: 0 are nothing in flight
+    assert sum_counts() == {} and sum_counts(own) == own and sum_counts(own) is not own
