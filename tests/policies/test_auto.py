@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from policies.accept import counts_from_histogram, expected_tokens
-from policies.auto import PLAIN, TAU_BAND, k_grid, option_label, option_note, posterior
+from policies.auto import TAU_BAND, k_grid, option_note, posterior
 from policies.decide import decide, explain
 from policies.errors import PolicyError
 from policies.features import RequestFeatures
@@ -19,54 +19,7 @@ from policies.load import load_policy
 from policies.snapshot import PoolState, load_concurrency
 from policies.stats import LearningState, Outcome
 from speculation import SpeculationOverride
-
-POLICY = """
-version: 1
-slices: [{name: code, when: {code_score: {gte: 0.5}}}, {name: prose}]
-pairs:
-  p: {target: {model: m, revision: REV}, draft: {kind: ngram}}
-pools:
-  plain: {proposer: none, workers: ["http://w:1"], speculation: per_request}
-  ngram: {proposer: ngram, draft_tokens: {min: 2, max: 2}, pair: p, workers: ["http://w:1"], speculation: per_request}
-rules: [{name: learned, then: auto}]
-learning: {half_life_s: 100, min_gain: GAIN}
-"""
-PROSE, CODE = RequestFeatures(max_tokens=256), RequestFeatures(max_tokens=256, code_score=0.9)
-HEALTHY = {"plain": PoolState(healthy=True), "ngram": PoolState(healthy=True, pair_verified=True)}
-
-
-def policy(rev: str = "r1", gain: float = 1.05):
-    return load_policy(POLICY.replace("REV", rev).replace("GAIN", repr(gain)), "t.yaml")
-
-
-def plain(tpot: float, t: float = 0.0, concurrency: int = 1, slice_: str = "prose",
-          repeat: float | None = None) -> Outcome:
-    return Outcome(route="default", slice=slice_, pool="plain", completion_tokens=101, tpot_s=tpot, timestamp=t,
-                   concurrency=concurrency, prompt_repeat=repeat)
-
-
-def spec(tpot: float, pv: str, t: float = 0.0, concurrency: int = 1, slice_: str = "prose",
-         repeat: float | None = None, plain_tpot: float | None = None) -> Outcome:
-    return Outcome(route="default", slice=slice_, pool="ngram", pair_version=pv, proposer="ngram", draft_tokens=2,
-                   completion_tokens=101, verify_ct=50, reached_per_position=[50, 40],
-                   accepted_per_position=[40, 20], tpot_s=tpot, timestamp=t, concurrency=concurrency,
-                   prompt_repeat=repeat, plain_tpot_s=plain_tpot)
-
-
-def learned(p, outcomes) -> LearningState:
-    state = LearningState(p.learning)
-    for o in outcomes:
-        state.record(o)
-    return state
-
-
-def share_speculating(p, snap, features=PROSE, n: int = 400, seed: int = 0, **kw) -> float:
-    rng = random.Random(seed)
-    return sum(not decide(p, features, snap, rng=rng, **kw).bypass for _ in range(n)) / n
-
-
-def noisy(rng: random.Random, tpot: float) -> float:
-    return tpot * math.exp(rng.gauss(0.0, 0.1))
+from tests.policies.auto_helpers import POLICY, PROSE, CODE, HEALTHY, policy, plain, spec, learned, share_speculating, noisy
 
 
 def test_histogram_to_position_counts_and_expected_tokens() -> None:
@@ -356,56 +309,3 @@ def test_a_removed_learning_key_is_refused_with_the_fix() -> None:
     assert str(err.value) == ("t.yaml:10:30: learning.explore_cold: unknown key 'explore_cold'; removed: auto is "
                               "Thompson sampling over options per slice, load and prompt_repeat band, which needs no "
                               "exploration rates or evidence minimums (docs/policy.md, 'auto'); delete it")
-
-
-def test_a_workers_counterfactual_plain_tpot_is_evidence_for_plain_in_the_requests_context() -> None:
-    """A speculative outcome carrying the worker's estimate of plain decoding's TPOT adds one observation of
-    plain in its own cell (slice, load bucket, band), beside the option's own; a plain outcome's is ignored."""
-    p = policy()
-    pv = p.pool_pair_version("ngram")
-    state = learned(p, [spec(0.03, pv, concurrency=3, plain_tpot=0.05),
-                        plain(0.04), Outcome(route="default", slice="prose", pool="plain", completion_tokens=101,
-                                             tpot_s=0.06, plain_tpot_s=0.5)])
-    arms = state.snapshot(0.0, HEALTHY, 1).data.arms
-    bucket = 2  # concurrency 3: the edge 4 of 1, 2, 4, ...
-    assert arms[f"prose|{bucket}|0|{PLAIN}"].sy == pytest.approx(math.log(0.05))
-    assert arms[f"prose|{bucket}|0|{option_label('ngram', 2, pv)}"].sy == pytest.approx(math.log(0.03))
-    assert arms[f"prose|0|0|{PLAIN}"].w == pytest.approx(2.0)  # the plain requests' own TPOTs only
-    assert arms[f"prose|0|0|{PLAIN}"].sy == pytest.approx(math.log(0.04) + math.log(0.06))
-
-
-def test_with_counterfactual_evidence_plain_is_known_without_being_served() -> None:
-    """Served plain once (every option once per slice), then speculation only: its outcomes' plain estimates
-    measure plain, so auto knows the speedup (0.05 / 0.04) and keeps speculating without re-serving plain. The
-    same outcomes without the estimates leave plain at its one request: plain's posterior stays wide."""
-    p = policy(gain=1.0)
-    pv = p.pool_pair_version("ngram")
-    rng = random.Random(9)
-    first = [plain(noisy(rng, 0.05))]
-    with_cf = learned(p, first + [spec(noisy(rng, 0.04), pv, plain_tpot=noisy(rng, 0.05)) for _ in range(30)])
-    rng = random.Random(9)
-    first = [plain(noisy(rng, 0.05))]
-    without = learned(p, first + [spec(noisy(rng, 0.04), pv) for _ in range(30)])
-    known, unknown = (explain(p, PROSE, s.snapshot(0.0, HEALTHY, 1)).candidates for s in (with_cf, without))
-    assert known[0].pool == "" and known[0].samples == pytest.approx(31.0) and unknown[0].samples == pytest.approx(1.0)
-    assert known[1].speedup == pytest.approx(0.05 / 0.04, rel=0.05)
-    assert known[0].sd < unknown[0].sd / 3
-    assert share_speculating(p, with_cf.snapshot(0.0, HEALTHY, 1)) > 0.97
-
-
-def test_paired_evidence_weighs_an_option_by_its_gap_to_plain_not_by_two_independent_estimates() -> None:
-    """The worker's plain estimate and the option's TPOT come from the same request: their ratio (the gap)
-    varies little between prompts where each TPOT varies a lot (prompt length). So a paired option is drawn
-    as plain's draw plus its gap's; the prompt-to-prompt spread of TPOT, and plain's uncertainty, drop out."""
-    p = policy(gain=1.0)
-    pv = p.pool_pair_version("ngram")
-    rng = random.Random(10)
-    outcomes = []
-    for _ in range(12):
-        base = noisy(rng, 0.05) * math.exp(rng.gauss(0.0, 0.3))  # the prompt: plain TPOT spreads widely
-        outcomes.append(spec(base * 0.9 * math.exp(rng.gauss(0.0, 0.03)), pv, plain_tpot=base))
-    snap = learned(p, [plain(0.05)] + outcomes).snapshot(0.0, HEALTHY, 1)
-    unpaired = type(snap)(msgspec.structs.replace(snap.data, gaps={}))
-    by = {c.pool: c for c in explain(p, PROSE, snap).candidates}
-    assert by["ngram"].speedup == pytest.approx(1 / 0.9, rel=0.03) and by["ngram"].sd < 0.05
-    assert share_speculating(p, snap) > 0.97 > 0.9 > share_speculating(p, unpaired)  # measured 0.87 unpaired
