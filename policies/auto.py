@@ -38,7 +38,8 @@ their own posteriors. Plain is never explored against a paired option the poster
 request that option serves measures plain too, so a plain request would teach nothing and only cost its
 slowdown (replayed on 200 unseen prompts, 5 seeds: 0.7-1.2% lower TPOT at c1 and p0.5 than drawing it,
 docs/runs/2026-12-06-issue55-limits/README.md). Where the means prefer plain, the draws decide as before: the
-option must be served to be measured again.
+option must be served to be measured again. For the same reason a new slice is tried with such an option
+(paired in another slice) before plain, whose first request it then measures.
 
 **Full information for model-free options.** A greedy answer's output ids are the same under every option, and
 a fixed-k n-gram or suffix option's rounds follow from them, so a served greedy request also carries one
@@ -266,6 +267,8 @@ def choose(policy: Policy, snap, slice_: str, prompt_repeat: float | None, pools
     by_mean = best(means)
     untried = [] if rng is None else [i for i, (p, _) in enumerate(options) if snap.arm_ever(slice_, labels[i]) < 1.0
                                       and not in_flight.get(f"{slice_}|{p or PLAIN}", 0)]
+    if untried and untried[0] == 0 and any(snap.paired(labels[i]) for i in untried[1:]):
+        untried = untried[1:] + [0]  # a paired option's first request measures plain too
     if rng is None:
         pick = by_mean
     elif untried:  # every option is served once per slice before the draws decide

@@ -208,6 +208,14 @@ class Snapshot:
                 lab: (prior_var * prior_weight + ss) / (prior_weight + dof) for lab, (ss, dof) in sums.items()}
         return by_label.get(label, prior_var)
 
+    def paired(self, label: str) -> bool:
+        """Whether option ``label`` has paired evidence in any slice: its worker reports plain's TPOT beside its
+        own (policies/auto.py, "Counterfactual evidence for plain")."""
+        labels = self._memo.get("paired")
+        if labels is None:
+            labels = self._memo["paired"] = {name.split("|", 3)[3] for name in self.data.gaps}
+        return label in labels
+
     def arm_ever(self, slice_: str, label: str, cell: tuple[int, int] | None = None, table: str = "arms") -> float:
         """Requests of ``label`` ever measured (undecayed) in ``slice_``, or in its (bucket, band) ``cell``."""
         levels = self._arm_index(slice_, table).get(label, {})

@@ -102,3 +102,19 @@ def test_an_option_without_paired_evidence_still_has_plain_drawn_against_it() ->
     snap = learned(p, [plain(0.05)] + [spec(0.05 * 0.97 * f, pv) for f in (1 / 1.3, 1.0, 1.3)]).snapshot(0.0, HEALTHY, 1)
     assert explain(p, PROSE, snap).decision.pool == "ngram"
     assert 0.3 < share_speculating(p, snap) < 0.9
+
+
+def test_a_new_slice_tries_a_paired_option_before_plain() -> None:
+    """Every option is served once per slice before the draws decide. Once the option has shown, in another
+    slice, that its requests measure plain too, a new slice tries it first: its first request measures both,
+    so plain is never served cold there. Without paired evidence anywhere, plain goes first as before."""
+    p = policy(gain=1.0)
+    pv = p.pool_pair_version("ngram")
+    code = [spec(0.04, pv, slice_="code", plain_tpot=0.05)]
+    snap = learned(p, [plain(0.05, slice_="code")] + code).snapshot(0.0, HEALTHY, 1)
+    first = decide(p, PROSE, snap, rng=random.Random(0))
+    assert (first.pool, first.exploration) == ("ngram", "cold")
+    after = learned(p, [plain(0.05, slice_="code")] + code + [spec(0.04, pv, plain_tpot=0.05)])
+    assert after.snapshot(0.0, HEALTHY, 1).arm_ever("prose", PLAIN) == 1.0  # plain measured by that request
+    unpaired = learned(p, [plain(0.05, slice_="code"), spec(0.04, pv, slice_="code")]).snapshot(0.0, HEALTHY, 1)
+    assert decide(p, PROSE, unpaired, rng=random.Random(0)).pool == "plain"
