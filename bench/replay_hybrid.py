@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     groups = split(results, slice_of)
     slices = list(dict.fromkeys(r.slice for r in trace.requests if r.output_ids))
     base = args.arms[0]
-    served = [n for n in args.arms if not n.endswith("-oracle")]
+    served = [n for n in args.arms if "-oracle" not in n]
     fixed = [n for n in served if not n.startswith("hybrid")]
     print(f"{len(trace.requests)} requests, {args.seeds} seeds, loads {' '.join(args.loads)}")
     for load in args.loads:

@@ -12,6 +12,9 @@ simulated worker's shared controllers), so even a fixed k is walked round by rou
 whose draft will have the longer accepted run (ties: suffix) and the k ``best_k`` finds knowing that run, as
 ``ngram-kN-oracle`` does for n-gram alone (replay/walk.Clairvoyant), planned jointly with the step's other joint
 rounds. The engine plans hybrid rounds per sequence (proposers/hybrid.py says why), and so does replay.
+Its halves (``hybrid-kN-oracle=source``, ``=k``) know one of the two choices and leave the other to the
+engine's rule (planned per sequence, as the rule is): the source with the longer run and the rule's k on that
+source's draft, or the rule's source cut at its own run (no draft when the run is 0).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from replay.walk import ORACLE, Walker
 
 # per output position: drafts found, accepted run, and n-gram's match length or suffix's context
 Positions = tuple[list[int], list[int], list[int]]
+HALVES = ("source", "k")  # hybrid-kN-oracle=HALF: the oracle's choice of the source, or of k, the rule's other
 
 
 def suffix_positions(store, scope: str, prompt: Sequence[int], output: Sequence[int], max_new: int,
@@ -65,16 +69,17 @@ class HybridWalker(Walker):
         self.rule = None
 
     def bind(self, shared: dict) -> None:
-        """The engine's rule (none for the oracle), its pooled acceptance the simulated worker's (``shared``)."""
-        if self.option.strategy != ORACLE:
+        """The engine's rule (none for the oracle; ``beta``'s for its halves), its pooled acceptance the
+        simulated worker's (``shared``)."""
+        if self.option.strategy != ORACLE or self.option.features:
             spec = SpeculationParams(proposer="hybrid", draft_tokens=self.option.k,
-                                     adaptive=self.option.strategy == "beta")
+                                     adaptive=self.option.strategy in ("beta", ORACLE))
             self.rule = rule_for(spec, self._round_costs, self.seed, shared)
 
     @property
     def joint(self) -> bool:
         """The oracle is planned with the step's other joint rounds; the engine plans hybrid per sequence."""
-        return self.option.strategy == ORACLE
+        return self.option.strategy == ORACLE and not self.option.features
 
     def _drafts(self) -> tuple[int, list[tuple[int, int, int]]]:
         """(the round's cap, each source's (drafts found at it, accepted run, context))."""
@@ -103,6 +108,15 @@ class HybridWalker(Walker):
                 best_k(known, len(known), self._table, batch - 1) if known else 0)
         else:
             pick, k = self.rule.choose([(found, context) for found, _, context in drafts], batch)
+            half = self.option.features
+            if half == "source":
+                pick = self._foreseen(drafts)[0]
+                found, _, context = drafts[pick]
+                k = self.rule.choose([(found if i == pick else 0, context) for i in range(len(drafts))], batch)[1]
+            elif half == "k":
+                found, run, _ = drafts[pick]
+                known = [1.0] * run + [0.0] * (found - run)
+                k = best_k(known, len(known), self._table, batch - 1) if known else 0
             budget = k if self.option.strategy else k_cap
         found, run, _ = drafts[pick]
         drafted = min(budget, found)

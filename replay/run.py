@@ -21,6 +21,7 @@ from policies.load import load_policy_file
 from policies.schema import parse_k_by_batch
 from replay.book import PLAIN, Option, RoundBook
 from replay.choosers import FixedChooser, PolicyChooser, Prices
+from replay.hybrid import HALVES
 from replay.sim import Load, Served, Simulation
 
 MIXES = ("interleaved", "by-slice")
@@ -51,12 +52,15 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
     ``ngram-k16-informed=request+match`` keys the rates by other features known before a round is verified
     (book.FEATURES, joined by +). ``hybrid-k8`` drafts from n-gram and suffix every round and its rule picks
     the source (the engine's, replay/hybrid.py), ``hybrid-k16-beta`` also k per round; ``hybrid-k16-oracle``
-    knows every round's accepted run of both sources."""
+    knows every round's accepted run of both sources, and its halves ``hybrid-k16-oracle=source`` (the source
+    with the longer run, the rule's k on it) and ``hybrid-k16-oracle=k`` (the rule's source, cut at its run)
+    say which of the two choices the rule's gap to it comes from."""
     if name == "plain":
         return Contender(name, PLAIN)
     match = _ARM.match(name)
     if (match is None or not 1 <= int(match["k"]) <= 16 or (match["table"] is None) != (match["strategy"] != "vllm")
-            or (match["features"] is not None and match["strategy"] != "informed")):
+            or (match["features"] is not None and match["strategy"] != "informed"
+                and (match["proposer"], match["strategy"]) != ("hybrid", "oracle"))):
         raise ValueError(f"--arms: {name!r} is not an arm; use plain, ngram-kN, suffix-kN, hybrid-kN, draft-kN or "
                          "draftL-kN (L layers of the self-draft), N in 1..16, optionally with a per-round controller: "
                          "-beta, -sglang, -vllm=TABLE (e.g. ngram-k8-vllm=1:8,4:4,16:2), or a reference: -oracle or "
@@ -72,7 +76,11 @@ def parse_arm(name: str, book: RoundBook) -> Contender:
                          f"(ngram-kN-{strategy}), and -oracle n-gram and suffix together (hybrid-kN-oracle)")
     if proposer in ("ngram", "suffix", "hybrid"):
         features = match["features"] or ""
-        if features:
+        if proposer == "hybrid" and strategy == "oracle" and features:
+            if features not in HALVES:
+                raise ValueError(f"--arms {name}: the hybrid oracle's halves are hybrid-kN-oracle=source and "
+                                 "hybrid-kN-oracle=k")
+        elif features:
             book.check_features(features)
         option = Option(proposer, k, strategy=strategy, table=table, features=features)
         book.check(option)

@@ -98,3 +98,36 @@ def test_hybrid_arms_parse_and_the_informed_reference_stays_ngram_only():
     assert parse_arm("hybrid-k16-oracle", book).option == Option("hybrid", 16, strategy="oracle")
     with pytest.raises(ValueError, match="^--arms hybrid-k8-informed: the references"):
         parse_arm("hybrid-k8-informed", book)
+
+
+def test_the_oracles_halves_know_one_choice_each():
+    """``=k`` serves the rule's source cut at its accepted run, so no round drafts a rejected token; ``=source``
+    serves the source with the longer run at the rule's k. Each knows less than the whole oracle."""
+    prices = prices_of(*stream())
+    book = prices.book
+    assert parse_arm("hybrid-k16-oracle=k", book).option == Option("hybrid", 16, strategy="oracle", features="k")
+    assert parse_arm("hybrid-k16-oracle=source", book).option.features == "source"
+    with pytest.raises(ValueError, match="halves are hybrid-kN-oracle=source and hybrid-kN-oracle=k"):
+        parse_arm("hybrid-k16-oracle=match", book)
+    with pytest.raises(ValueError, match="is not an arm"):
+        parse_arm("suffix-k16-oracle=k", book)
+    cut = walked(prices, Option("hybrid", 16, strategy="oracle", features="k"))
+    assert all(d == a for drafted, accepted in cut for d, a in zip(drafted, accepted))
+    assert sum(sum(accepted) for _, accepted in cut) > 0
+    # =source: every round's accepted tokens are as many as the longer run allows within what it drafted
+    run, shared, rounds = RunState(0), {}, 0
+    for i in range(len(book.requests)):
+        walker = prices.profile(i, Option("hybrid", 16, strategy="oracle", features="source"), run)[0]
+        walker.bind(shared)
+        while not walker.finished:
+            longest = max(r for _, r, _ in walker._drafts()[1])
+            walker.next_round(1)
+            assert walker.accepted[-1] == min(walker.drafted[-1], longest)
+            rounds += walker.drafted[-1] > 0
+    assert rounds > 10
+    order = [list(range(len(book.requests)))]
+    tpot = {arm: sum(s.tpot for s in simulate(prices, "c1", order, option=parse_arm(arm, book).option).values())
+            for arm in ("hybrid-k16-oracle", "hybrid-k16-oracle=k", "hybrid-k16-oracle=source")}
+    # the whole oracle breaks ties of equal runs toward suffix (its draft costs more): =k may match it to 0.1%
+    assert tpot["hybrid-k16-oracle"] < tpot["hybrid-k16-oracle=source"], tpot
+    assert tpot["hybrid-k16-oracle=k"] == pytest.approx(tpot["hybrid-k16-oracle"], rel=1e-3)
