@@ -43,6 +43,7 @@ from litestar import Request, Response, Router, get, post
 from gateway.auth import admin_allowed
 from gateway.errors import ApiError
 from gateway.requests import ChatRequest, CompletionRequest, parse_body
+from gateway.slo_headers import TPOT_HEADER, request_slo
 from policies.costmodel import CostModelError, load_cost_model
 from policies.decide import explain
 from policies.errors import PolicyError
@@ -141,10 +142,17 @@ def admin_router(state: GatewayState) -> Router:
         except ApiError as exc:
             return Response(exc.body(), status_code=exc.status, media_type=_JSON)
         active = state.active
-        route = request.query_params.get("route") or active.policy.default_route or "default"
+        policy = active.policy
+        route = request.query_params.get("route") or policy.default_route or "default"
+        try:  # the request's SLO as admission takes it: its x-slo-* headers over the route's
+            slo = request_slo(request.headers, route, policy.route_slo(route), policy.route_slo_override(route))
+        except ApiError as exc:
+            return Response(exc.body(), status_code=exc.status, media_type=_JSON)
         features = features_from_openai(body, route=route, headers=dict(request.headers),
-                                        wanted_headers=set(active.wanted_headers))
-        return _json(explain(active.policy, features, state.snapshot()))
+                                        wanted_headers=set(active.wanted_headers), slo_ttft_ms=slo.ttft_ms,
+                                        slo_tpot_ms=slo.tpot_ms,
+                                        slo_tpot_stated=request.headers.get(TPOT_HEADER) is not None)
+        return _json(explain(policy, features, state.snapshot()))
 
     @get("/pools", summary="Pools and workers: health, load, KV usage, pair identity")
     async def pools(request: Request[Any, Any, Any]) -> Response[bytes]:

@@ -161,3 +161,19 @@ def test_the_app_answers_a_bad_header_in_openais_shape(tmp_path, monkeypatch):
                         headers={"x-slo-ttft-ms": "10", "authorization": "Bearer key-fixed"})
         assert (r.status_code, r.json()["error"]["param"]) == (400, "x-slo-ttft-ms")
         assert client.app.state.gateway.in_flight == 0
+
+
+def test_admin_explain_takes_the_request_slo_as_admission_does(tmp_path, monkeypatch):
+    """POST /admin/explain with the headers a client would send: the same rule matches as for the request itself
+    (the tight-tpot rule reads the header's 30 ms), and a bad header is the same 400."""
+    monkeypatch.setenv("SPECGATE_ADMIN_TOKEN", "admin")
+    path = tmp_path / "p.yaml"
+    path.write_text(POLICY)
+    admin = {"authorization": "Bearer admin"}
+    with TestClient(create_app(GatewaySettings(policy_path=str(path), monitor_interval_s=30))) as client:
+        msg = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        tight = client.post("/admin/explain", json=msg, headers=admin | {"x-slo-tpot-ms": "30"}).json()
+        loose = client.post("/admin/explain", json=msg, headers=admin).json()
+        assert (tight["decision"]["rule"], loose["decision"]["rule"]) == ("tight-tpot", "rest")
+        bad = client.post("/admin/explain", json=msg, headers=admin | {"x-slo-tpot-ms": "0"})
+        assert (bad.status_code, bad.json()["error"]["param"]) == (400, "x-slo-tpot-ms")
