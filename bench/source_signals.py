@@ -24,8 +24,11 @@ import argparse
 import sys
 from collections import defaultdict
 
+import torch
+
 from backends.engine.adaptive import match_context
 from backends.engine.counterfactual import GREEDY
+from backends.engine.model_store import load_prepared
 from backends.engine.proposers.ngram import NgramProposer
 from backends.engine.proposers.suffix import SuffixStore
 from backends.engine.source_choice import SOURCES, suffix_context
@@ -37,10 +40,7 @@ BANDS = (0.3, 0.6, 0.9)
 def committed_probs(trace) -> list[list[float]]:
     """Per request, per output position: the target's probability of the committed token given the tokens
     before it (one teacher-forced forward of prompt + output)."""
-    import torch  # ~2 s: --confidence only
-    from transformers import AutoModelForCausalLM  # see above
-
-    from backends.engine.model_store import load_prepared
+    from transformers import AutoModelForCausalLM  # ~2 s: --confidence only
 
     model = AutoModelForCausalLM.from_pretrained(str(load_prepared().path), dtype=torch.float32).eval()
     out = []
