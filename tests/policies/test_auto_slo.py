@@ -16,39 +16,19 @@ from policies.decide import decide, explain, steering_slo_ms
 from policies.errors import PolicyError
 from policies.features import RequestFeatures
 from policies.load import load_policy
-from policies.snapshot import PoolState
-from policies.stats import LearningState, Outcome
-
-POLICY = """
-version: 1
-slo: {tpot_ms: ROUTE}
-slices: [{name: prose}]
-pairs:
-  p: {target: {model: m, revision: r}, draft: {kind: ngram}}
-pools:
-  plain: {proposer: none, workers: ["http://w:1"], speculation: per_request}
-  ngram: {proposer: ngram, draft_tokens: {min: 2, max: 2}, pair: p, workers: ["http://w:1"], speculation: per_request}
-rules: [{name: learned, then: auto}]
-learning: {half_life_s: 1000, min_gain: 1.05, slo_objective: MODE}
-"""
-HEALTHY = {"plain": PoolState(healthy=True), "ngram": PoolState(healthy=True, pair_verified=True)}
+from tests.policies.auto_helpers import HEALTHY, POLICY, learned, plain, spec
 
 
 def policy(mode: str = "stated", route_ms: float = 500.0):
-    return load_policy(POLICY.replace("MODE", mode).replace("ROUTE", repr(route_ms)), "t.yaml")
+    text = POLICY.replace("REV", "r1").replace("min_gain: GAIN", f"min_gain: 1.05, slo_objective: {mode}")
+    return load_policy(f"slo: {{tpot_ms: {route_ms!r}}}" + text, "t.yaml")
 
 
 def snapshot(p):
     """60 requests each: plain at 29.5 / 30.5 ms, the n-gram pool at 16 / 44 ms."""
-    state = LearningState(p.learning)
     pv = p.pool_pair_version("ngram")
-    for i in range(60):
-        state.record(Outcome(route="default", slice="prose", pool="plain", completion_tokens=101,
-                             tpot_s=(0.0295, 0.0305)[i % 2]))
-        state.record(Outcome(route="default", slice="prose", pool="ngram", pair_version=pv, proposer="ngram",
-                             draft_tokens=2, completion_tokens=101, verify_ct=50, reached_per_position=[50, 40],
-                             accepted_per_position=[40, 20], tpot_s=(0.016, 0.044)[i % 2]))
-    return state.snapshot(0.0, HEALTHY, 1)
+    return learned(p, [o for i in range(60) for o in (plain((0.0295, 0.0305)[i % 2]),
+                                                       spec((0.016, 0.044)[i % 2], pv))]).snapshot(0.0, HEALTHY, 1)
 
 
 def request(slo_ms: float | None, stated: bool) -> RequestFeatures:
