@@ -36,8 +36,8 @@ spread of TPOT, which moves both alike, and plain's own uncertainty drop out of 
 server sends no such estimate; plain is then learned from the requests it serves and options compare by
 their own posteriors. Plain is never explored against a paired option the posterior means prefer: every
 request that option serves measures plain too, so a plain request would teach nothing and only cost its
-slowdown (replayed on 200 unseen prompts, 5 seeds: 0.7-1.2% lower TPOT at c1 and p0.5 than drawing it,
-docs/runs/2026-12-06-issue55-limits/README.md). Where the means prefer plain, the draws decide as before: the
+slowdown (replayed on 200 unseen prompts, 20 seeds, with the cold order below: 1.2-1.4% lower TPOT at c1 and
+p0.5, 0.1-0.4% at c4 and c16, docs/runs/2026-12-06-issue55-limits/README.md). Where the means prefer plain, the draws decide as before: the
 option must be served to be measured again. For the same reason a new slice is tried with such an option
 (paired in another slice) before plain, whose first request it then measures.
 
