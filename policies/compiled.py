@@ -138,6 +138,10 @@ class Compiled:
         self.pair_versions = {name: policy.pool_pair_version(name) for name in policy.pools}
         self.plain_pools = [n for n, p in policy.pools.items() if p.proposer == "none"]
         self.speculative = [n for n, p in policy.pools.items() if p.proposer != "none"]
+        # where a failed attempt moves on to (policies.decide.plan_attempts): every plain pool, then every
+        # per-request pool with speculation off, each once
+        self.fallback_pools = list(dict.fromkeys(
+            self.plain_pools + [n for n, p in policy.pools.items() if p.speculation == "per_request"]))
         self.learning = policy.learning
 
     def stat(self, ctx: Ctx, pool: str, name: str) -> float | None:

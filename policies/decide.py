@@ -178,9 +178,7 @@ def plan_attempts(policy: Policy, d: Decision) -> list[Attempt]:
     """The decision's own attempt, then the plain fallbacks a worker failure moves on to, in order: every plain
     pool, then every per-request pool with speculation off (``gateway/dispatch.py``, ``gateway/resume.py``)."""
     out = [Attempt(d.pool, d.proposer, d.draft_tokens, d.speculation_override)]
-    plain = [p for p, spec in policy.pools.items() if spec.proposer == "none"]
-    per_request = [p for p, spec in policy.pools.items() if spec.speculation == "per_request"]
-    for name in dict.fromkeys(plain + per_request):  # a plain per-request pool once
+    for name in compiled(policy).fallback_pools:
         if name != d.pool or d.proposer != "none":
             out.append(Attempt(name, "none", 0, plain_override(policy, name)))
     return out
