@@ -15,12 +15,17 @@ n-gram match length; SGLang's EMA), as a production worker would. ``ngram-k8-vll
 running sequences, vLLM's per-batch-size table as ``python -m bench.replay_adaptive`` tunes it on this
 machine's costs (its policy file's header).
 
-``suffix`` (suffix decoding, k = 8) is the one arm whose proposer keeps state across requests: a global tree
+``suffix`` and ``suffix-k16`` (suffix decoding, k = 8 and 16) are the arms whose proposer keeps state across
+requests: a global tree
 of earlier outputs per scope, which the gateway sets to the request's route. Every cell of the run (load point,
 slice, replicate) serves the same prompts again, so in one scope a later cell would draft from the earlier
 cells' answers to them. The arm's served policy therefore has a route per cell (:func:`served_policy`, a key
 file each) and the client sends each cell's key: every cell starts from an empty tree, as on a fresh worker and
 in replay, and its requests still draft from each other's outputs.
+
+``suffix-warm`` and ``suffix-k16-warm`` are those arms warmed up as ``adaptive-warm`` is, on one route: their
+tree holds the warm-up's answers, as the default policy's ``hybrid`` pool's does in ``adaptive-warm``, so the two
+compare like with like (run one load point per run with ``--restart worker``: the measured cells share the tree).
 """
 
 from __future__ import annotations
@@ -45,9 +50,11 @@ class Arm:
 
 
 ARMS: dict[str, Arm] = {
-    **{name: Arm(name, BENCH_POLICIES / f"{name}.yaml", cell_scopes=name == "suffix")
-       for name in ("plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4",
+    **{name: Arm(name, BENCH_POLICIES / f"{name}.yaml", cell_scopes=name.startswith("suffix"))
+       for name in ("plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "suffix-k16", "draft-k2", "draft-k4",
                     "ngram-k16-beta", "ngram-k7-sglang", "ngram-k8-vllm")},
+    **{f"{name}-warm": Arm(f"{name}-warm", BENCH_POLICIES / f"{name}.yaml", warm=True)
+       for name in ("suffix", "suffix-k16")},
     "adaptive": Arm("adaptive", DEFAULT_POLICY),
     "adaptive-warm": Arm("adaptive-warm", DEFAULT_POLICY, warm=True),
 }

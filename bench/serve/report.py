@@ -145,7 +145,7 @@ def markdown(result: dict, plots: list[Path] | None = None) -> str:
                   "the warm arm's p50, and from when on every non-exploring decision was the warm arm's choice)\n",
                   "| slice | TPOT within 5% after | warm p50 TPOT ms | decisions settled from | warm choice |",
                   "|---|---|---|---|---|"]
-        never = f"not within {len(result['warmup'])}"
+        never = f"not within {sum(r['arm'] == 'adaptive-warm' for r in result['warmup'])}"
         for slice_, v in result["learning_cost"].items():
             n = f"{v['requests']} ({v['slice_requests']})" if v["requests"] is not None else never
             settled = (f"{v['settled']} ({v['settled_slice_requests']})" if v.get("settled") is not None

@@ -18,8 +18,9 @@ DEFAULT = load_policy_file(DEFAULT_POLICY)
 
 
 def test_the_arms_in_order():
-    assert list(ARMS) == ["plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "draft-k2", "draft-k4",
-                          "ngram-k16-beta", "ngram-k7-sglang", "ngram-k8-vllm", "adaptive", "adaptive-warm"]
+    assert list(ARMS) == ["plain", "ngram-k2", "ngram-k4", "ngram-k8", "suffix", "suffix-k16", "draft-k2",
+                          "draft-k4", "ngram-k16-beta", "ngram-k7-sglang", "ngram-k8-vllm", "suffix-warm",
+                          "suffix-k16-warm", "adaptive", "adaptive-warm"]
     assert [a.name for a in parse_arms(["suffix", "ngram-k8", "plain"])] == ["plain", "suffix", "ngram-k8"]
 
 
@@ -30,25 +31,32 @@ def test_a_fixed_arm_is_the_default_policy_with_its_own_rules(name):
     policy = load_policy_file(ARMS[name].policy)
     assert (policy.slo, policy.routes, policy.slices, policy.learning) == (
         DEFAULT.slo, DEFAULT.routes, DEFAULT.slices, DEFAULT.learning)
-    pools, pairs = {"suffix": ({"suffix"}, set()), "ngram-k7-sglang": ({"ngram-sglang"}, set()),
-                   "ngram-k8-vllm": ({"ngram-vllm"}, set())}.get(
-        name, (set(), set()))
+    pools, pairs = {"suffix": ({"suffix"}, set()), "suffix-k16": ({"suffix"}, set()),
+                    "ngram-k7-sglang": ({"ngram-sglang"}, set()), "ngram-k8-vllm": ({"ngram-vllm"}, set())}.get(
+        name.removesuffix("-warm"), (set(), set()))
     assert {n: p for n, p in policy.pools.items() if n not in pools} == DEFAULT.pools
     assert {n: p for n, p in policy.pairs.items() if n not in pairs} == DEFAULT.pairs
     assert set(policy.pools) - set(DEFAULT.pools) == pools and set(policy.pairs) - set(DEFAULT.pairs) == pairs
     [rule] = policy.rules
-    assert rule.when is None and rule.name == f"bench-{name}"
+    assert rule.when is None and rule.name == f"bench-{name.removesuffix('-warm')}"
 
 
-def test_the_suffix_arm_serves_every_request_by_suffix_decoding_with_k8_on_the_embedded_worker(tmp_path):
-    policy = load_policy_file(ARMS["suffix"].policy)
+@pytest.mark.parametrize("name, k, warm", [("suffix", 8, False), ("suffix-k16", 16, False), ("suffix-warm", 8, True),
+                                           ("suffix-k16-warm", 16, True)])
+def test_a_suffix_arm_serves_every_request_by_suffix_decoding_with_its_k_on_the_embedded_worker(tmp_path, name, k,
+                                                                                                warm):
+    """k = 8 or 16; a warm variant is warmed up on one route (its tree keeps the warm-up's answers, as the
+    default policy's hybrid pool does in adaptive-warm), the others get a route per cell."""
+    arm = ARMS[name]
+    assert (arm.warm, arm.cell_scopes) == (warm, not warm)
+    policy = load_policy_file(arm.policy)
     pool = policy.pools["suffix"]
-    assert (pool.proposer, pool.speculation, pool.k_range, pool.pair) == ("suffix", "per_request", (1, 8),
+    assert (pool.proposer, pool.speculation, pool.k_range, pool.pair) == ("suffix", "per_request", (1, k),
                                                                         "smollm2-suffix")
     assert policy.pairs["smollm2-suffix"].draft.kind == "suffix"
     assert policy.pairs["smollm2-suffix"].target == policy.pairs["smollm2-ngram"].target
-    assert policy.rules[0].then == PoolAction(pool="suffix", draft_tokens=8)
-    served = load_policy_file(served_policy(ARMS["suffix"], "http://127.0.0.1:31234", "sha256:abc", tmp_path))
+    assert policy.rules[0].then == PoolAction(pool="suffix", draft_tokens=k)
+    served = load_policy_file(served_policy(arm, "http://127.0.0.1:31234", "sha256:abc", tmp_path))
     assert {w for p in served.pools.values() for w in p.workers} == {"http://127.0.0.1:31234"}
     assert {p.target.revision for p in served.pairs.values()} == {"sha256:abc"}
 
@@ -128,7 +136,7 @@ def test_the_suffix_arm_gets_a_route_per_cell_and_each_cells_key_maps_to_it(tmp_
 
     from bench.serve.arms import cell_key
 
-    assert [a.name for a in ARMS.values() if a.cell_scopes] == ["suffix"]
+    assert [a.name for a in ARMS.values() if a.cell_scopes] == ["suffix", "suffix-k16"]
     cells = ["c1 code rep 0", "c1 code rep 1", "c4 code rep 0"]
     path = served_policy(ARMS["suffix"], "http://127.0.0.1:31234", "sha256:abc", tmp_path, cells)
     served = load_policy_file(path)
