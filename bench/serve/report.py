@@ -25,11 +25,12 @@ TPOT_TARGET = 1.03  # adaptive p50 TPOT <= 1.03x the best fixed arm's
 
 
 def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, slice_: str | None,
-                      between: tuple[float, int] | None = None, repeats: int = 1
+                      between: tuple[float, int] | None = None, repeats: int = 1, field: str = "slice"
                       ) -> tuple[float, float, float, int] | None:
     """Geometric mean of ``arm``'s TPOT over ``other``'s on the same prompts of one cell, with a 95%
     confidence interval (Student t on the log ratios): (ratio, low, high, pairs), None under 2 pairs.
-    ``slice_`` None: every slice's prompts of the load together.
+    ``slice_`` None: every slice's prompts of the load together; ``field``: the request's key ``slice_`` is
+    matched against (``workload_slice``: the slice a request of an interleaved run came from).
     Pairing by prompt removes the variation between prompts, which dwarfs the one between arms; with
     ``--repeats`` each side of a pair is the geometric mean of the prompt's replicates.
     ``between`` = (variance, cells): the variance of a cell's mean log ratio between runs
@@ -39,7 +40,7 @@ def paired_tpot_ratio(requests: list[dict], arm: str, other: str, load: str, sli
     (``(nan, 0)``)."""
     logs_of: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in requests:
-        if (r["load"] == load and slice_ in (None, r["slice"]) and r["arm"] in (arm, other) and r["ok"]
+        if (r["load"] == load and slice_ in (None, r.get(field)) and r["arm"] in (arm, other) and r["ok"]
                 and r["tpot_s"]):
             logs_of[(r["arm"], r["item"])].append(math.log(r["tpot_s"]))
     mean_log = {key: statistics.fmean(xs) for key, xs in logs_of.items()}
@@ -110,6 +111,37 @@ def _targets(result: dict, noise: dict[str, tuple[float, int, bool]] | None = No
     return lines
 
 
+def _by_workload_slice(result: dict, noise: dict[str, tuple[float, int, bool]]) -> list[str]:
+    """An interleaved run has one cell per load: the adaptive arm's paired TPOT over each fixed arm, per slice the
+    requests came from (``workload_slice``), with the same intervals as the targets table."""
+    arms = result["arms"]
+    adaptive = "adaptive-warm" if "adaptive-warm" in arms else "adaptive" if "adaptive" in arms else None
+    fixed = [a for a in arms if not a.startswith("adaptive")]
+    requests = result.get("requests", [])
+    kinds = sorted({r.get("workload_slice") for r in requests} - {None})
+    if result["settings"].get("mix") != "interleaved" or adaptive is None or not fixed or not kinds:
+        return []
+    lines = [f"\n**{adaptive}'s paired TPOT over each fixed arm, by the slice each request came from** (geometric "
+             "mean [95% interval], as above)\n", "| load | over | all | " + " | ".join(kinds) + " |",
+             "|---|---|---|" + "---|" * len(kinds)]
+    reps = repeats(result)
+    for load in result["settings"]["loads"]:
+        between = noise[load][:2] if load in noise else None
+        for other in fixed:
+            cells = [paired_tpot_ratio(requests, adaptive, other, load, None, between, reps)] + [
+                paired_tpot_ratio(requests, adaptive, other, load, kind, between, reps, field="workload_slice")
+                for kind in kinds]
+            lines.append(f"| {load} | {other} | " + " | ".join(_interval(ci) for ci in cells) + " |")
+    return lines
+
+
+def _interval(ci: tuple[float, float, float, int] | None) -> str:
+    if ci is None:
+        return "-"
+    ratio, low, high, _ = ci
+    return f"{ratio:.3f} [unsized]" if math.isnan(low) else f"{ratio:.3f} [{low:.2f}, {high:.2f}]"
+
+
 def markdown(result: dict, plots: list[Path] | None = None) -> str:
     meta, settings = result["meta"], result["settings"]
     lines = [f"Command: `{meta['command']}`  ", f"Date: {meta['date']}; CPU: {meta['cpu']} ({meta['cores']} cores); "
@@ -138,6 +170,7 @@ def markdown(result: dict, plots: list[Path] | None = None) -> str:
     same = same_config_cells(result)
     noise = noise_by_load(result, same)
     lines += _targets(result, noise)
+    lines += _by_workload_slice(result, noise)
     lines += section(result, same, noise)
     if result.get("learning_cost"):
         lines += ["\n**Cost of learning** (warm-up pass from a cold learner; requests counted over all slices, "

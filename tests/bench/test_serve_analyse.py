@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import statistics
 
+import pytest
 from scipy import stats
 
-from bench.serve.analyse import (between_cells_variance, duration_estimate, explorations, same_config_cells,
-                                 same_config_requests, section)
-from bench.serve.report import _targets, _verdict, paired_tpot_ratio
+from bench.serve.analyse import (between_cells_variance, duration_estimate, explorations, noise_by_load,
+                                 same_config_cells, same_config_requests, section)
+from bench.serve.report import _by_workload_slice, _targets, _verdict, paired_tpot_ratio
 
 
 def _req(arm: str, load: str, item: str, config: str, tpot_ms: float, text: str = "same", slice_: str = "code",
@@ -240,3 +241,29 @@ def test_a_load_point_with_enough_aa_cells_has_its_own_noise_the_others_the_pool
     assert (f"c4 ±{100 * floor['c4']:.1f}%, p1 ±{100 * floor['p1']:.1f}% (1.96 x its standard deviation / "
             "sqrt(1))") in text
     assert round(100 * floor["c4"], 1) == 3.5
+
+
+def test_an_interleaved_run_reports_the_adaptive_arm_per_slice_the_requests_came_from():
+    """One "mixed" cell per load, but each request keeps its ``workload_slice``: the table pairs the adaptive arm
+    with each fixed arm per slice, sized at c1 (sequential requests), unsized under load without A/A cells."""
+    factors = {"code": (0.8, 0.9), "tool_call": (1.1, 1.2)}  # adaptive-warm over ngram-k8, two prompts per slice
+    reqs = []
+    for load in ("c1", "c4"):
+        for kind, fs in factors.items():
+            for n, f in enumerate(fs):
+                item = f"{kind}-{n}"
+                reqs += [_req(a, load, item, c, t, slice_="mixed", workload_slice=kind) for a, c, t in (
+                    ("plain", "plain:0", 100.0), ("ngram-k8", "ngram:8", 40.0), ("adaptive-warm", "ngram:8", 40.0 * f))]
+    result = _result(reqs, ["c1", "c4"])
+    result["settings"].update(slices=["mixed"], mix="interleaved")
+    lines = _by_workload_slice(result, noise_by_load(result, same_config_cells(result)))
+    assert lines[1] == "| load | over | all | code | tool_call |"
+    rows = {tuple(line.split(" | ")[:2]): line for line in lines[3:]}
+    assert set(rows) == {(f"| {ld}", a) for ld in ("c1", "c4") for a in ("plain", "ngram-k8")}
+    code = paired_tpot_ratio(reqs, "adaptive-warm", "ngram-k8", "c1", "code", field="workload_slice")
+    assert code[0] == pytest.approx(math.sqrt(0.8 * 0.9)) and code[3] == 2
+    assert f"| {code[0]:.3f} [{code[1]:.2f}, {code[2]:.2f}] |" in rows[("| c1", "ngram-k8")]
+    assert f"| {math.sqrt(1.1 * 1.2):.3f} [" in rows[("| c1", "ngram-k8")]
+    assert rows[("| c4", "ngram-k8")].endswith(f"| {math.sqrt(1.1 * 1.2):.3f} [unsized] |")
+    result["settings"]["mix"] = "by-slice"
+    assert _by_workload_slice(result, {}) == []
