@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="a snapshot JSON (admin endpoint); default: no statistics, every pool "
                               "healthy and verified, concurrency 1")
     explain.add_argument("--route", default=None, help="route of the request (default: the default route)")
+    explain.add_argument("--slo-ttft-ms", default=None, metavar="MS",
+                         help="with an OpenAI body: the request's x-slo-ttft-ms header (checked as the gateway does)")
+    explain.add_argument("--slo-tpot-ms", default=None, metavar="MS",
+                         help="with an OpenAI body: the request's x-slo-tpot-ms header (checked as the gateway does)")
     explain.add_argument("--seed", type=int, default=None, help="enable exploration with this seed")
     explain.add_argument("--json", action="store_true", help="print the full trace as JSON")
     explain.set_defaults(func=_explain)
@@ -141,6 +145,8 @@ def _explain(args: argparse.Namespace) -> int:
     from policies.decide import explain  # about 12 ms: only explain needs the decision code
     from policies.features import RequestFeatures, features_from_openai, referenced_headers  # see above
     from policies.snapshot import PoolState, Snapshot, SnapshotData  # see above
+    from gateway.errors import ApiError  # see above
+    from gateway.slo_headers import TPOT_HEADER, TTFT_HEADER, slo_in_force  # see above
 
     policy = _load(args.file)
     if policy is None:
@@ -148,10 +154,16 @@ def _explain(args: argparse.Namespace) -> int:
     route = args.route or policy.default_route or policy.route_names()[0]
     try:
         body = json.loads(args.request.read_text())
+        headers = {name: value for name, value in ((TTFT_HEADER, args.slo_ttft_ms), (TPOT_HEADER, args.slo_tpot_ms))
+                   if value is not None}
         if isinstance(body, dict) and ("messages" in body or "prompt" in body):
-            slo = policy.route_slo(route)  # as the gateway without x-slo-* headers (a features JSON may set them)
+            _, slo_fields = slo_in_force(headers, route, policy)  # the route's SLO, or the flags' as headers
             features = features_from_openai(body, route=route, wanted_headers=referenced_headers(policy),
-                                            slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms)
+                                            **slo_fields)
+        elif headers:
+            print("error: --slo-ttft-ms and --slo-tpot-ms go with an OpenAI body; a features JSON states "
+                  "slo_ttft_ms and slo_tpot_ms itself", file=sys.stderr)
+            return 2
         else:
             features = msgspec.convert(body, RequestFeatures)
         if args.stats is not None:
@@ -161,6 +173,9 @@ def _explain(args: argparse.Namespace) -> int:
                      for n, p in policy.pools.items()}
             snapshot = Snapshot(SnapshotData(now=0.0, concurrency=1, pools=pools,
                                              half_life_s=policy.learning.half_life_s))
+    except ApiError as exc:  # a flag the gateway would refuse as a header (400 naming it)
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
     except (OSError, ValueError, msgspec.ValidationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

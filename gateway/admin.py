@@ -43,7 +43,7 @@ from litestar import Request, Response, Router, get, post
 from gateway.auth import admin_allowed
 from gateway.errors import ApiError
 from gateway.requests import ChatRequest, CompletionRequest, parse_body
-from gateway.slo_headers import TPOT_HEADER, request_slo
+from gateway.slo_headers import slo_in_force
 from policies.costmodel import CostModelError, load_cost_model
 from policies.decide import explain
 from policies.errors import PolicyError
@@ -145,13 +145,11 @@ def admin_router(state: GatewayState) -> Router:
         policy = active.policy
         route = request.query_params.get("route") or policy.default_route or "default"
         try:  # the request's SLO as admission takes it: its x-slo-* headers over the route's
-            slo = request_slo(request.headers, route, policy.route_slo(route), policy.route_slo_override(route))
+            _, slo_fields = slo_in_force(request.headers, route, policy)
         except ApiError as exc:
             return Response(exc.body(), status_code=exc.status, media_type=_JSON)
         features = features_from_openai(body, route=route, headers=dict(request.headers),
-                                        wanted_headers=set(active.wanted_headers), slo_ttft_ms=slo.ttft_ms,
-                                        slo_tpot_ms=slo.tpot_ms,
-                                        slo_tpot_stated=request.headers.get(TPOT_HEADER) is not None)
+                                        wanted_headers=set(active.wanted_headers), **slo_fields)
         return _json(explain(policy, features, state.snapshot()))
 
     @get("/pools", summary="Pools and workers: health, load, KV usage, pair identity")

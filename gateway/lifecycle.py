@@ -41,7 +41,7 @@ from gateway.relay import DONE, Tally, assemble, inject, relay_stream
 from gateway.resume import Progress, Resumer, not_resumable, stops_of
 from gateway.request_spans import RequestSpans
 from gateway.requests import ChatRequest, CompletionRequest, parse_body
-from gateway.slo_headers import TPOT_HEADER, request_slo
+from gateway.slo_headers import slo_in_force
 from gateway.stages import Admitted, Arrival, Dispatched, Ending, Finished
 from gateway.state import Active, GatewayState
 from policies.decide import Decision, decide
@@ -85,11 +85,10 @@ def admit(state: GatewayState, arrival: Arrival, active: Active, route: str, bod
     picked = {h: headers[h] for h in wanted if h in headers} if wanted else None
     trace_ids = state.recorder.select(route, arrival.request_id) == "record"
     policy = active.policy
-    slo = request_slo(headers, route, policy.route_slo(route), policy.route_slo_override(route))
+    slo, slo_fields = slo_in_force(headers, route, policy)
     features = features_from_openai(body, route=route, headers=picked, wanted_headers=set(wanted) if wanted else None,
                                     repeat=active.reads_repeat or trace_ids,  # a trace keeps every feature
-                                    slo_ttft_ms=slo.ttft_ms, slo_tpot_ms=slo.tpot_ms,
-                                    slo_tpot_stated=headers.get(TPOT_HEADER) is not None)
+                                    **slo_fields)
     _check_model_and_window(state, request, features.prompt_tokens)
     return Admitted(
         trace_ids=trace_ids, slo=slo,

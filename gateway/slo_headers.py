@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from gateway.errors import ApiError
-from policies.schema import Slo, SloOverride
+from policies.schema import Policy, Slo, SloOverride
 
 TTFT_HEADER, TPOT_HEADER = "x-slo-ttft-ms", "x-slo-tpot-ms"
 MAX_SLO_MS = 600_000.0  # ten minutes: beyond it a target says nothing a request's timeout does not
@@ -50,3 +50,12 @@ def request_slo(headers: Any, route: str, route_slo: Slo, override: SloOverride 
                else route_slo.ttft_ms,
                tpot_ms=_value(TPOT_HEADER, tpot, override and override.min_tpot_ms) if tpot is not None
                else route_slo.tpot_ms)
+
+
+def slo_in_force(headers: Any, route: str, policy: Policy) -> tuple[Slo, dict[str, Any]]:
+    """The request's SLO (:func:`request_slo` on ``policy``'s route SLO and override) and the ``RequestFeatures``
+    fields that carry it, ``slo_tpot_stated`` included: what admission, ``/admin/explain`` and
+    ``specgate policy explain`` all hand to ``features_from_openai``."""
+    slo = request_slo(headers, route, policy.route_slo(route), policy.route_slo_override(route))
+    return slo, {"slo_ttft_ms": slo.ttft_ms, "slo_tpot_ms": slo.tpot_ms,
+                 "slo_tpot_stated": headers.get(TPOT_HEADER) is not None}

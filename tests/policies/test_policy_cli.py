@@ -105,3 +105,15 @@ def test_explain_reads_the_routes_slo_as_the_gateway_does(tmp_path: Path) -> Non
     req.write_text(json.dumps({"max_tokens": 64, "slo_tpot_ms": 80}))
     out = run("explain", str(policy), "--request", str(req))
     assert "rule tight-tpot: no (slo_tpot_ms <= 50)" in out.stdout
+    body = tmp_path / "body.json"
+    body.write_text(json.dumps({"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hi."}]}))
+    out = run("explain", str(policy), "--request", str(body), "--slo-tpot-ms", "80")  # as x-slo-tpot-ms: 80
+    assert out.returncode == 0, out.stderr
+    assert "rule tight-tpot: no (slo_tpot_ms <= 50)" in out.stdout
+    out = run("explain", str(policy), "--request", str(body), "--slo-tpot-ms", "80", "--json")
+    assert json.loads(out.stdout)["features"]["slo_tpot_stated"] is True
+    out = run("explain", str(policy), "--request", str(body), "--slo-tpot-ms", "fast")
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith("error: header x-slo-tpot-ms must be a number of milliseconds > 0")
+    out = run("explain", str(policy), "--request", str(req), "--slo-ttft-ms", "300")  # a features JSON
+    assert out.returncode == 2 and "go with an OpenAI body" in out.stderr
