@@ -37,8 +37,9 @@ def error_response(exc: ApiError, headers: dict[str, str] | None = None) -> Resp
 
 class WholeAnswer:
     """A whole JSON answer as a bare ASGI app: two ``send`` calls with the headers encoded once. Litestar's
-    ``Response`` would build a header container and an ``ASGIResponse`` per answer, about a tenth of the
-    gateway's CPU per request at c32 (bench.gateway); this path has no cookies or background tasks to carry."""
+    ``Response`` would build a header container and an ``ASGIResponse`` per answer: without them the gateway
+    spends 0.87x the CPU per request at c32 (bench.gateway_compare, docs/runs/2026-12-06-gateway-cpu). This path
+    has no cookies or background tasks to carry."""
 
     __slots__ = ("body", "headers", "status")
 

@@ -71,12 +71,17 @@ def _verdict(ci: tuple[float, float, float, int] | None, bound: float) -> str:
     return f"{ratio:.2f} [{low:.2f}, {high:.2f}] {state}"
 
 
+def _adaptive_and_fixed(arms: dict) -> tuple[str | None, list[str]]:
+    """The adaptive arm the report judges (warm if measured, else cold, else None) and the fixed arms."""
+    adaptive = "adaptive-warm" if "adaptive-warm" in arms else "adaptive" if "adaptive" in arms else None
+    return adaptive, [a for a in arms if not a.startswith("adaptive")]
+
+
 def _targets(result: dict, noise: dict[str, tuple[float, int, bool]] | None = None) -> list[str]:
     """Adaptive (warm if measured, else cold) against the best fixed arm of each cell: the targets.
     ``noise``: the run's :func:`noise_by_load`, if the caller has it already."""
     arms = result["arms"]
-    adaptive = "adaptive-warm" if "adaptive-warm" in arms else "adaptive" if "adaptive" in arms else None
-    fixed = [a for a in arms if not a.startswith("adaptive")]
+    adaptive, fixed = _adaptive_and_fixed(arms)
     if adaptive is None or not fixed:
         return []
     lines = [f"\n**{adaptive} vs the best fixed arm per cell** (targets: goodput >= 0.97x best, "
@@ -114,9 +119,7 @@ def _targets(result: dict, noise: dict[str, tuple[float, int, bool]] | None = No
 def _by_workload_slice(result: dict, noise: dict[str, tuple[float, int, bool]]) -> list[str]:
     """An interleaved run has one cell per load: the adaptive arm's paired TPOT over each fixed arm, per slice the
     requests came from (``workload_slice``), with the same intervals as the targets table."""
-    arms = result["arms"]
-    adaptive = "adaptive-warm" if "adaptive-warm" in arms else "adaptive" if "adaptive" in arms else None
-    fixed = [a for a in arms if not a.startswith("adaptive")]
+    adaptive, fixed = _adaptive_and_fixed(result["arms"])
     requests = result.get("requests", [])
     kinds = sorted({r.get("workload_slice") for r in requests} - {None})
     if result["settings"].get("mix") != "interleaved" or adaptive is None or not fixed or not kinds:

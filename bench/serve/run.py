@@ -246,8 +246,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     if bench.warmup and "adaptive-warm" in arms_out:
         cells = arms_out["adaptive-warm"]["cells"]
         ref = f"c{args.warmup_concurrency}" if f"c{args.warmup_concurrency}" in cells else loads[0].label
-        result["learning_cost"] = learning_cost(  # the learner's own warm-up, not a warmed fixed arm's
-            [r for r in bench.warmup if r.arm == "adaptive-warm"], {s: cells[ref][s]["tpot_ms"]["p50"] for s in bench.slices},
+        learner = [r for r in bench.warmup if r.arm == "adaptive-warm"]  # not a warmed fixed arm's warm-up
+        result["learning_cost"] = learning_cost(
+            learner, {s: cells[ref][s]["tpot_ms"]["p50"] for s in bench.slices},
             {s: max(cells[ref][s]["choices"], key=cells[ref][s]["choices"].get, default=None) for s in bench.slices})
         result["learning_cost_reference_load"] = ref
     return result
