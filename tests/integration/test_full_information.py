@@ -86,6 +86,7 @@ def test_every_greedy_answer_teaches_both_fixed_options(tmp_path, prepared_model
             # the first request is served plain (every option is cold in an empty learner); it teaches both
             # pools, so neither is ever served cold afterwards
             assert pools[0] == "plain"
+            _idle(gw)  # as before each greedy request: a stale load report would file it in another load bucket
             sampled = httpx.post(f"{gw}/v1/chat/completions", timeout=300, json={
                 "model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16,
                 "temperature": 0.8, "seed": 1})
