@@ -37,6 +37,43 @@ def test_statuses_before_and_at_dispatch(client):
     assert state.in_flight == 0 and state.active.limiters["a"].in_flight == 0
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/chat/completions/"])
+def test_the_fast_path_and_litestars_route_answer_alike(client, path):
+    """The exact path is served before Litestar's router (GatewayApp), a trailing slash by Litestar's handler:
+    the same statuses, errors and headers either way, the body limit included when no content-length says it."""
+    auth = {"authorization": "Bearer key-a"}
+    chunked = client.post(path, content=iter([b"x" * 1500, b"x" * 1500]), headers=auth)
+    assert "content-length" not in chunked.request.headers
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "body_too_large"
+    r = client.post(path, json=MSG, headers={**auth, "x-slo-tpot-ms": "0"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-slo-tpot-ms"
+    r = client.post(path, json=MSG, headers=auth)
+    assert r.status_code == 503 and r.headers["retry-after"] == "2" and r.headers["x-specgate-route"] == "a"
+    assert r.json()["error"]["type"] == "service_unavailable"
+
+
+def test_the_fast_paths_internal_error_is_a_500_in_openais_shape(client, monkeypatch):
+    """A bug in the request's owner is answered (500, OpenAI's error shape) and logged, as Litestar's
+    exception handler does for its routes; the gateway keeps serving."""
+    import structlog
+
+    import gateway.app as app_module
+
+    def broken(state, endpoint, request):
+        raise RuntimeError("boom")
+
+    real = app_module.serve
+    monkeypatch.setattr(app_module, "serve", broken)
+    with structlog.testing.capture_logs() as logs:
+        r = client.post("/v1/completions", json={"model": "m", "prompt": "hi"}, headers={"authorization": "Bearer key-a"})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "internal_error"
+    assert [(e["event"], e["path"]) for e in logs] == [("gateway_internal_error", "/v1/completions")]
+    monkeypatch.setattr(app_module, "serve", real)
+    assert client.get("/health").status_code == 200
+    r = client.post("/v1/chat/completions", json=MSG, headers={"authorization": "Bearer key-a"})
+    assert r.status_code == 503
+
+
 def test_admin_needs_its_own_token(client):
     assert client.get("/admin/policy").status_code == 401
     assert client.get("/admin/policy", headers={"authorization": "Bearer key-a"}).status_code == 401
