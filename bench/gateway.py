@@ -33,6 +33,7 @@ import platform
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -217,18 +218,49 @@ def run_worker_set(label: str, worker: str, model: str, which: list[str], args: 
                 httpx.post(url, json=body, timeout=300, headers={"Authorization": f"Bearer {BENCH_KEY}"})
             else:
                 wrk(url, body, 1, 1, tmp)  # warm-up: connections, caches
-        # arms interleaved per concurrency, so drift on a noisy machine hits every arm alike (CONTRIBUTING.md #12)
-        for c in (args.real_concurrency if real else args.concurrency):
-            for name, url in urls.items():
-                before = cpu_seconds(pids[name]) if name in pids else None
-                result = wrk(url, body, c, duration, tmp, timeout_s=max(60.0, 4 * duration))
-                served = result["rps"] * duration
-                result["cpu_us_per_req"] = ((cpu_seconds(pids[name]) - before) / served * 1e6
-                                            if before is not None and served else float("nan"))
-                rows.append({"worker": label, "via": name, "concurrency": c, **result})
-                print(f"  {label:8} {name:13} c={c:<3} {result['rps']:9.1f} req/s  p50 {result['p50_ms']:8.2f} ms"
-                      f"  p99 {result['p99_ms']:8.2f} ms  non-2xx {result['non_2xx']}", flush=True)
-    return sorted(rows, key=lambda r: list(urls).index(r["via"]))  # the table groups by arm, as before
+        # arms interleaved per concurrency, so drift on a noisy machine hits every arm alike (CONTRIBUTING.md #12);
+        # with --rounds, the whole loop again with the arms' order rotated, so no arm always runs first
+        names = list(urls)
+        for rnd in range(1 if real else args.rounds):
+            for c in (args.real_concurrency if real else args.concurrency):
+                for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+                    before = cpu_seconds(pids[name]) if name in pids else None
+                    result = wrk(urls[name], body, c, duration, tmp, timeout_s=max(60.0, 4 * duration))
+                    served = result["rps"] * duration
+                    result["cpu_us_per_req"] = ((cpu_seconds(pids[name]) - before) / served * 1e6
+                                                if before is not None and served else float("nan"))
+                    rows.append({"worker": label, "via": name, "concurrency": c, "round": rnd, **result})
+                    print(f"  {label:8} {name:13} c={c:<3} {result['rps']:9.1f} req/s  p50 {result['p50_ms']:8.2f} ms"
+                          f"  p99 {result['p99_ms']:8.2f} ms  non-2xx {result['non_2xx']}", flush=True)
+    return sorted(rows, key=lambda r: (names.index(r["via"]), r["round"]))  # the table groups by arm, as before
+
+
+def medians(rows: list[dict]) -> list[dict]:
+    """One row per (worker, via, concurrency): each figure's median over the rounds (non-2xx: their sum)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["worker"], r["via"], r["concurrency"]), []).append(r)
+    return [{"worker": w, "via": v, "concurrency": c, "rounds": len(g),
+             **{k: statistics.median(r.get(k, float("nan")) for r in g) for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")},
+             "non_2xx": sum(r["non_2xx"] for r in g)} for (w, v, c), g in groups.items()]
+
+
+def against(rows: list[dict], ours: str, theirs: str, concurrency: int, low: int) -> str:
+    """Per-round comparisons of ``ours`` with ``theirs`` in front of the instant worker: req/s ratio at
+    ``concurrency``, and the difference of their added p50 (over direct) at ``low``: median [min, max] of rounds."""
+    by = {(r["via"], r["concurrency"], r["round"]): r for r in rows if r["worker"] == "instant"}
+    rounds = sorted({r["round"] for r in rows})
+    ratios = [by[ours, concurrency, n]["rps"] / by[theirs, concurrency, n]["rps"] for n in rounds
+              if (ours, concurrency, n) in by and (theirs, concurrency, n) in by]
+    gaps = [by[ours, low, n]["p50_ms"] - by[theirs, low, n]["p50_ms"] for n in rounds
+            if (ours, low, n) in by and (theirs, low, n) in by]
+    if not ratios or not gaps:
+        return ""
+
+    def spread(xs: list[float], fmt: str) -> str:
+        return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}}, {max(xs):{fmt}}]"
+    return (f"\n{ours} / {theirs} over {len(ratios)} rounds, median [min, max]: req/s at c={concurrency} "
+            f"{spread(ratios, '.3f')}x; p50 at c={low} {spread(gaps, '+.3f')} ms over {theirs}'s")
 
 
 def environment() -> dict[str, str]:
@@ -251,7 +283,9 @@ def environment() -> dict[str, str]:
                                           "import importlib.metadata as m; print(m.version('opentelemetry-sdk'))"])}
 
 
-def table(rows: list[dict], env: dict[str, str]) -> str:
+def table(all_rows: list[dict], env: dict[str, str]) -> str:
+    """The Markdown report: a row per arm and concurrency (medians over the rounds), then the comparisons."""
+    rows = medians(all_rows)
     lines = ["```", *(f"{k}: {v}" for k, v in env.items()), "```", "",
              "| worker | via | c | req/s | p50 ms | p99 ms | added p50 ms | gateway CPU us/req | non-2xx |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -276,6 +310,10 @@ def table(rows: list[dict], env: dict[str, str]) -> str:
         if ours and theirs:
             lines.append(f"\nspecgate / {other} req/s at c={top} (instant worker): "
                          f"{ours['rps'] / theirs['rps']:.2f}x")
+    if len({r["round"] for r in all_rows}) > 1 and "smg" in {r["via"] for r in all_rows}:
+        low = min(c for _, _, c in by)
+        lines += [line for arm in dict.fromkeys(r["via"] for r in all_rows) if arm.startswith("specgate")
+                  if (line := against(all_rows, arm, "smg", top, low))]
     return "\n".join(lines)
 
 
@@ -283,6 +321,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every arm and concurrency this many times, the arms' order rotated each round; "
+                             "the table gives medians and each specgate arm against smg round by round")
     parser.add_argument("--via", nargs="+", default=["specgate", "smg", "litellm"],
                         choices=["specgate", "specgate-noresume", "specgate-otel", "specgate-valkey", "specgate-2p",
                                  "smg", "litellm"],
