@@ -122,6 +122,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+GC_YOUNG_THRESHOLD = 20_000  # net allocations between young-generation collections (_freeze_heap)
 SETTINGS_ENV = "SPECGATE_SERVE_SETTINGS"  # `--processes N`: the settings each process builds its app from
 
 
@@ -144,6 +145,10 @@ def _freeze_heap() -> None:
     """Once started (modules imported, policy compiled, clients open), move every live object to the
     collector's permanent generation (``gc.freeze``): a full collection on the request path then walks only
     what requests made since, not the ~50k objects of start-up. Cyclic garbage frozen this way (none is
-    expected: start-up's is collected first) would never be freed."""
+    expected: start-up's is collected first) would never be freed. The young generation is then collected every
+    ``GC_YOUNG_THRESHOLD`` net allocations instead of 700: at c32 each collection walked the live objects of every
+    request in flight again, and with 20,000 the gateway spends 0.89x the CPU per request (bench.gateway_compare,
+    docs/runs/2026-12-06-gateway-fastpath); what it costs is up to that many objects of cyclic garbage held longer."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)

@@ -98,6 +98,21 @@ def test_serve_refuses_public_bind_without_keys(tmp_path, capsys):
     assert "refusing to listen on 0.0.0.0" in capsys.readouterr().err
 
 
+def test_startup_freezes_the_heap_and_collects_the_young_generation_less_often():
+    import gc
+
+    from cli.serve import GC_YOUNG_THRESHOLD, _freeze_heap
+
+    before = gc.get_threshold()
+    try:
+        _freeze_heap()
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, 10, 10) and GC_YOUNG_THRESHOLD > before[0]
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
 def test_serve_rejects_an_invalid_policy(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 2\n")
