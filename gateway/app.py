@@ -137,8 +137,8 @@ def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes
 class GatewayApp(Litestar):
     """The gateway's Litestar app, with a fast path: a POST to exactly ``/v1/chat/completions`` or
     ``/v1/completions`` goes to ``lifecycle.serve`` before Litestar's router, middleware and handler layers,
-    which cost a quarter of the gateway's CPU per request (0.78x CPU, 1.28x req/s at c32 without them:
-    bench.gateway_compare, docs/runs/2026-12-06-gateway-fastpath). Everything else, and any other spelling of
+    which cost a fifth of the gateway's CPU per request (0.81x CPU, 1.24x req/s at c32 without them, 10 rounds of
+    bench.gateway_compare: docs/runs/2026-12-06-gateway-fastpath). Everything else, and any other spelling of
     those paths (a trailing slash), is Litestar's, whose handlers for the two endpoints serve the same way
     (and document them in the OpenAPI schema)."""
 
