@@ -21,7 +21,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from gateway.admin import admin_router
 from gateway.errors import ApiError
-from gateway.lifecycle import JSON, serve
+from gateway.lifecycle import JSON, body_too_large, serve
 from gateway.outcomes import outcomes_handler
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
@@ -75,8 +75,7 @@ class RawRequest:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                raise ApiError(413, f"request body is over this gateway's limit of {self.limit} bytes "
-                               "(--max-body-bytes); send a shorter prompt", code="body_too_large")
+                raise body_too_large(self.limit)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -70,11 +70,17 @@ def request_id() -> str:
     return b.hex()
 
 
+def body_too_large(limit: int, size: str = "") -> ApiError:
+    """The 413 of a body over ``--max-body-bytes``: its declared ``size`` when known (content-length), or the
+    bytes received past the limit (``app.RawRequest``)."""
+    return ApiError(413, f"request body is {size + ' bytes, ' if size else ''}over this gateway's limit of {limit} "
+                    "bytes (--max-body-bytes); send a shorter prompt", code="body_too_large")
+
+
 async def read_body(request: Any, headers: Any, limit: int) -> bytes:
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body is {declared} bytes, over this gateway's limit of {limit} "
-                       "bytes (--max-body-bytes); send a shorter prompt", code="body_too_large")
+        raise body_too_large(limit, declared)
     return await request.body()
 
 
