@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import random
 import re
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,7 +180,7 @@ def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str],
     done = 0
     if processes > 1 and len(jobs) > 1:
         _prepare(prices, contenders)
-        with multiprocessing.get_context("fork").Pool(processes) as pool:
+        with multiprocessing.get_context("fork").Pool(processes, initializer=_default_signals) as pool:
             for job, served in pool.imap_unordered(_run, jobs, chunksize=len(loads)):
                 results[(contenders[job.contender].name, job.load, job.seed)] = served
                 done += 1
@@ -196,6 +197,13 @@ def sweep(prices: Prices, contenders: Sequence[Contender], loads: Sequence[str],
         for s in range(1, seeds):
             results[(name, label, s)] = results[(name, label, 0)]
     return dict(sorted(results.items()))
+
+
+def _default_signals() -> None:
+    """In each forked worker: SIGTERM back to its default. A handler the parent installed (a CLI that unwinds on
+    SIGTERM) would otherwise outlive the pool's terminate at its end, and the pool would wait on that worker
+    forever."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _prepare(prices: Prices, contenders: Sequence[Contender]) -> None:

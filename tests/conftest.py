@@ -8,11 +8,26 @@ it (greedy identity, distribution on the real model, bf16). Real-model tests car
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from tests.engine.engine_helpers import make_tiny_engine
 from tests.prerequisites import missing
 from tests.valkey_helpers import valkey  # noqa: F401  (the fixture: a real valkey-server on a free port)
+
+@pytest.fixture(autouse=True)
+def _sigterm_handler_kept():
+    """Every test leaves SIGTERM's handler as it found it. A CLI run in-process that left its own (SIGTERM
+    raising KeyboardInterrupt) was inherited by a later test's forked replay workers, and that test's pool
+    waited on one of them until the 600 s timeout (a CI failure)."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    after = signal.getsignal(signal.SIGTERM)
+    if after is not before:
+        signal.signal(signal.SIGTERM, before)
+        pytest.fail(f"the test left SIGTERM's handler set to {after!r}; restore the caller's handler when done")
+
 
 @pytest.fixture(scope="session")
 def prepared_model():

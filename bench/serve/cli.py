@@ -84,16 +84,15 @@ def register(kinds: argparse._SubParsersAction) -> None:
 def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
     from bench.serve.run import run, write  # about 0.1 s: specgate --help loads this module
 
-    def interrupt(*_: object) -> None:  # SIGTERM unwinds like Ctrl-C, so workers and gateways are stopped
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
     if args.report is not None:
         return _rerender(args.report)
     if args.misses is not None:
         return report(args.misses, None if args.arms == list(ARMS) else args.arms)
     if args.merge is not None:
         return _merge(args.merge, args.out)
+    # while it runs, SIGTERM unwinds like Ctrl-C, so workers and gateways are stopped; the caller's handler
+    # comes back after (a test that runs this in-process must not leave its handler to later forks)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         args = apply_preset(args)
         result = run(args, argv)
@@ -103,10 +102,16 @@ def run_cli(args: argparse.Namespace, argv: list[str]) -> int:
     except RuntimeError as exc:  # a worker or gateway that did not start
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     json_path, md_path, pngs = write(result, args.out)
     print(md_path.read_text())
     print(f"wrote {json_path}, {md_path}, " + ", ".join(str(p) for p in pngs))
     return 0
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _rerender(out: Path) -> int:
