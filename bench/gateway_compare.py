@@ -3,7 +3,7 @@
     git worktree add /tmp/wt-before REV
     git show REV:deploy/policies/default.yaml > /tmp/before-policy.yaml   # a policy both trees accept
     .venv/bin/python -m bench.gateway_compare --before /tmp/wt-before --policy /tmp/before-policy.yaml \\
-        --rounds 10 --duration 5 --concurrency 1 32 [--stream]
+        --rounds 10 --duration 5 --concurrency 1 32 [--stream] [--together]
 
 One instant worker (``bench/instant_worker.py``, the stand-in that answers at once, so only the gateway's
 cost remains) and BOTH gateways stay up for the whole run, each from its own checkout (``--before`` and
@@ -13,7 +13,9 @@ machine or a second-position penalty falls on both alike. Per round and concurre
 p50, and the gateway process's user + system CPU per request served (the figure least moved by
 the load generator sharing the CPUs). The report gives the per-round rows, the medians and, per metric,
 the median of the per-round after/before ratios with a 95% bootstrap interval over rounds (SciPy):
-an interval that includes 1.0 is "no difference resolved".
+an interval that includes 1.0 is "no difference resolved". ``--together`` loads both gateways in the same
+window instead (each with its own wrk), so the machine's speed changes fall on both alike; with ``--pin CPU``
+both run on that one CPU (this VM's two CPUs change speed apart from each other, by up to 1.5x).
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +66,19 @@ def measure(url: str, pid: int, body: dict, concurrency: int, duration: float, t
     served = result["rps"] * duration
     result["cpu_us_per_req"] = (cpu_seconds(pid) - before) / served * 1e6 if served else float("nan")
     return result
+
+
+def measure_together(sides: dict[str, tuple[str, int]], body: dict, concurrency: int, duration: float,
+                     tmp: Path) -> dict[str, dict[str, float]]:
+    """Both gateways loaded in the same window, each by its own wrk (``--together``): a change of the machine's
+    speed mid-window falls on both alike, which back-to-back windows cannot promise on a VM whose speed
+    flips within seconds. Each side's CPU per request is its own process's over that window."""
+    with ThreadPoolExecutor(len(sides)) as pool:
+        futures = {}
+        for name, (url, pid) in sides.items():
+            (tmp / name).mkdir(exist_ok=True)  # wrk's script file, one per side
+            futures[name] = pool.submit(measure, url, pid, body, concurrency, duration, tmp / name)
+        return {name: future.result() for name, future in futures.items()}
 
 
 def ratio_summary(before: list[float], after: list[float], seed: int = 0) -> dict[str, float]:
@@ -105,9 +122,16 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--stream", action="store_true", help="streamed chat completions (usage included)")
+    parser.add_argument("--together", action="store_true",
+                        help="load both gateways at once, each with its own wrk, instead of one after the other (ABBA)")
+    parser.add_argument("--pin", type=int, default=None, metavar="CPU",
+                        help="with --together: run both gateways on this one CPU, so they share its speed at every "
+                             "instant (a VM's CPUs change speed apart from each other)")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables as Markdown")
     args = parser.parse_args()
+    if args.pin is not None and not args.together:
+        parser.error("--pin needs --together: gateways measured one after the other may run on the CPU alone")
     ensure_wrk()
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-compare-"))
     port = free_port()
@@ -123,15 +147,21 @@ def main() -> None:
                                     f"{worker}/health", tmp / "instant.log"))
         sides = {name: stack.enter_context(gateway(tree, policy, tmp / f"gateway-{name}.log"))
                  for name, tree in (("before", args.before), ("after", args.after))}
+        if args.pin is not None:
+            for _, pid in sides.values():
+                os.sched_setaffinity(pid, {args.pin})
         for url, _ in sides.values():
             wrk(url, body, 1, 2, tmp)  # warm-up: connections, caches, the learner's first snapshot
         for round_ in range(1, args.rounds + 1):
             order = ("before", "after") if round_ % 4 in (1, 0) else ("after", "before")  # ABBA
             for c in args.concurrency:
-                row: dict = {"round": round_, "first": order[0], "concurrency": c}
-                for name in order:
-                    url, pid = sides[name]
-                    row[name] = measure(url, pid, body, c, args.duration, tmp)
+                row: dict = {"round": round_, "first": "together" if args.together else order[0], "concurrency": c}
+                if args.together:
+                    row.update(measure_together(sides, body, c, args.duration, tmp))
+                else:
+                    for name in order:
+                        url, pid = sides[name]
+                        row[name] = measure(url, pid, body, c, args.duration, tmp)
                 rows.append(row)
                 print(f"  round {round_:2} c={c:<3} " + "  ".join(
                     f"{name} {row[name]['rps']:8.1f} req/s {row[name]['cpu_us_per_req']:5.0f} us/req"

@@ -4,7 +4,9 @@ policy both gateways run (the instant worker's URL, no gates)."""
 from __future__ import annotations
 
 import math
+import threading
 
+import bench.gateway_compare as compare
 from bench.gateway_compare import policy_text, ratio_summary, report
 
 
@@ -35,3 +37,20 @@ def test_the_policy_points_at_the_instant_worker_and_has_no_gates(tmp_path):
     source = tmp_path / "p.yaml"
     source.write_text("pools:\n  plain: {workers: ['http://127.0.0.1:30000']}\ngates:\n  equivalence: {}\n")
     assert policy_text(source, "http://127.0.0.1:4242") == "pools:\n  plain: {workers: ['http://127.0.0.1:4242']}\n"
+
+
+def test_together_measures_both_gateways_in_one_window_each_with_its_own_wrk_script(tmp_path, monkeypatch):
+    both = threading.Barrier(2, timeout=30)  # broken (an error) unless the two measurements overlap
+    seen = {}
+
+    def measure(url, pid, body, concurrency, duration, tmp):
+        both.wait()
+        seen[url] = tmp
+        return {"rps": float(pid), "p50_ms": 1.0, "cpu_us_per_req": 2.0}
+
+    monkeypatch.setattr(compare, "measure", measure)
+    rows = compare.measure_together({"before": ("u-before", 10), "after": ("u-after", 20)}, {}, 32, 1.0, tmp_path)
+    assert rows == {"before": {"rps": 10.0, "p50_ms": 1.0, "cpu_us_per_req": 2.0},
+                    "after": {"rps": 20.0, "p50_ms": 1.0, "cpu_us_per_req": 2.0}}
+    assert seen == {"u-before": tmp_path / "before", "u-after": tmp_path / "after"}
+    assert (tmp_path / "before").is_dir() and (tmp_path / "after").is_dir()

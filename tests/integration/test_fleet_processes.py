@@ -31,7 +31,9 @@ def test_two_processes_serve_one_port_as_one_fleet(tmp_path):
                      env={"SPECGATE_ADMIN_TOKEN": ADMIN_TOKEN}):
             answered, heartbeats = set(), 0
             for _ in range(60):
-                view = httpx.get(f"http://127.0.0.1:{port}/admin/fleet", headers=ADMIN, timeout=10).json()
+                r = httpx.get(f"http://127.0.0.1:{port}/admin/fleet", headers=ADMIN, timeout=10)
+                assert "server" not in r.headers and "date" in r.headers  # cli/serve.UVICORN in every process
+                view = r.json()
                 answered.add(view["replica"])
                 heartbeats = len(view["replicas"])
                 if len(answered) == 2 and heartbeats == 2:

@@ -133,6 +133,15 @@ def test_a_worker_refusal_holds_nothing(stack):
     _assert_back_to_idle(gw, worker, "the worker refused the request")
 
 
+def test_answers_name_no_server_software(stack):
+    """`specgate serve` runs uvicorn without its "server: uvicorn" header (cli/serve.UVICORN); Date stays."""
+    gw, _, _, _ = stack
+    for r in (httpx.post(f"{gw}/v1/chat/completions", json=_chat(max_tokens=2), headers=KEY, timeout=60),
+              httpx.get(f"{gw}/health", timeout=10)):
+        assert r.status_code == 200, r.text
+        assert "server" not in r.headers and "date" in r.headers, dict(r.headers)
+
+
 @pytest.mark.parametrize("where", ["json", "mid-stream", "before-first-byte"])
 def test_a_client_that_leaves_gives_everything_back(stack, where):
     gw, worker, _, _ = stack
