@@ -6,6 +6,9 @@ whose client disconnected; it only answers ``http.disconnect`` on the ASGI ``rec
 answer is there) and, on a disconnect, cancels the waiting handler so its work stops: the gateway's
 ``dispatch`` then aborts the worker's request, the worker's bridge aborts the engine request. Streams
 do not need this: a stream's disconnect surfaces at its next write.
+
+The watcher starts ``WATCH_AFTER_S`` into the wait, from a timer: an answer that comes sooner (a refusal, a
+cached or tiny answer) never pays for a task, and a client that left is noticed at most that much later.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+WATCH_AFTER_S = 0.01  # work a client that left can still cost; a whole answer this quick starts no watcher
 Receive = Callable[[], Awaitable[Any]]
 
 
@@ -37,7 +41,14 @@ async def unless_client_leaves(receive: Receive, answer: Awaitable[T]) -> tuple[
         gone = True
         task.cancel()
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    loop = asyncio.get_running_loop()
+    watcher: asyncio.Task | None = None
+
+    def start() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(watch())
+
+    timer = loop.call_later(WATCH_AFTER_S, start)
     try:
         return True, await answer
     except asyncio.CancelledError:
@@ -45,4 +56,6 @@ async def unless_client_leaves(receive: Receive, answer: Awaitable[T]) -> tuple[
             raise
         return False, None
     finally:
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
