@@ -2,8 +2,8 @@
 
 Shared by both ASGI apps (the gateway and ``specgate worker``). Uvicorn does not cancel a handler
 whose client disconnected; it only answers ``http.disconnect`` on the ASGI ``receive`` channel.
-``unless_client_leaves`` watches that channel in ONE extra task per request (cancelled as soon as the
-answer is there) and, on a disconnect, cancels the waiting handler so its work stops: the gateway's
+``unless_client_leaves`` watches that channel in at most one extra task per request (cancelled as soon as
+the answer is there) and, on a disconnect, cancels the waiting handler so its work stops: the gateway's
 ``dispatch`` then aborts the worker's request, the worker's bridge aborts the engine request. Streams
 do not need this: a stream's disconnect surfaces at its next write.
 

@@ -191,6 +191,18 @@ def cpu_seconds(pid: int) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in procs)
 
 
+def measure(url: str, pid: int | None, body: dict, concurrency: int, duration: float, tmp: Path,
+            timeout_s: float = 60) -> dict[str, float]:
+    """One wrk window on ``url``, plus the CPU per request served of process ``pid`` and its children over it
+    (nan without a process of ours, as for ``direct``)."""
+    before = cpu_seconds(pid) if pid is not None else None
+    result = wrk(url, body, concurrency, duration, tmp, timeout_s=timeout_s)
+    served = result["rps"] * duration
+    result["cpu_us_per_req"] = ((cpu_seconds(pid) - before) / served * 1e6
+                                if before is not None and served else float("nan"))
+    return result
+
+
 def _wait_model(base: str, model: str, timeout: float = 60) -> None:
     """smg answers before its worker is registered; wait until a request gets through."""
     deadline = time.monotonic() + timeout
@@ -224,11 +236,8 @@ def run_worker_set(label: str, worker: str, model: str, which: list[str], args: 
         for rnd in range(1 if real else args.rounds):
             for c in (args.real_concurrency if real else args.concurrency):
                 for name in names[rnd % len(names):] + names[:rnd % len(names)]:
-                    before = cpu_seconds(pids[name]) if name in pids else None
-                    result = wrk(urls[name], body, c, duration, tmp, timeout_s=max(60.0, 4 * duration))
-                    served = result["rps"] * duration
-                    result["cpu_us_per_req"] = ((cpu_seconds(pids[name]) - before) / served * 1e6
-                                                if before is not None and served else float("nan"))
+                    result = measure(urls[name], pids.get(name), body, c, duration, tmp,
+                                     timeout_s=max(60.0, 4 * duration))
                     rows.append({"worker": label, "via": name, "concurrency": c, "round": rnd, **result})
                     print(f"  {label:8} {name:13} c={c:<3} {result['rps']:9.1f} req/s  p50 {result['p50_ms']:8.2f} ms"
                           f"  p99 {result['p99_ms']:8.2f} ms  non-2xx {result['non_2xx']}", flush=True)

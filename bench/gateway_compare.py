@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from bench.gateway import BIN, REPO, cpu_seconds, ensure_wrk, wrk
+from bench.gateway import BIN, REPO, ensure_wrk, measure, wrk
 from bench.processes import free_port, running
 from bench.serve.arms import without_gates
 
@@ -58,14 +58,6 @@ def gateway(tree: Path, policy: Path, log: Path) -> Iterator[tuple[str, int]]:
                   "--policy", str(policy), "--port", str(port), "--log-level", "warning"],
                  f"http://127.0.0.1:{port}/ready", log, env={"PYTHONPATH": str(tree.resolve())}) as proc:
         yield f"http://127.0.0.1:{port}/v1/chat/completions", proc.pid
-
-
-def measure(url: str, pid: int, body: dict, concurrency: int, duration: float, tmp: Path) -> dict[str, float]:
-    before = cpu_seconds(pid)
-    result = wrk(url, body, concurrency, duration, tmp)
-    served = result["rps"] * duration
-    result["cpu_us_per_req"] = (cpu_seconds(pid) - before) / served * 1e6 if served else float("nan")
-    return result
 
 
 def measure_together(sides: dict[str, tuple[str, int]], body: dict, concurrency: int, duration: float,

@@ -16,6 +16,7 @@ from tests.engine.engine_helpers import make_tiny_engine
 from tests.prerequisites import missing
 from tests.valkey_helpers import valkey  # noqa: F401  (the fixture: a real valkey-server on a free port)
 
+
 @pytest.fixture(autouse=True)
 def _sigterm_handler_kept():
     """Every test leaves SIGTERM's handler as it found it. A CLI run in-process that left its own (SIGTERM
