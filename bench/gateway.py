@@ -90,10 +90,12 @@ def wrk(url: str, body: dict, concurrency: int, duration: float, tmp: Path, time
             "socket_errors": socket_errors.group(1) if socket_errors else ""}
 
 
-def _policy(worker: str, tmp: Path, resume: bool = True) -> Path:
+def _policy(worker: str, tmp: Path, resume: bool = True, tree: Path | None = None) -> Path:
     """The default policy without gates, in front of ``worker``; ``resume`` False: never resume a stream (nothing
-    asks the worker for ids or takes them out of chunks), the ``specgate-noresume`` arm."""
-    text = without_gates((REPO / "deploy/policies/default.yaml").read_text()).replace("http://127.0.0.1:30000", worker)
+    asks the worker for ids or takes them out of chunks), the ``specgate-noresume`` arm. ``tree``: that checkout's
+    shipped default (an older gateway may not read today's)."""
+    text = (tree or REPO).joinpath("deploy/policies/default.yaml").read_text()
+    text = without_gates(text).replace("http://127.0.0.1:30000", worker)
     if not resume:
         text += "resume: {max_resumes: 0}\n"
     path = tmp / f"policy-{worker.rsplit(':', 1)[1]}{'' if resume else '-noresume'}.yaml"
@@ -116,7 +118,7 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
             """Start one specgate arm: the gateway with the default policy in front of ``worker``, plus ``flags``."""
             port = free_port()
             pids[name] = stack.enter_context(running(
-                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp, resume)), "--port", str(port),
+                [str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp, resume, tree)), "--port", str(port),
                  "--log-level", "warning", *flags], f"http://127.0.0.1:{port}/ready", tmp / f"{name}-{port}.log",
                 env={**env, **pythonpath})).pid
             urls[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -347,8 +349,8 @@ def main() -> None:
     parser.add_argument("--real-concurrency", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--skip-instant", action="store_true", help="only the real-engine rows")
     parser.add_argument("--gateway-tree", type=Path, default=None,
-                        help="run specgate's gateway from this checkout (e.g. `git worktree add /tmp/before REV`), "
-                             "to compare commits side by side")
+                        help="run specgate's gateway from this checkout (e.g. `git worktree add /tmp/before REV`) with "
+                             "that checkout's default policy, to compare commits side by side")
     parser.add_argument("--otel-sample", type=float, default=1.0,
                         help="specgate-otel's sampled share of requests (OTEL_TRACES_SAMPLER_ARG; default every one)")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON")

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from bench.gateway import against, medians, table
+from pathlib import Path
+
+from bench.gateway import _policy, against, medians, table
 
 
 def _row(via: str, c: int, rnd: int, rps: float, p50: float, cpu: float = 100.0) -> dict:
@@ -40,3 +42,15 @@ def test_the_table_reports_medians_and_the_paired_lines():
     text = table(ROWS, {"command": "x"})
     assert "| instant | specgate-2p | 32 | 4200.0 | 7.50 | 15.00 | +7.05 | 100 | 3 |" in text
     assert "specgate-2p / smg over 3 rounds" in text
+
+
+def test_an_older_tree_runs_with_its_own_shipped_policy(tmp_path: Path):
+    """--gateway-tree: the older gateway reads that checkout's default policy (today's may name pool kinds it does
+    not know), pointed at the benchmark's worker and without its gates."""
+    tree = tmp_path / "old"
+    (tree / "deploy/policies").mkdir(parents=True)
+    (tree / "deploy/policies/default.yaml").write_text(
+        "version: 1\npools:\n  plain: {workers: [\"http://127.0.0.1:30000\"]}\ngates:\n  canaries: 4\n")
+    text = _policy("http://127.0.0.1:9", tmp_path, tree=tree).read_text()
+    assert text == "version: 1\npools:\n  plain: {workers: [\"http://127.0.0.1:9\"]}\n"
+    assert "hybrid" in _policy("http://127.0.0.1:9", tmp_path).read_text()  # no tree: today's default
