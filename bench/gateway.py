@@ -274,7 +274,10 @@ def against(rows: list[dict], ours: str, theirs: str, concurrency: int, low: int
             f"{spread(ratios, '.3f')}x; p50 at c={low} {spread(gaps, '+.3f')} ms over {theirs}'s")
 
 
-def environment() -> dict[str, str]:
+def environment(tree: Path | None = None) -> dict[str, str]:
+    """The run's setting; ``tree``: the checkout specgate's gateway ran from (``--gateway-tree``), whose commit is
+    the one measured."""
+
     def version(argv: list[str]) -> str:
         with contextlib.suppress(Exception):
             out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -284,7 +287,7 @@ def environment() -> dict[str, str]:
                 if line.startswith("model name")), platform.processor())
     return {"command": " ".join([Path(sys.executable).name, "-m", "bench.gateway", *sys.argv[1:]]),
             "python": platform.python_version(), "cpu": f"{cpu} x {os.cpu_count()}",
-            "specgate": "0.1.0 (" + subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+            "specgate": "0.1.0 (" + subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree or REPO,
                                                    capture_output=True, text=True).stdout.strip() + ")",
             "smg": version([str(SMG), "--version"]),
             "litellm": version([str(LITELLM_VENV / "bin" / "python"), "-c",
@@ -371,7 +374,7 @@ def main() -> None:
         with running([str(BIN / "specgate"), "worker", "--port", str(port), "--no-calibrate",
                       "--log-level", "warning"], f"{real}/health", tmp / "worker.log"):
             rows += run_worker_set("real", real, "SmolLM2-135M-Instruct", ["specgate"], args, tmp)
-    env = environment()
+    env = environment(args.gateway_tree)
     if "specgate-otel" in args.via:
         env["otel_sample"] = f"{args.otel_sample:g}"
     text = table(rows, env)

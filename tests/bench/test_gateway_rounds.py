@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
-from bench.gateway import _policy, against, medians, table
+from bench.gateway import _policy, against, environment, medians, table
 
 
 def _row(via: str, c: int, rnd: int, rps: float, p50: float, cpu: float = 100.0) -> dict:
@@ -54,3 +55,15 @@ def test_an_older_tree_runs_with_its_own_shipped_policy(tmp_path: Path):
     text = _policy("http://127.0.0.1:9", tmp_path, tree=tree).read_text()
     assert text == "version: 1\npools:\n  plain: {workers: [\"http://127.0.0.1:9\"]}\n"
     assert "hybrid" in _policy("http://127.0.0.1:9", tmp_path).read_text()  # no tree: today's default
+
+
+def test_the_report_names_the_commit_of_the_gateway_measured(tmp_path: Path):
+    """With --gateway-tree the measured gateway is that checkout's, and the report's `specgate` line says so."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *argv], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "older")
+    older = git("rev-parse", "--short", "HEAD")
+    assert environment(tmp_path)["specgate"] == f"0.1.0 ({older})"
+    assert older not in environment()["specgate"]
