@@ -20,39 +20,32 @@ from __future__ import annotations
 
 import logging
 import queue
-import secrets
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 from transformers import AutoTokenizer
 
-from backends.engine.adaptive import BetaDraftLength, controller_for, match_context, plan_step
+from backends.engine.adaptive import match_context, plan_step
 from backends.engine.step_costs import StepCosts
 from backends.engine.startup_costs import measure_rounds, measure_steps
 from backends.engine.config import EngineConfig
 from backends.engine.faults import FaultInjector, verify_lossy
-from backends.engine.proposers.base import EMPTY, Proposal, SequenceProposer
-from backends.engine.proposers.draft_model import DraftJob, DraftModelProposer, propose_batch
-from backends.engine.proposers.hybrid import HybridProposer
-from backends.engine.proposers.ngram import NgramProposer
+from backends.engine.proposers.draft_model import DraftJob, propose_batch
 from backends.engine.proposers.suffix import SuffixStore
 from backends.engine.runner import BatchResult, Feed, ModelRunner, load_model
-from backends.engine.sampling import PenaltyState, needs_history, probs_from_logits, process_logits, token_logprobs
+from backends.engine.sampling import probs_from_logits, process_logits, token_logprobs
+from backends.engine.rounds import joint, plan_round, propose
 from backends.engine.scheduler import Scheduler, SeqState, plan_prefills, plan_rounds
 from backends.engine.sequence import Sequence, Status, new_sequence
-from backends.engine.source_choice import rule_for
+from backends.engine.slots import SlotMaker
 from backends.engine.types import EngineLoad, FinishReason, GenerateRequest, RequestOutput, RoundStats, TokenLogprob
 from backends.engine.verify import verify_greedy, verify_sampled
 from backends.engine.work import OutputCallback, Slot, Work
 
 log = logging.getLogger("specgate.engine")
-
-
-TREE_FED = ("suffix", "hybrid")  # proposers whose own answers enter the suffix trees as they commit
 
 
 class Engine:
@@ -71,10 +64,8 @@ class Engine:
         self.costs = StepCosts()
         self.scheduler = Scheduler(config.max_running_requests, config.max_total_tokens,
                                    config.max_waiting_requests)
-        self._draft_runner: ModelRunner | None = None
-        self._suffix_store: SuffixStore | None = None
+        self.slot_maker = SlotMaker(self.runner, config)  # also holds suffix trees, draft model, pooled controllers
         self._slots: dict[str, Slot] = {}
-        self._shared_controllers: dict = {}  # engine-wide per-round controllers (adaptive.controller_for)
         self.faults = FaultInjector(self.runner.vocab_size)  # test-only; mode "off" unless a worker sets it
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -173,8 +164,7 @@ class Engine:
         for seq in list(self.scheduler.running):
             if seq.finish is not None:
                 self._finish(seq)
-        for controller in self._shared_controllers.values():
-            controller.end_step()
+        self.slot_maker.end_step()
         return bool(self.scheduler.running or self.scheduler.waiting)
 
     def _fail(self, seq: Sequence, exc: Exception) -> None:
@@ -189,7 +179,7 @@ class Engine:
             if kind == "ping":
                 on_output()
             elif kind == "add":
-                self._slots[item.rid] = self._new_slot(item, on_output)
+                self._slots[item.rid] = self.slot_maker.new(item, on_output, self.costs)
                 self.scheduler.waiting.append(item)
             elif (seq := self.scheduler.find(item)) is not None:
                 seq.finish = FinishReason(type="abort", message="aborted by request", status_code=499)
@@ -214,7 +204,7 @@ class Engine:
             if seq.rid in jointly:
                 continue
             try:
-                work, job = self._plan_round(seq, self._slots[seq.rid], len(running))
+                work, job = plan_round(seq, self._slots[seq.rid], len(running))
             except Exception as exc:
                 log.exception("request %s failed", seq.rid)
                 self._fail(seq, exc)
@@ -237,7 +227,7 @@ class Engine:
         """What the step's composition reads of each running sequence, in running order. None has finished:
         ``_finish`` removes an aborted one at once and ``step`` every other one at its end."""
         return [SeqState(seq.status is Status.DECODE, len(seq.prompt_ids) - 1 - seq.prefilled,
-                         self._joint(self._slots[seq.rid])) for seq in self.scheduler.running]
+                         joint(self._slots[seq.rid])) for seq in self.scheduler.running]
 
     def _plan_prefills(self, states: list[SeqState], left: int) -> list[Work]:
         """The step's prefill chunks (``scheduler.plan_prefills``) within the ``left`` tokens the rounds left."""
@@ -265,12 +255,6 @@ class Engine:
         if end == len(seq.prompt_ids) - 1:
             seq.status = Status.DECODE
 
-    @staticmethod
-    def _joint(slot: Slot) -> bool:
-        """Planned with the step's others (:func:`plan_step`): specgate's controller over a proposer whose drafts
-        come first and cost nothing more by k (n-gram). Hybrid plans per sequence (proposers/hybrid.py)."""
-        return isinstance(slot.adaptive, BetaDraftLength) and slot.proposer.prefix_drafts
-
     def _plan_jointly(self, joint: list[Sequence], seqs: int) -> dict[int, Work]:
         """The rounds of ``joint``'s sequences, their drafts chosen together: each proposes its drafts and draws
         its controller's gains, then ``plan_step`` allocates the drafts that maximise the step's committed tokens
@@ -279,7 +263,7 @@ class Engine:
         for seq in joint:
             slot, started = self._slots[seq.rid], time.perf_counter()
             try:
-                proposal = self._propose(seq, slot)
+                proposal = propose(seq, slot)
                 gains = slot.adaptive.gains(match_context(proposal.match), len(proposal.tokens))
             except Exception as exc:
                 log.exception("request %s failed", seq.rid)
@@ -301,41 +285,6 @@ class Engine:
                                    budget=k, started=started)
             costs.step_base += k
         return works
-
-    @staticmethod
-    def _propose(seq: Sequence, slot: Slot) -> Proposal:
-        """A prefix-drafting proposer's drafts for every k the round may take (its cap)."""
-        k_cap = max(0, min(seq.request.speculation.draft_tokens, seq.remaining - 1))
-        return slot.proposer.propose(seq.context, k_cap, seq.request.sampling, slot.penalty,
-                                     slot.generator) if k_cap else EMPTY
-
-    def _plan_round(self, seq: Sequence, slot: Slot, batch: int) -> tuple[Work, DraftJob | None]:
-        """Choose k and draft (model-free proposers now; a draft model's job is returned for the batch)."""
-        started = time.perf_counter()
-        params = seq.request.sampling
-        k, proposal, controller, job = 0, EMPTY, slot.adaptive, None
-        context = seq.context
-        if slot.proposer is not None:
-            k_cap = max(0, min(seq.request.speculation.draft_tokens, seq.remaining - 1))
-            if isinstance(slot.proposer, HybridProposer):  # both sources draft; its rule picks one (and k)
-                if k_cap:
-                    proposal = slot.proposer.propose(context, k_cap, params, slot.penalty, slot.generator,
-                                                     batch=batch)
-                k = len(proposal.tokens) if seq.request.speculation.adaptive else k_cap
-            elif controller is not None and slot.proposer.prefix_drafts:  # draft first, then pick k knowing it
-                proposal = self._propose(seq, slot)
-                k = controller.choose(batch, match_context(proposal.match), cap=len(proposal.tokens))
-                if k < len(proposal.tokens):
-                    proposal = replace(proposal, tokens=proposal.tokens[:k])
-            else:
-                k = max(0, min(controller.choose(batch) if controller else k_cap, k_cap))
-                if k and isinstance(slot.proposer, DraftModelProposer):
-                    job = DraftJob(slot.proposer, context, k, params, slot.penalty, slot.generator)
-                elif k:
-                    proposal = slot.proposer.propose(context, k, params, slot.penalty, slot.generator)
-        work = Work(seq, slot, [context[-1], *proposal.tokens], keep=0, proposal=proposal, budget=k,
-                     started=started)
-        return work, job
 
     def _verify(self, work: Work, logits: torch.Tensor, step: BatchResult) -> None:
         """Postprocess a round: verify, commit through the stops, roll the cache back, record, emit."""
@@ -384,13 +333,7 @@ class Engine:
         seq.stats.completion_tokens = len(seq.output_ids)
         seq.stats.e2e_s = time.perf_counter() - seq.submitted_at
         if slot is not None:
-            if slot.proposer is not None:
-                slot.proposer.release()
-            if self._suffix_store is not None and (slot.proposer is None or slot.proposer.name not in TREE_FED):
-                # once this engine drafts from suffix trees, every answer joins its scope's tree, whatever served
-                # it: the tree is the scope's outputs, not only those suffix decoding served (gateway's auto may
-                # serve a scope's requests from several pools of this worker)
-                self._suffix_store.remember(seq.request.speculation.scope, list(seq.prompt_ids), list(seq.output_ids))
+            self.slot_maker.release(seq, slot)
             self._emit(seq, slot)
 
     @staticmethod
@@ -405,46 +348,14 @@ class Engine:
         return new_sequence(request, decode=self._decode, eos_ids=self.eos_ids, vocab=self.runner.vocab_size,
                             context_length=self.context_length)
 
-    def _new_slot(self, seq: Sequence, on_output: OutputCallback) -> Slot:
-        params, spec = seq.request.sampling, seq.request.speculation
-        generator = torch.Generator()
-        generator.manual_seed(params.sampling_seed if params.sampling_seed is not None
-                              else secrets.randbits(63))
-        penalty = PenaltyState.create(seq.prompt_ids, self.runner.vocab_size) if needs_history(params) else None
-        proposer: SequenceProposer | None = None
-        if spec.proposer == "ngram":
-            proposer = NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_match)
-        elif spec.proposer == "suffix":
-            proposer = self.suffix_store.open(spec.scope, list(seq.prompt_ids))
-        elif spec.proposer == "draft_model":
-            proposer = DraftModelProposer(self.draft_runner, seq.stop_token_ids)
-        # the controller's draws are its own: seeded by the request's sampling seed, else by its id, so a
-        # greedy request's rounds are reproducible (its output never depends on them)
-        seed = params.sampling_seed if params.sampling_seed is not None else zlib.crc32(seq.rid.encode())
-        name = spec.proposer
-        round_costs = lambda k_max: [self.costs.round_s(name, k) for k in range(k_max + 1)]  # noqa: E731
-        adaptive = None
-        if spec.proposer == "hybrid":  # its rule is its controller (source_choice.py), adaptive or not
-            proposer = HybridProposer(NgramProposer(spec.ngram_min, spec.ngram_max, spec.ngram_match),
-                                      self.suffix_store.open(spec.scope, list(seq.prompt_ids)),
-                                      rule_for(spec, round_costs, seed, self._shared_controllers))
-        elif proposer is not None and spec.adaptive:
-            adaptive = controller_for(spec, round_costs, seed=seed, shared=self._shared_controllers)
-        return Slot(cache=self.runner.new_cache(seq.reserved_tokens), generator=generator, penalty=penalty,
-                     proposer=proposer, adaptive=adaptive, on_output=on_output)
-
     @property
     def draft_runner(self) -> ModelRunner:
-        if self._draft_runner is None:
-            self._draft_runner = self.runner.truncated(self.config.draft_layers)
-        return self._draft_runner
+        return self.slot_maker.draft_runner
 
     @property
     def suffix_store(self) -> SuffixStore:
         """The suffix proposer's trees, one global tree per scope (created on first use)."""
-        if self._suffix_store is None:
-            self._suffix_store = SuffixStore(self.config.suffix)
-        return self._suffix_store
+        return self.slot_maker.suffix_store
 
     def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

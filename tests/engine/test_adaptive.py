@@ -339,7 +339,7 @@ def test_engine_runs_each_controller_and_reports_what_it_chose(real_tokenizer):
         assert sum(chosen) == out.stats.verify_ct, name
         if name == "vllm":  # two running: k 3, fewer only where the n-gram found fewer or tokens ran out
             assert len(chosen) == 4 and out.stats.num_proposed_drafts == sum(k * n for k, n in enumerate(chosen))
-    shared = engine._shared_controllers[("sglang", "ngram", 7)]
+    shared = engine.slot_maker.shared_controllers[("sglang", "ngram", 7)]
     assert shared.batches > 0 and shared.steps == [1, 3, 7]
 
 

@@ -132,6 +132,6 @@ def test_the_start_up_calibration_prices_every_proposer_and_a_rounds_overhead(re
     assert costs.draft_token_s["draft_model"] > costs.draft_token_s["ngram"]  # a forward per token vs a lookup
     assert costs.overhead_s > 0 and costs.forward_s == {}  # its plain rounds' overhead; their forwards not kept
     # nothing a request could see: no suffix scope, no pooled acceptance, no sequence, no KV held
-    assert tiny_engine._suffix_store is None or tiny_engine.suffix_store.scopes == []
-    assert tiny_engine._shared_controllers == {} and tiny_engine._slots == {}
+    assert tiny_engine.slot_maker._suffix_store is None or tiny_engine.suffix_store.scopes == []
+    assert tiny_engine.slot_maker.shared_controllers == {} and tiny_engine._slots == {}
     assert tiny_engine.scheduler.running == [] and tiny_engine.scheduler.reserved == 0

@@ -30,7 +30,7 @@ def test_replay_runs_the_rounds_the_engine_ran(real_model, real_tokenizer, monke
     (a random one copies nothing, so nothing would be accepted). Hybrid's rule learns across the stream
     (the engine's pooled acceptance), so the stream starts with none, as replay's does."""
     engine = real_model
-    engine._shared_controllers.pop(("pooled", "hybrid"), None)
+    engine.slot_maker.shared_controllers.pop(("pooled", "hybrid"), None)
     log = RoundLog(monkeypatch)
     records, engine_rounds = [], []
     scopes = (f"replay-{spec.proposer}-{spec.draft_tokens}-a", f"replay-{spec.proposer}-{spec.draft_tokens}-b")

@@ -37,7 +37,7 @@ def engine(real_tokenizer):
     """Tiny engine whose draft model is a second copy of the target ("perfect draft"): greedy drafts
     are then accepted, so rounds commit up to k + 1 tokens and stops land inside rounds."""
     engine = make_tiny_engine(real_tokenizer, seed=3)
-    engine._draft_runner = engine.runner.truncated(engine.runner.layers)
+    engine.slot_maker._draft_runner = engine.runner.truncated(engine.runner.layers)
     return engine
 
 
@@ -153,7 +153,7 @@ def test_eos_and_ignore_eos(real_tokenizer, engine, free_run):
     finally:
         model.config.eos_token_id = None
     assert eos in eos_engine.eos_ids
-    eos_engine._draft_runner = engine._draft_runner
+    eos_engine.slot_maker._draft_runner = engine.slot_maker._draft_runner
     first = free_run.output_ids.index(eos)
     for spec in SPECS:
         _, got = compare(eos_engine, greedy(), spec)

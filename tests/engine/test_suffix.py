@@ -126,7 +126,7 @@ def test_once_an_engine_drafts_from_trees_every_answer_of_a_scope_joins_them(rea
         return GenerateRequest(rid=rid, input_ids=prompt, sampling=sampling, speculation=spec)
 
     run_all(engine, [request("before", SpeculationParams(scope="app-a"))])
-    assert engine._suffix_store is None  # no tree is built for a worker that never drafts from one
+    assert engine.slot_maker._suffix_store is None  # no tree is built for a worker that never drafts from one
     other = "Once upon a time there was a small village by the sea."
     run_all(engine, [GenerateRequest(rid="opens", input_ids=tuple(real_tokenizer.encode(other)), sampling=sampling,
                                      speculation=SpeculationParams(proposer="suffix", draft_tokens=8, scope="app-a"))])

@@ -12,7 +12,7 @@ Exactness is the proposer contract's (base.py): drafts are deterministic (q one-
 the choice reads only committed tokens and the rule's own seeded draws, never the round's verification.
 
 Drafting comes first (``prefix_drafts``), so k is picked knowing both drafts, per sequence, by the rule with the
-step's batch (``Engine._plan_round``), not by the engine's joint plan over the step (``plan_step``, which
+step's batch (``rounds.plan_round``), not by the engine's joint plan over the step (``plan_step``, which
 n-gram's controller joins): the plan takes one gain curve per sequence, so the source would have to be picked
 without the step's costs, by its drawn expected tokens. Tried that way (replay, 41 traced code and tool-call
 requests, 3 seeds, the Xeon's costs), hybrid-k16-beta at c4 was 0.954 of suffix-k8 against 0.937 per sequence.
