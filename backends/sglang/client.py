@@ -11,26 +11,26 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any, Generic, TypeVar
 
 import httpx
 import msgspec
 
 from backends.sglang.errors import (
-    WorkerConnectError,
-    WorkerError,
     WorkerHTTPError,
     WorkerProtocolError,
     WorkerStreamError,
     WorkerTimeout,
+    error_in,
+    from_httpx,
+    http_error,
+    phrase,
 )
 from backends.sglang.h1 import H1Pool
 from backends.sglang.openai_wire import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
 from backends.sglang.streaming import DONE, DeltaTracker, sse_data
 from backends.sglang.wire import (
     AbortRequest,
-    ErrorEnvelope,
     GenerateRequest,
     GenerateResponse,
     LoadsResponse,
@@ -93,7 +93,6 @@ class OpenAIResult(Generic[T]):
 
 
 _DECODERS: dict[type, msgspec.json.Decoder[Any]] = {}
-_ERROR_DECODER = msgspec.json.Decoder(ErrorEnvelope)
 _JSON = msgspec.json.Encoder()
 
 
@@ -101,34 +100,6 @@ def _decoder(kind: type[T]) -> msgspec.json.Decoder[T]:
     if kind not in _DECODERS:
         _DECODERS[kind] = msgspec.json.Decoder(kind)
     return _DECODERS[kind]
-
-
-def _error_in(payload: bytes) -> ErrorEnvelope | None:
-    """The error object if ``payload`` is one of SGLang's error shapes, else None (cheap check)."""
-    if b'"error"' not in payload:
-        return None
-    try:
-        envelope = _ERROR_DECODER.decode(payload)
-    except msgspec.DecodeError:
-        return None
-    return envelope if envelope.detail_or_none() is not None else None
-
-
-def _phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return ""
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
 
 
 class SGLangClient:
@@ -191,36 +162,11 @@ class SGLangClient:
 
     # -- plumbing ----------------------------------------------------------------------------------
 
-    def _translate(self, exc: httpx.HTTPError, *, bytes_received: bool) -> WorkerError:
-        if isinstance(exc, httpx.ConnectTimeout):
-            return WorkerTimeout(self.base_url, "connect")
-        if isinstance(exc, httpx.TimeoutException):
-            phase = {httpx.ReadTimeout: "read", httpx.WriteTimeout: "write",
-                     httpx.PoolTimeout: "pool"}.get(type(exc), "read")
-            return WorkerTimeout(self.base_url, phase, bytes_received=bytes_received)
-        if bytes_received:
-            return WorkerStreamError(self.base_url, f"connection broke mid-stream: {exc!r}",
-                                     bytes_received=True)
-        return WorkerConnectError(self.base_url, f"{type(exc).__name__}: {exc}")
-
     async def _raise_for_status(self, response: httpx.Response) -> None:
         if response.status_code < 400:
             return
         body = await response.aread()
-        self._raise_http(response.status_code, response.reason_phrase, body, response.headers)
-
-    def _raise_http(self, status: int, reason: str, body: bytes, headers: Mapping[str, str]) -> None:
-        envelope = _error_in(body)
-        detail = envelope.detail_or_none() if envelope else None
-        if detail is None and body:
-            try:  # {"detail": ...} from FastAPI, or any JSON
-                detail = _ERROR_DECODER.decode(body).detail_or_none()
-            except msgspec.DecodeError:
-                detail = None
-        message = detail.message if detail else body.decode(errors="replace")[:500]
-        raise WorkerHTTPError(self.base_url, status, message or reason,
-                              error_type=detail.type if detail else None,
-                              retry_after=_retry_after(headers))
+        raise http_error(self.base_url, response.status_code, response.reason_phrase, body, response.headers)
 
     def _decode(self, kind: type[T], payload: bytes, what: str,
                 bytes_received: bool = False) -> T:
@@ -242,9 +188,9 @@ class SGLangClient:
                 break
             except _DROPPED as exc:  # before any answer byte: once more, on another connection
                 if attempt:
-                    raise self._translate(exc, bytes_received=False) from exc
+                    raise from_httpx(self.base_url, exc, bytes_received=False) from exc
             except httpx.HTTPError as exc:
-                raise self._translate(exc, bytes_received=False) from exc
+                raise from_httpx(self.base_url, exc, bytes_received=False) from exc
         await self._raise_for_status(response)
         return response
 
@@ -254,7 +200,8 @@ class SGLangClient:
             return (await self._request("POST", path, json=body, headers=headers)).content
         response = await self._h1.post(path, _JSON.encode(body), headers)
         if response.status >= 400:
-            self._raise_http(response.status, _phrase(response.status), response.body, response.headers)
+            raise http_error(self.base_url, response.status, phrase(response.status), response.body,
+                             response.headers)
         return response.body
 
     async def _stream_payloads(self, path: str, body: Any, headers: Mapping[str, str] | None = None
@@ -269,7 +216,7 @@ class SGLangClient:
                 return
             except _Unanswered as exc:  # raised before the first payload, so nothing was yielded
                 if attempt:
-                    raise self._translate(exc.cause, bytes_received=False) from exc.cause
+                    raise from_httpx(self.base_url, exc.cause, bytes_received=False) from exc.cause
 
     async def _events(self, lines: AsyncIterator[str], received: list[bool]) -> AsyncIterator[bytes]:
         """The data payloads of an SSE body up to ``[DONE]``; error chunks raised typed. ``received[0]`` turns
@@ -277,7 +224,7 @@ class SGLangClient:
         async for payload in sse_data(lines):
             if payload == DONE:
                 return
-            envelope = _error_in(payload)
+            envelope = error_in(payload)
             if envelope is not None:
                 detail = envelope.detail_or_none()
                 assert detail is not None
@@ -294,8 +241,8 @@ class SGLangClient:
         if self._h1 is not None:
             async with self._h1.stream(path, _JSON.encode(body), headers) as response:
                 if response.status >= 400:
-                    self._raise_http(response.status, _phrase(response.status), await response.read(),
-                                     response.headers)
+                    raise http_error(self.base_url, response.status, phrase(response.status),
+                                     await response.read(), response.headers)
                 try:
                     async for payload in self._events(response.lines(), received):
                         yield payload
@@ -318,9 +265,9 @@ class SGLangClient:
         except _DROPPED as exc:
             if not status_seen:
                 raise _Unanswered(exc) from exc
-            raise self._translate(exc, bytes_received=received[0]) from exc
+            raise from_httpx(self.base_url, exc, bytes_received=received[0]) from exc
         except httpx.HTTPError as exc:
-            raise self._translate(exc, bytes_received=received[0]) from exc
+            raise from_httpx(self.base_url, exc, bytes_received=received[0]) from exc
 
     # -- native ------------------------------------------------------------------------------------
 

@@ -18,6 +18,14 @@ kind of failure:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from http import HTTPStatus
+
+import httpx
+import msgspec
+
+from backends.sglang.wire import ErrorEnvelope
+
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -89,3 +97,64 @@ class WorkerProtocolError(WorkerError):
     @property
     def retry_safe(self) -> bool:
         return False
+
+
+# How a worker's failure becomes one of the errors above (``backends.sglang.client``)
+
+_ERROR_DECODER = msgspec.json.Decoder(ErrorEnvelope)
+
+
+def error_in(payload: bytes) -> ErrorEnvelope | None:
+    """The error object if ``payload`` is one of SGLang's error shapes, else None (cheap check)."""
+    if b'"error"' not in payload:
+        return None
+    try:
+        envelope = _ERROR_DECODER.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    return envelope if envelope.detail_or_none() is not None else None
+
+
+def phrase(status: int) -> str:
+    """The standard reason phrase of an HTTP status ("" for an unknown one)."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def http_error(base_url: str, status: int, reason: str, body: bytes, headers: Mapping[str, str]) -> WorkerHTTPError:
+    """A 4xx/5xx answer: the message and type from SGLang's error shapes (or FastAPI's ``detail``), else the body."""
+    envelope = error_in(body)
+    detail = envelope.detail_or_none() if envelope else None
+    if detail is None and body:
+        try:  # {"detail": ...} from FastAPI, or any JSON
+            detail = _ERROR_DECODER.decode(body).detail_or_none()
+        except msgspec.DecodeError:
+            detail = None
+    message = detail.message if detail else body.decode(errors="replace")[:500]
+    return WorkerHTTPError(base_url, status, message or reason, error_type=detail.type if detail else None,
+                           retry_after=_retry_after(headers))
+
+
+def from_httpx(base_url: str, exc: httpx.HTTPError, *, bytes_received: bool) -> WorkerError:
+    """An httpx failure as the error it is: a timeout (by phase), a stream broken mid-answer, or no answer."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return WorkerTimeout(base_url, "connect")
+    if isinstance(exc, httpx.TimeoutException):
+        phase = {httpx.ReadTimeout: "read", httpx.WriteTimeout: "write",
+                 httpx.PoolTimeout: "pool"}.get(type(exc), "read")
+        return WorkerTimeout(base_url, phase, bytes_received=bytes_received)
+    if bytes_received:
+        return WorkerStreamError(base_url, f"connection broke mid-stream: {exc!r}", bytes_received=True)
+    return WorkerConnectError(base_url, f"{type(exc).__name__}: {exc}")
