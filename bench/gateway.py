@@ -57,6 +57,12 @@ _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
 NO_OTEL = {"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ""}  # trace export off
 
 
+def otel_env(sink_port: int, sample: float) -> dict[str, str]:
+    """Trace export on, to ``bench/otlp_sink.py`` on ``sink_port``, ``sample`` of the requests sampled."""
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}", "OTEL_SDK_DISABLED": "false",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": f"{sample:g}"}
+
+
 def ensure_wrk() -> str:
     if shutil.which("wrk") is None:
         subprocess.run(["apt-get", "install", "-y", "wrk"], check=True, capture_output=True)
@@ -131,9 +137,7 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
             sink = free_port()
             stack.enter_context(running([sys.executable, "-m", "bench.otlp_sink", "--port", str(sink)],
                                         f"http://127.0.0.1:{sink}/", tmp / f"otlp-sink-{sink}.log"))
-            serve("specgate-otel", env={
-                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink}", "OTEL_SDK_DISABLED": "false",
-                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": f"{otel_sample:g}"})
+            serve("specgate-otel", env=otel_env(sink, otel_sample))
         if "specgate-valkey" in which:  # fleet state in a real valkey-server (gateway/fleet.py): its overhead
             serve("specgate-valkey", "--state", stack.enter_context(valkey_server(tmp)))
         if "specgate-2p" in which:  # two gateway processes on one port, one fleet (`serve --processes 2`)

@@ -2,18 +2,20 @@
 sampled by py-spy (a dev dependency); prints the share of samples per function (its own lines, and with what it
 calls) and per file.
 
-    .venv/bin/python -m bench.profile_gateway --concurrency 32 --duration 20 [--top 40] [--raw FILE]
+    .venv/bin/python -m bench.profile_gateway --concurrency 32 --duration 20 [--top 40] [--raw FILE] [--otel-sample 0.1]
 
 The shares are of the samples py-spy took of the gateway's Python threads while they ran (idle waits are not
 sampled); a share is a direction, not a figure to quote: a change is measured with ``bench.gateway_compare``
 (before against after, side by side). py-spy reads the process from outside (ptrace), so the gateway runs
 unmodified; the sampling itself takes some of the machine's CPU, so req/s here is lower than ``bench.gateway``'s.
+``--otel-sample``: OpenTelemetry trace export on, that share of requests sampled, to ``bench/otlp_sink.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import re
 import shutil
 import subprocess
@@ -22,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.gateway import BIN, NO_OTEL, _policy, ensure_wrk, wrk
+from bench.gateway import BIN, NO_OTEL, _policy, ensure_wrk, otel_env, wrk
 from bench.processes import free_port, running
 
 _LINE = re.compile(r":\d+\)$")  # py-spy's frame "function (file:line)": the line dropped, the function kept
@@ -71,6 +73,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=40, help="rows per table")
     parser.add_argument("--raw", type=Path, default=None, help="also keep py-spy's raw stacks here")
+    parser.add_argument("--otel-sample", type=float, default=None,
+                        help="trace export on, this share of requests sampled (default: off)")
     args = parser.parse_args()
     spy = shutil.which("py-spy", path=str(BIN)) or shutil.which("py-spy")
     if spy is None:
@@ -81,12 +85,19 @@ def main() -> None:
     body = {"model": "instant", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
     port = free_port()
     worker = f"http://127.0.0.1:{port}"
-    with running([sys.executable, "-m", "bench.instant_worker", "--port", str(port)], f"{worker}/health",
-                 tmp / "instant.log"):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(running([sys.executable, "-m", "bench.instant_worker", "--port", str(port)],
+                                    f"{worker}/health", tmp / "instant.log"))
+        env = NO_OTEL
+        if args.otel_sample is not None:  # as bench.gateway's specgate-otel arm
+            sink = free_port()
+            stack.enter_context(running([sys.executable, "-m", "bench.otlp_sink", "--port", str(sink)],
+                                        f"http://127.0.0.1:{sink}/", tmp / "otlp-sink.log"))
+            env = otel_env(sink, args.otel_sample)
         gw = free_port()
         with running([str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(gw),
                       "--log-level", "warning"], f"http://127.0.0.1:{gw}/ready", tmp / "gateway.log",
-                     env=NO_OTEL) as gateway:
+                     env=env) as gateway:
             url = f"http://127.0.0.1:{gw}/v1/chat/completions"
             wrk(url, body, args.concurrency, 3, tmp)  # warm-up: connections, caches, the learner's first cells
             sampler = subprocess.Popen([spy, "record", "--pid", str(gateway.pid), "--rate", str(args.rate),
