@@ -90,6 +90,8 @@ class GatewayState:
                                      interval_s=settings.reload_interval_s, check=self.tracing_problems)
         # OpenTelemetry trace export (telemetry/otel.py: OTEL_* environment variables); None: off
         self.otel = otel.configure("specgate-gateway")
+        if self.otel is not None:
+            otel.yield_to_requests()  # the export thread's encoding must not hold requests up for 5 ms at a time
         # full-information evidence for auto (gateway/evidence.py), priced with each worker's live step costs
         self.evidence = GatewayEvidence(WorkerCosts(lambda now: self.backend.step_cost_reports(now)),
                                         observe=lambda *args: self.telemetry.observe_evidence(*args))

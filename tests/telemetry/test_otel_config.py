@@ -53,3 +53,18 @@ def test_on_the_service_name_comes_from_the_environment():
         assert tracing.service == "specgate-worker"
     finally:
         tracing.shutdown()
+
+
+def test_a_tracing_gateway_hands_the_gil_back_within_half_a_millisecond(tmp_path):
+    """On, the gateway shortens the GIL switch interval (the export thread's encoding holds it in long stretches);
+    off, Python's default stays. In a subprocess: the setting is process-wide."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("version: 1\nslices: [{name: s}]\npools: {plain: {proposer: none, workers: "
+                      '["http://127.0.0.1:9"]}}\n')
+    code = ("import sys; from gateway.settings import GatewaySettings; from gateway.state import GatewayState; "
+            f"s = GatewayState(GatewaySettings(policy_path={str(policy)!r})); "
+            "print(s.otel is not None, sys.getswitchinterval()); s.otel and s.otel.shutdown()")
+    base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}
+    for env, want in ((base, f"False {0.005}"), ({**base, **ON}, f"True {otel.EXPORT_SWITCH_S}")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+        assert out.stdout.strip() == want
