@@ -28,16 +28,23 @@ def test_on_only_with_an_endpoint_and_the_sdk_enabled(env, on):
     assert otel.enabled(env) is on
 
 
-def test_off_the_gateway_builds_no_tracer_and_imports_no_opentelemetry(tmp_path):
+def _gateway_prints(tmp_path, expression: str, env: dict[str, str] | None = None) -> str:
+    """Build a ``GatewayState`` in a fresh Python process (only ``env`` set) and print ``expression`` of ``s``, the
+    state (a fresh process: imports and the GIL switch interval are process-wide)."""
     policy = tmp_path / "p.yaml"
     policy.write_text("version: 1\nslices: [{name: s}]\npools: {plain: {proposer: none, workers: "
                       '["http://127.0.0.1:9"]}}\n')
     code = ("import sys; from gateway.settings import GatewaySettings; from gateway.state import GatewayState; "
-            f"s = GatewayState(GatewaySettings(policy_path={str(policy)!r})); "
-            "print(s.otel, sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip() == "None []"
+            f"s = GatewayState(GatewaySettings(policy_path={str(policy)!r})); print({expression}); "
+            "s.otel and s.otel.shutdown()")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ".", **(env or {})}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          check=True).stdout.strip()
+
+
+def test_off_the_gateway_builds_no_tracer_and_imports_no_opentelemetry(tmp_path):
+    expression = "s.otel, sorted(m for m in sys.modules if m.startswith('opentelemetry'))"
+    assert _gateway_prints(tmp_path, expression) == "None []"
 
 
 def test_on_the_service_name_comes_from_the_environment():
@@ -57,14 +64,7 @@ def test_on_the_service_name_comes_from_the_environment():
 
 def test_a_tracing_gateway_hands_the_gil_back_within_half_a_millisecond(tmp_path):
     """On, the gateway shortens the GIL switch interval (the export thread's encoding holds it in long stretches);
-    off, Python's default stays. In a subprocess: the setting is process-wide."""
-    policy = tmp_path / "p.yaml"
-    policy.write_text("version: 1\nslices: [{name: s}]\npools: {plain: {proposer: none, workers: "
-                      '["http://127.0.0.1:9"]}}\n')
-    code = ("import sys; from gateway.settings import GatewaySettings; from gateway.state import GatewayState; "
-            f"s = GatewayState(GatewaySettings(policy_path={str(policy)!r})); "
-            "print(s.otel is not None, sys.getswitchinterval()); s.otel and s.otel.shutdown()")
-    base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "."}
-    for env, want in ((base, f"False {0.005}"), ({**base, **ON}, f"True {otel.EXPORT_SWITCH_S}")):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-        assert out.stdout.strip() == want
+    off, Python's default stays."""
+    expression = "s.otel is not None, sys.getswitchinterval()"
+    assert _gateway_prints(tmp_path, expression) == f"False {0.005}"
+    assert _gateway_prints(tmp_path, expression, ON) == f"True {otel.EXPORT_SWITCH_S}"
