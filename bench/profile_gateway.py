@@ -8,14 +8,14 @@ The shares are of the samples py-spy took of the gateway's Python threads while 
 sampled); a share is a direction, not a figure to quote: a change is measured with ``bench.gateway_compare``
 (before against after, side by side). py-spy reads the process from outside (ptrace), so the gateway runs
 unmodified; the sampling itself takes some of the machine's CPU, so req/s here is lower than ``bench.gateway``'s.
-``--otel-sample``: OpenTelemetry trace export on, that share of requests sampled, to ``bench/otlp_sink.py``.
+``--otel-sample``: OpenTelemetry trace export on, that share of requests sampled, to ``bench/otlp_sink.py``
+(``bench.gateway``'s ``specgate-otel`` arm; both start their gateways with ``bench.gateway.gateways``).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import re
 import shutil
 import subprocess
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.gateway import BIN, NO_OTEL, _policy, ensure_wrk, otel_env, wrk
+from bench.gateway import BIN, ensure_wrk, gateways, wrk
 from bench.processes import free_port, running
 
 _LINE = re.compile(r":\d+\)$")  # py-spy's frame "function (file:line)": the line dropped, the function kept
@@ -85,28 +85,19 @@ def main() -> None:
     body = {"model": "instant", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
     port = free_port()
     worker = f"http://127.0.0.1:{port}"
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(running([sys.executable, "-m", "bench.instant_worker", "--port", str(port)],
-                                    f"{worker}/health", tmp / "instant.log"))
-        env = NO_OTEL
-        if args.otel_sample is not None:  # as bench.gateway's specgate-otel arm
-            sink = free_port()
-            stack.enter_context(running([sys.executable, "-m", "bench.otlp_sink", "--port", str(sink)],
-                                        f"http://127.0.0.1:{sink}/", tmp / "otlp-sink.log"))
-            env = otel_env(sink, args.otel_sample)
-        gw = free_port()
-        with running([str(BIN / "specgate"), "serve", "--policy", str(_policy(worker, tmp)), "--port", str(gw),
-                      "--log-level", "warning"], f"http://127.0.0.1:{gw}/ready", tmp / "gateway.log",
-                     env=env) as gateway:
-            url = f"http://127.0.0.1:{gw}/v1/chat/completions"
-            wrk(url, body, args.concurrency, 3, tmp)  # warm-up: connections, caches, the learner's first cells
-            sampler = subprocess.Popen([spy, "record", "--pid", str(gateway.pid), "--rate", str(args.rate),
-                                        "--duration", str(round(args.duration)), "--format", "raw",
-                                        "--output", str(raw), "--nonblocking"],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            time.sleep(0.5)  # py-spy attached before the window starts
-            load = wrk(url, body, args.concurrency, max(1.0, args.duration - 1), tmp)
-            _, err = sampler.communicate(timeout=args.duration + 60)
+    arm = "specgate" if args.otel_sample is None else "specgate-otel"
+    with running([sys.executable, "-m", "bench.instant_worker", "--port", str(port)], f"{worker}/health",
+                 tmp / "instant.log"), \
+            gateways(worker, "instant", tmp, [arm], otel_sample=args.otel_sample or 1.0) as (urls, pids):
+        url = urls[arm]
+        wrk(url, body, args.concurrency, 3, tmp)  # warm-up: connections, caches, the learner's first cells
+        sampler = subprocess.Popen([spy, "record", "--pid", str(pids[arm]), "--rate", str(args.rate),
+                                    "--duration", str(round(args.duration)), "--format", "raw",
+                                    "--output", str(raw), "--nonblocking"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # py-spy attached before the window starts
+        load = wrk(url, body, args.concurrency, max(1.0, args.duration - 1), tmp)
+        _, err = sampler.communicate(timeout=args.duration + 60)
     if sampler.returncode != 0 or not raw.exists():
         sys.exit(f"error: py-spy failed (it needs ptrace: root, or CAP_SYS_PTRACE in a container): {err.strip()}")
     print(f"c={args.concurrency}: {load['rps']:.0f} req/s while sampled, py-spy {args.rate} Hz for "
