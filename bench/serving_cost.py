@@ -51,7 +51,7 @@ from bench.serve.arms import ARMS, served_policy
 from bench.serve.client import Result, send
 from bench.serve.load import LoadPoint, drive
 from bench.serve.stack import gateway, worker
-from bench.serving_fit import fit, fit_serving_concurrent, replayed_tpot
+from bench.serving_fit import fit, fit_serving_concurrent
 from policies.costmodel import CostModelError, load_cost_model, write_cost_model
 from policies.features import RequestFeatures
 from policies.trace import FORMAT, Header, Sampling, Served, Trace, TraceRequest

@@ -173,7 +173,7 @@ def admin_router(state: GatewayState) -> Router:
         if not state.gates.force_recheck(name, time.monotonic(), time.time()):
             return _problem(409, f"pool '{name}''s equivalence gate is running; wait for its verdict "
                             "(GET /admin/pools)", "gate_running")
-        state.gate_tick()
+        state.gate_runs.tick()
         return _json({"pool": name, "gate": state.gates.view(name, time.monotonic())}, status=202)
 
     @get("/stats", summary="Learned acceptance and cost statistics")

@@ -294,5 +294,5 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
         if spans is not None:
             spans.finish(finished, record)
         state.telemetry.observe(record)
-        state.observe_gates(record)
+        state.gate_runs.observe(record)
         state.recorder.finish(finished)

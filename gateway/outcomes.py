@@ -112,6 +112,6 @@ def outcomes_handler(state: GatewayState) -> Any:
         if why == "reported":
             return _error(ApiError(409, f"request {rid} already has an outcome; each request takes one",
                                    param="request_id", code="already_reported"))
-        state.publish_gates(time.monotonic())  # a hold takes effect on the next request
+        state.gate_runs.publish(time.monotonic())  # a hold takes effect on the next request
         return Response(msgspec.json.encode({"request_id": rid, "accepted": True}), media_type=_JSON)
     return outcomes

@@ -9,7 +9,6 @@ something changed), not per request: ``decide`` then costs ~20 us.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import os
 import random
@@ -25,27 +24,21 @@ from gateway.auth import KeyRing
 from gateway.backend import Backend, pool_state, topology
 from gateway.evidence import GatewayEvidence, WorkerCosts
 from gateway.fleet import Fleet, FleetDown
-from gateway.gates.book import GateBook
-from gateway.gates.values import Sample, Verdict
-from gateway.gates.canary import CanaryError
-from gateway.gates.runner import canaries_of, check_pool
+from gateway.gates.driver import GateDriver, canary_problems
 from gateway.limits import RouteLimiter, limiters_for
 from gateway.reload import PolicyWatcher, ReloadResult, read_policy
 from gateway.settings import GatewaySettings
-from gateway.telemetry_views import gate_event_view, gate_views, policy_view, pool_views
+from gateway.telemetry_views import policy_view, pool_views
 from gateway.tracing import Recorder, problems, resolve
 from policies.features import reads_prompt_repeat, referenced_headers
 from policies.schema import Policy, State
 from policies.shared_sums import sum_counts
-from policies.snapshot import PoolState, Snapshot, load_concurrency, worker_load
+from policies.snapshot import Snapshot, load_concurrency, worker_load
 from policies.stats import LearningState, Outcome
 from telemetry import Telemetry, otel
-from telemetry.record import RequestRecord
 
 log = structlog.get_logger("specgate.gateway")
 
-GATE_TICK_S = 0.5  # how often the pair gates sync with the workers' identities and start due runs
-GATE_LEASE_S = 10.0  # a fleet gate run's lease: renewed every third of it while running; a dead holder's expires
 STATE_PASSWORD_ENV = "SPECGATE_STATE_PASSWORD"  # `serve --state URL`'s password, unless the policy's state names one
 
 
@@ -79,8 +72,10 @@ class GatewayState:
         self.learning = LearningState(policy.learning)
         self.telemetry.set_policy(view, version=version, reload_ok=True, error=None)
         self.backend = self._backend(policy)
-        self.gates = GateBook(policy.gates)
-        self.canaries = canaries_of(policy, self.path.parent)  # CanaryError: a startup failure
+        # the pair gates: their state (self.gates, gateway/gates/book.py) and what drives them (gateway/gates/driver.py)
+        self.gate_runs = GateDriver(policy, self.path.parent, self.telemetry, self.fleet, active=lambda: self.active,
+                                    backend=lambda: self.backend, spawn=self.spawn, changed=self._gates_changed)
+        self.gates = self.gate_runs.book
         if errors := self.tracing_problems(policy):
             raise ValueError("\n".join(errors))  # a startup failure, like an invalid policy
         self.recorder = Recorder(resolve(policy.tracing, settings.trace_path, self.path.parent),
@@ -107,9 +102,6 @@ class GatewayState:
         self._snapshot_at = 0.0
         self._dirty = True
         self._pools_pushed = 0.0
-        self.gate_settings_before = policy.gates
-        self._gate_run = asyncio.Lock()
-        self._gates_shown = False
 
     def _backend(self, policy: Policy) -> Backend:
         # with gates, every monitor round re-reads the workers' identity: a worker restarted with another pair
@@ -141,8 +133,8 @@ class GatewayState:
                 await self.sync_fleet()
             self.spawn(self._fleet_loop())
             self.spawn(self.fleet.limits_loop())
-        self.gate_tick()  # every gated pool is pending before the first request can be decided
-        self.spawn(self._gate_loop())
+        self.gate_runs.tick()  # every gated pool is pending before the first request can be decided
+        self.spawn(self.gate_runs.loop())
 
     async def stop(self) -> None:
         await self.watcher.stop()
@@ -169,24 +161,18 @@ class GatewayState:
     def tracing_problems(self, policy: Policy) -> list[str]:
         """What the policy file alone does not show: an unusable trace path or canary file (a reload with
         either is refused, as an invalid policy is)."""
-        found = problems(policy, self.settings.trace_path, self.path.parent)
-        try:
-            canaries_of(policy, self.path.parent)
-        except CanaryError as exc:
-            found.append(str(exc))
-        return found
+        return problems(policy, self.settings.trace_path, self.path.parent) + canary_problems(policy, self.path.parent)
 
     def apply_policy(self, policy: Policy, version: str) -> None:
         self.active = self._build(policy, version, self.active.limiters)
         self.recorder.configure(resolve(policy.tracing, self.settings.trace_path, self.path.parent))
         self.learning.configure(policy.learning)
         self.learning.forget_pair_versions(set(self.active.pair_versions.values()))
-        self.gates.configure(policy.gates)
-        self.canaries = canaries_of(policy, self.path.parent)  # checked by tracing_problems before apply
-        if topology(policy) != self.backend.topology or bool(policy.gates) != bool(self.gate_settings_before):
+        gates_toggled = bool(policy.gates) != bool(self.gates.settings)  # the backend's identity polls follow
+        self.gate_runs.configure(policy)  # its canary file was checked by tracing_problems before apply
+        if topology(policy) != self.backend.topology or gates_toggled:
             old, self.backend = self.backend, self._backend(policy)
             self.spawn(self._swap_backend(old, self.backend))
-        self.gate_settings_before = policy.gates
         self.last_reload = ReloadResult(ok=True, at=time.time(), version=version)
         self.telemetry.set_policy(policy_view(policy), version=version, reload_ok=True, error=None)
         self._dirty = True
@@ -251,16 +237,9 @@ class GatewayState:
         info = {"policy": self.active.version, "pid": os.getpid(), "in_flight": self.in_flight}
         reports = await fleet.sync(self.learning.tables(), dict(self._own_exploring),
                                    self.active.policy.learning.half_life_s, info)
-        wall, now = time.time(), time.monotonic()
-        samples = fleet.take_samples()
-        for sample in samples:  # the other replicas' finished requests: evidence for the ramp and collapse windows
-            self.gates.observe(sample, now, wall)
-        for sample, score, _by in reports:
-            self.gates.report_sample(sample, score, wall)
         self.exploring = sum_counts(self._own_exploring, fleet.remote_exploring)
         self._dirty = True
-        if reports or samples:
-            self.publish_gates(time.monotonic())
+        self.gate_runs.from_fleet(fleet.take_samples(), reports)
 
     async def _fleet_loop(self) -> None:
         assert self.fleet is not None
@@ -284,7 +263,7 @@ class GatewayState:
         if self._snapshot is None or age >= self.settings.snapshot_max_age_s or \
                 (self._dirty and age >= self.settings.snapshot_max_age_s / 2):
             pools = self.backend.pool_snapshots(now)
-            states = {name: self._gated(name, pool_state(s), now) for name, s in pools.items()}
+            states = {name: self.gate_runs.pool_state(name, pool_state(s), now) for name, s in pools.items()}
             snap = self.learning.snapshot(now, states, load_concurrency(self.in_flight, states))
             if self.fleet is not None:  # decide from every replica's evidence (policies/shared_sums.py)
                 snap = self.fleet.merger.snapshot(snap, self.learning.tables())
@@ -301,116 +280,7 @@ class GatewayState:
         self.learning.record(outcome)
         self._dirty = True
 
-    # -- pair gates (gateway/gates/) -----------------------------------------------------------------
-
-    def _gated(self, name: str, state: PoolState, now: float) -> PoolState:
-        gate, ramp, default = self.gates.pool_state(name, now)
-        if gate is None:
-            return state
-        return msgspec.structs.replace(state, gate=gate, ramp=ramp, ramp_default=default)
-
-    def observe_gates(self, record: RequestRecord) -> None:
-        """A finished request's evidence for the serving, outcome and collapse gates (from the record telemetry
-        gets, built once per request)."""
-        if self.gates.settings is None:
-            return
-        gate = self.gates.pools.get(record.pool)
-        bucket = bisect.bisect_left(self.active.policy.learning.concurrency_buckets, max(1, record.concurrency))
-        sample = Sample.of(record, bucket, gate.key if gate else "")
-        self.gates.observe(sample, time.monotonic(), time.time())
-        settings = self.gates.settings
-        if self.fleet is not None:  # appended here, flushed off the request path
-            if settings.outcome is not None and sample.ok:
-                self.fleet.served(sample, settings.outcome.ttl_s)  # any replica takes its outcome
-            if settings.serving is not None or settings.collapse is not None:
-                self.fleet.observed(sample)  # every replica's ramp and collapse windows see it
-
-    def gate_tick(self) -> None:
-        """Sync the gates with the pools' current pair keys, start the equivalence runs that are due, and
-        publish what changed (logs, metrics, the next snapshot)."""
-        policy = self.active.policy
-        now = time.monotonic()
-        if policy.gates is not None:
-            paired = {name: version for name, version in self.active.pair_versions.items()
-                      if version and policy.pools[name].proposer != "none"}
-            self.gates.sync(self.backend.pool_keys(paired), now, time.time())
-            for pool in self.gates.due(now):
-                self.spawn(self._run_gate(pool, self.gates.started(pool)))
-        self.publish_gates(now)
-
-    def publish_gates(self, now: float) -> None:
-        """Log and count the gates' state changes; a change reaches the next decision's snapshot."""
-        events = self.gates.drain()
-        if events:
-            self.telemetry.record_gate_events([gate_event_view(e) for e in events])
-            self._dirty = True
-            self._snapshot_at = 0.0  # a verdict takes effect on the next request, not a snapshot age later
-        views = gate_views(self.gates, now)
-        if views or self._gates_shown:  # without gates, nothing to export (once more after they go: the clear)
-            self.telemetry.set_gates(views)
-        self._gates_shown = bool(views)
-
-    async def _fleet_gate(self, pool: str, key: str) -> tuple[bool, str | None]:
-        """In a fleet: (done, lease holder). Done when the fleet's verdict for this key was adopted, or another
-        replica holds the run's lease (this one waits for its verdict); else this replica runs the canaries
-        under the lease it returns (None: the store is unreachable, the run is local)."""
-        fleet = self.fleet
-        gate = self.gates.pools.get(pool)
-        if fleet is None or not fleet.up or gate is None:
-            return False, None
-        try:
-            shared = await fleet.gates.verdict(pool, key) if gate.verdict is None else None
-            if shared is not None:  # a replica that starts or restarts reads the verdict instead of re-running
-                self.gates.finished(pool, key, shared, time.monotonic(), time.time())
-                self.gate_tick()
-                return True, None
-            holder = await fleet.gates.acquire(pool, key, GATE_LEASE_S)
-        except FleetDown:
-            return False, None
-        if holder is None:
-            self.gates.postpone(pool, key, time.monotonic() + fleet.interval,
-                                "another replica of the fleet runs the equivalence gate; waiting for its verdict")
-            return True, None
-        return False, holder
-
-    async def _renew_lease(self, pool: str, key: str, holder: str) -> None:
-        assert self.fleet is not None
-        while True:
-            await asyncio.sleep(GATE_LEASE_S / 3)
-            with contextlib.suppress(FleetDown):
-                await self.fleet.gates.renew(pool, key, holder, GATE_LEASE_S)
-
-    async def _run_gate(self, pool: str, key: str) -> None:
-        done, holder = await self._fleet_gate(pool, key)
-        if done:
-            return
-        renewer = asyncio.get_running_loop().create_task(self._renew_lease(pool, key, holder)) if holder else None
-        try:
-            async with self._gate_run:  # one run at a time: canaries load the same workers users are on
-                policy = self.active.policy
-                assert policy.gates is not None
-                verdict = await check_pool(policy, pool, self.backend, self.canaries, policy.gates.equivalence)
-        except Exception as exc:  # noqa: BLE001 - a run that breaks is an error verdict, never a stuck gate
-            log.exception("pair_gate_run_failed", pool=pool)
-            verdict = Verdict(passed=False, error=True, reason=f"the gate run raised {type(exc).__name__}: {exc}")
-        finally:
-            if renewer is not None:
-                renewer.cancel()
-        if holder is not None and self.fleet is not None and not verdict.error:
-            try:
-                if not await self.fleet.gates.publish_verdict(pool, key, holder, verdict):
-                    # fenced: this replica's lease expired and another took the run; its verdict is the fleet's
-                    log.warning("pair_gate_lease_lost", pool=pool, key=key)
-                    verdict = await self.fleet.gates.verdict(pool, key) or verdict
-            except FleetDown:
-                pass
-        self.gates.finished(pool, key, verdict, time.monotonic(), time.time())
-        self.gate_tick()
-
-    async def _gate_loop(self) -> None:
-        while True:
-            try:
-                self.gate_tick()
-            except Exception:  # noqa: BLE001 - the gates must outlive one bad round
-                log.exception("pair_gate_tick_failed")
-            await asyncio.sleep(GATE_TICK_S)
+    def _gates_changed(self) -> None:
+        """A gate's verdict or hold takes effect on the next request, not a snapshot age later."""
+        self._dirty = True
+        self._snapshot_at = 0.0

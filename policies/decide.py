@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Collection, Mapping
-from typing import Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import msgspec
 

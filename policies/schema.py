@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-import msgspec
 from msgspec import Meta, field
 
 

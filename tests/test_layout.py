@@ -138,6 +138,13 @@ def test_the_engine_imports_no_gateway_or_policy_code():
     assert _imports_of("backends/engine", ("policies", "gateway")) == []
 
 
+def test_ruff_finds_no_undefined_name_unused_import_or_shadowed_definition():
+    # pyproject.toml's [tool.ruff.lint]; a deliberate re-export is marked with a noqa comment for F401
+    out = subprocess.run([str(Path(sys.executable).with_name("ruff")), "check", "--output-format", "concise", "."],
+                         cwd=TESTS.parent, capture_output=True, text=True)
+    assert (out.returncode, out.stdout.strip().splitlines()[-1:]) == (0, ["All checks passed!"]), out.stdout
+
+
 def test_the_gateway_starts_without_scipy_or_numpy():
     # both double the objects a gateway process holds, which every full collection walks on the request path
     # (docs/benchmarks.md, issue 29's gate); the pair gates import SciPy when a test first runs

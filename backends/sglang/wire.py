@@ -35,10 +35,10 @@ function each shape comes from): ``/generate``: ``srt/managers/io_struct.py::Gen
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import msgspec
-from msgspec import Meta, UnsetType
+from msgspec import UnsetType
 
 from speculation import SpeculationOverride  # noqa: F401 - custom_params.speculation, defined with the vocabulary
 

@@ -1,19 +1,21 @@
-"""bench.serving_cost: replay's TPOT of a plain request (the synthetic cost model of test_replay_cli, whose plain
-TPOT is computed there by hand), serving_s as the median gap, the prompts it cuts, and the cost model it writes
-(only serving_s changed); the measurement itself, which starts a real worker and gateway, stubbed."""
+"""bench.serving_cost and bench.serving_fit: replay's TPOT of a plain request (the synthetic cost model of
+test_replay_cli, whose plain TPOT is computed there by hand), serving_s as the median gap, the prompts it cuts,
+and the cost model it writes (only serving_s changed); the measurement itself, which starts a real worker and
+gateway, stubbed."""
 
 from __future__ import annotations
 
 import pytest
 
 import bench.serving_cost as serving_cost
+from bench.serving_fit import replayed_tpot
 from policies.costmodel import load_cost_model, write_cost_model
 from tests.replay.replay_helpers import PLAIN_TPOT, REVISION, costs
 
 
 def test_replayed_tpot_is_replays_plain_tpot():
     # 18 prompt tokens, 12 output tokens: test_replay_cli's requests, plain
-    assert serving_cost.replayed_tpot(costs(), 18, 12) == pytest.approx(PLAIN_TPOT, rel=1e-12)
+    assert replayed_tpot(costs(), 18, 12) == pytest.approx(PLAIN_TPOT, rel=1e-12)
 
 
 def test_serving_s_is_the_median_gap_and_never_negative():

@@ -77,7 +77,7 @@ def test_another_replicas_requests_move_this_replicas_serving_ramp(tmp_path, val
         await b.sync_fleet()
         (region,) = b.gates.view("ngram", 1.0)["regions"]
         assert (region["slice"], region["window"]["speculative"]) == ("code", 3)  # a's requests, in b's window
-        assert a.gates.view("ngram", 1.0)["regions"] == []  # a's own go in locally (observe_gates), not twice
+        assert a.gates.view("ngram", 1.0)["regions"] == []  # a's own go in locally (GateDriver.observe), not twice
         for state in (a, b):
             await state.fleet.close()
     asyncio.run(scenario())

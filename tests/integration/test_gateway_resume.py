@@ -223,7 +223,6 @@ def test_a_sampled_stream_with_a_seed_completes_every_token_counted_once(gw, pai
 
 @pytest.mark.parametrize("gw", [1], indirect=True)
 def test_a_failure_beyond_max_resumes_ends_with_an_error_event(gw, pair):
-    client = gw.client("plain")
     body = dict(model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=200, temperature=0,
                 stream=True, ignore_eos=True)
     seen, error, killed_at, events = 0, None, set(), []

@@ -3,8 +3,6 @@ replayed TPOTs are computed here by hand; tests of replay's reports, candidates 
 
 from __future__ import annotations
 
-import pytest
-
 from policies.costmodel import FORMAT as COSTS_FORMAT
 from policies.costmodel import CostModel, DraftCost, Grid, write_cost_model
 from policies.features import RequestFeatures
@@ -73,8 +71,8 @@ BYPASS = PINNED.replace("{ttft_ms: 900, tpot_ms: 40}", "{ttft_ms: 100, tpot_ms: 
     "  - {name: code-copies, when: {slice: code}, then: {pool: ngram, draft_tokens: 4}}\n", "")
 
 
-@pytest.fixture
-def files(tmp_path):
+def write_files(tmp_path) -> tuple:
+    """The synthetic trace and cost model written under ``tmp_path``: (trace path, cost file path)."""
     trace, cost_file = tmp_path / "trace.jsonl", tmp_path / "costs.json"
     write_trace(trace, Header(format=FORMAT, model="m", revision=REVISION, tokenizer="t"), REQUESTS)
     write_cost_model(cost_file, costs())

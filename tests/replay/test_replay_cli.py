@@ -15,8 +15,14 @@ from policies.costmodel import write_cost_model
 from policies.errors import PolicyError
 from policies.load import load_policy_file
 from tests.replay.replay_helpers import (BYPASS, CODE_NGRAM_TPOT, CODE_RATIO, OTHER, PINNED, PLAIN_TPOT,
-                                          PROSE_NGRAM_TPOT, PROSE_RATIO, REVISION, costs)
-from tests.replay.replay_helpers import files  # noqa: F401 (a pytest fixture)
+                                          PROSE_NGRAM_TPOT, PROSE_RATIO, REVISION, costs,
+                                          write_files)
+
+
+@pytest.fixture
+def files(tmp_path):
+    """The synthetic trace and cost model (replay_helpers), on disk."""
+    return write_files(tmp_path)
 
 
 def replay(capsys, trace, cost_file, *args: str) -> tuple[int, str, str]:

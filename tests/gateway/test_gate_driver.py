@@ -1,0 +1,53 @@
+"""The pair gates' driver in a gateway (gateway/gates/driver.py): a verdict reaches the very next decision, not
+a snapshot age later, and a finished request feeds the gate of the pool that served it."""
+
+from __future__ import annotations
+
+from gateway.gates.values import Verdict
+from gateway.settings import GatewaySettings
+from gateway.state import GatewayState
+from telemetry.record import RequestRecord
+from tests.gateway.gateway_helpers import closed_port
+from tests.integration.gateway_processes import policy_text
+
+
+def _gated_state(tmp_path, gates: str = "gates:\n  serving: {window: 8}\n  collapse: null\n") -> GatewayState:
+    path = tmp_path / "p.yaml"
+    path.write_text(policy_text([f"http://127.0.0.1:{closed_port()}"], revision="r1") + gates)
+    # a snapshot may be an hour old: only the driver's change notice can rebuild it
+    return GatewayState(GatewaySettings(policy_path=str(path), snapshot_max_age_s=3600.0))
+
+
+def _record() -> RequestRecord:
+    """A request the ngram pool served well, at concurrency 1."""
+    return RequestRecord(request_id="r1", route="default", slice="code", pool="ngram", proposer="ngram",
+                         rule="learned", status="ok", http_status=200, concurrency=1, tpot_s=0.01, ttft_s=0.1,
+                         slo_met=True)
+
+
+def test_a_verdict_reaches_the_next_decision_without_waiting_for_the_snapshot_age(tmp_path):
+    state = _gated_state(tmp_path)
+    state.gates.sync({"ngram": "k1"}, 0.0, 0.0)
+    state.gate_runs.publish(0.0)
+    assert state.snapshot().data.pools["ngram"].gate == "pending"
+    state.gates.started("ngram")
+    state.gates.finished("ngram", "k1", Verdict(passed=True, reason="ok"), 0.0, 0.0)
+    assert state.snapshot().data.pools["ngram"].gate == "pending"  # not published yet: the old snapshot
+    state.gate_runs.publish(0.0)
+    assert state.snapshot().data.pools["ngram"].gate == "passed"
+
+
+def test_a_finished_request_feeds_the_serving_window_of_the_pool_that_served_it(tmp_path):
+    state = _gated_state(tmp_path)
+    state.gates.sync({"ngram": "k1"}, 0.0, 0.0)
+    state.gates.started("ngram")
+    state.gates.finished("ngram", "k1", Verdict(passed=True, reason="ok"), 0.0, 0.0)
+    state.gate_runs.observe(_record())
+    (region,) = state.gates.view("ngram", 1.0)["regions"]
+    assert (region["slice"], region["window"]["speculative"]) == ("code", 1)
+
+
+def test_without_gates_a_finished_request_is_not_kept(tmp_path):
+    state = _gated_state(tmp_path, gates="")
+    state.gate_runs.observe(_record())
+    assert state.gates.pools == {} and state.gates.view("ngram", 1.0) is None
