@@ -59,6 +59,14 @@ def real_model(prepared_model):
 
 
 @pytest.fixture
+def replay_files(tmp_path):
+    """The replay tests' synthetic trace and cost model on disk (tests/replay/replay_helpers.py): (trace, costs)."""
+    from tests.replay.replay_helpers import write_files  # policies' trace and cost model: only tests that use it
+
+    return write_files(tmp_path)
+
+
+@pytest.fixture
 def tiny_engine(real_tokenizer):
     """A fresh engine around a tiny random model with the real tokenizer (vocab 49152)."""
     return make_tiny_engine(real_tokenizer)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 
 from bench.replay_adaptive import main
-from tests.replay.replay_helpers import PINNED, files  # noqa: F401  (a pytest fixture)
+from tests.replay.replay_helpers import PINNED
 
 
-def test_a_policy_with_nothing_to_learn_costs_nothing_to_learn(files, tmp_path, capsys):  # noqa: F811
+def test_a_policy_with_nothing_to_learn_costs_nothing_to_learn(replay_files, tmp_path, capsys):
     """PINNED always serves code by n-gram k4 and prose plain: at c1 a request's TPOT is the same in every pass,
     so both cost-of-learning readings (the warm-up pass over the measured one; the three-pass run:
     learning and after one pass, over warm) are exactly 1."""
-    trace, costs = files
+    trace, costs = replay_files
     policy = tmp_path / "pinned.yaml"
     policy.write_text(PINNED)
     code = main(["--trace", str(trace), "--costs", str(costs), "--loads", "c1", "c2", "--seeds", "2", "--ks", "4",
@@ -26,7 +26,8 @@ def test_a_policy_with_nothing_to_learn_costs_nothing_to_learn(files, tmp_path, 
     assert rows[0][1:] == ("1.000 [1.000, 1.000]", "1.000 [1.000, 1.000]")
 
 
-def test_warm_policy_serves_each_pass_whole_in_its_own_order_and_the_measured_one_in_the_arms_order(files, tmp_path):  # noqa: F811
+def test_warm_policy_serves_each_pass_whole_in_its_own_order_and_the_measured_one_in_the_arms_order(
+        replay_files, tmp_path):
     from bench.replay_adaptive import warm_policy
     from replay.book import RoundBook
     from replay.choosers import Prices
@@ -34,7 +35,7 @@ def test_warm_policy_serves_each_pass_whole_in_its_own_order_and_the_measured_on
     from policies.costmodel import load_cost_model
     from policies.trace import read_trace
 
-    trace, costs = files
+    trace, costs = replay_files
     policy = tmp_path / "pinned.yaml"
     policy.write_text(PINNED)
     book = RoundBook(read_trace(trace))

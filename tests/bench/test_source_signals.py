@@ -9,7 +9,6 @@ import re
 import pytest
 
 from bench.source_signals import band, main
-from tests.replay.replay_helpers import files  # noqa: F401  (a pytest fixture)
 
 
 def rows(out: str) -> dict[tuple[str, int, str, str], tuple[int, float]]:
@@ -17,8 +16,8 @@ def rows(out: str) -> dict[tuple[str, int, str, str], tuple[int, float]]:
     return {(s, int(c), sig, v): (int(n), float(a)) for s, c, sig, v, n, a in found}
 
 
-def test_first_tokens_are_split_by_whether_the_other_source_agrees(files, capsys):  # noqa: F811
-    trace, _ = files
+def test_first_tokens_are_split_by_whether_the_other_source_agrees(replay_files, capsys):
+    trace, _ = replay_files
     assert main(["--trace", str(trace), "--k", "4", "--min-rounds", "1"]) == 0
     table = rows(capsys.readouterr().out)
     # code: 11 rounds with a budget in each of 2 requests; n-gram's match is the whole phrase (context 8), and
@@ -32,8 +31,8 @@ def test_first_tokens_are_split_by_whether_the_other_source_agrees(files, capsys
 
 
 @pytest.mark.real_model
-def test_confidence_bands_cover_every_draft_after_the_first_position(files, capsys, prepared_model):  # noqa: F811
-    trace, _ = files
+def test_confidence_bands_cover_every_draft_after_the_first_position(replay_files, capsys, prepared_model):
+    trace, _ = replay_files
     assert main(["--trace", str(trace), "--k", "4", "--min-rounds", "1", "--confidence"]) == 0
     table = rows(capsys.readouterr().out)
     by_signal = {sig: sum(n for (_, _, s, _), (n, _) in table.items() if s == sig)

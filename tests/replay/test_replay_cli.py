@@ -15,14 +15,7 @@ from policies.costmodel import write_cost_model
 from policies.errors import PolicyError
 from policies.load import load_policy_file
 from tests.replay.replay_helpers import (BYPASS, CODE_NGRAM_TPOT, CODE_RATIO, OTHER, PINNED, PLAIN_TPOT,
-                                          PROSE_NGRAM_TPOT, PROSE_RATIO, REVISION, costs,
-                                          write_files)
-
-
-@pytest.fixture
-def files(tmp_path):
-    """The synthetic trace and cost model (replay_helpers), on disk."""
-    return write_files(tmp_path)
+                                          PROSE_NGRAM_TPOT, PROSE_RATIO, REVISION, costs)
 
 
 def replay(capsys, trace, cost_file, *args: str) -> tuple[int, str, str]:
@@ -36,11 +29,11 @@ def sections(markdown: str) -> dict[str, str]:
     return {part.split("\n", 1)[0]: part for part in parts}
 
 
-def test_tables_per_load_and_slice_and_the_paired_ratios(files, capsys):
-    code, out, err = replay(capsys, *files, "--arms", "plain", "ngram-k4", "--loads", "c1", "c2", "--seeds", "2",
+def test_tables_per_load_and_slice_and_the_paired_ratios(replay_files, capsys):
+    code, out, err = replay(capsys, *replay_files, "--arms", "plain", "ngram-k4", "--loads", "c1", "c2", "--seeds", "2",
                             "--mix", "by-slice")
     assert code == 0, err
-    assert out.startswith(f"# specgate replay: {files[0]}\n")
+    assert out.startswith(f"# specgate replay: {replay_files[0]}\n")
     tables = sections(out)
     assert list(tables) == [f"{load} / {slice_}" for load in ("c1", "c2") for slice_ in ("code", "prose", "all")]
     for name, table in tables.items():
@@ -57,9 +50,9 @@ def test_tables_per_load_and_slice_and_the_paired_ratios(files, capsys):
     assert "replay runs: 4/4 (100%), " in err and re.search(r"\nreplay: 8 runs in [0-9.]+ s\n$", err)
 
 
-def test_out_writes_markdown_json_and_plots(files, capsys, tmp_path):
+def test_out_writes_markdown_json_and_plots(replay_files, capsys, tmp_path):
     out_dir = tmp_path / "report"
-    code, out, err = replay(capsys, *files, "--arms", "plain", "ngram-k4", "--loads", "c1", "c2", "--seeds", "2",
+    code, out, err = replay(capsys, *replay_files, "--arms", "plain", "ngram-k4", "--loads", "c1", "c2", "--seeds", "2",
                             "--mix", "by-slice", "--out", str(out_dir))
     assert code == 0, err
     assert sorted(p.name for p in out_dir.iterdir()) == ["replay-goodput.png", "replay-tpot.png", "replay.json",
@@ -89,21 +82,21 @@ def test_out_writes_markdown_json_and_plots(files, capsys, tmp_path):
     assert report["meta"]["slo_ms"] == [2000.0, 150.0] and report["settings"]["loads"] == ["c1", "c2"]
 
 
-def test_default_arms_are_those_the_trace_can_replay(files, capsys, tmp_path):
+def test_default_arms_are_those_the_trace_can_replay(replay_files, capsys, tmp_path):
     out_dir = tmp_path / "report"
-    code, _, err = replay(capsys, *files, "--loads", "c1", "--seeds", "1", "--out", str(out_dir))
+    code, _, err = replay(capsys, *replay_files, "--loads", "c1", "--seeds", "1", "--out", str(out_dir))
     assert code == 0, err
     report = json.loads((out_dir / "replay.json").read_text())
     # no self-draft pair in the trace: the draft arms are left out
     assert list(report["cells"]) == ["plain|c1", "ngram-k2|c1", "ngram-k4|c1", "ngram-k8|c1", "suffix-k8|c1"]
 
 
-def test_policies_against_arms_and_the_first_policy_sets_the_slo(files, capsys, tmp_path):
+def test_policies_against_arms_and_the_first_policy_sets_the_slo(replay_files, capsys, tmp_path):
     pinned, bypass = tmp_path / "pinned.yaml", tmp_path / "bypass.yaml"
     pinned.write_text(PINNED)
     bypass.write_text(BYPASS)
     out_dir = tmp_path / "report"
-    code, out, err = replay(capsys, *files, "--policy", str(pinned), "--policy", str(bypass), "--arms", "plain",
+    code, out, err = replay(capsys, *replay_files, "--policy", str(pinned), "--policy", str(bypass), "--arms", "plain",
                             "ngram-k4", "--loads", "c1", "--seeds", "2", "--mix", "by-slice", "--out", str(out_dir))
     assert code == 0, err
     report = json.loads((out_dir / "replay.json").read_text())
@@ -134,19 +127,19 @@ def refused(capsys, tmp_path, trace, cost_file, *args: str, code: int = 1) -> st
     return err
 
 
-def test_a_truncated_trace(files, capsys, tmp_path):
-    trace, cost_file = files
+def test_a_truncated_trace(replay_files, capsys, tmp_path):
+    trace, cost_file = replay_files
     trace.write_bytes(trace.read_bytes()[:-1])  # the writer stopped before the last newline
     assert refused(capsys, tmp_path, trace, cost_file, "--arms", "plain") == (
         f"error: {trace}:5: truncated: the last line has no newline (the writer stopped mid-line); rebuild the "
         "trace or drop that line\n")
 
 
-def test_a_prefill_chunk_beyond_the_calibrated_grid_is_refused(files, capsys, tmp_path):
+def test_a_prefill_chunk_beyond_the_calibrated_grid_is_refused(replay_files, capsys, tmp_path):
     """A chunk asked for past the grid's largest would be priced by extrapolation: refused, naming the fix. At
     the grid's edge it replays. (Not asked for, the worker's default 256 is replayed whatever the grid: a
     worker's live step costs carry no prefill grid of their own.)"""
-    trace, cost_file = files
+    trace, cost_file = replay_files
     assert refused(capsys, tmp_path, trace, cost_file, "--arms", "plain", "--prefill-chunk", "258", code=2) == (
         "error: --prefill-chunk 258: the cost model's prefill grid ends at 257 tokens, and a chunk beyond it would "
         "be priced by extrapolation, which no measurement backs; calibrate with `specgate trace calibrate "
@@ -157,15 +150,15 @@ def test_a_prefill_chunk_beyond_the_calibrated_grid_is_refused(files, capsys, tm
         "error: --seeds, --max-running-requests, --prefill-chunk and --max-batch-tokens must be at least 1\n")
 
 
-def test_a_cost_model_of_another_revision(files, capsys, tmp_path):
-    trace, cost_file = files
+def test_a_cost_model_of_another_revision(replay_files, capsys, tmp_path):
+    trace, cost_file = replay_files
     write_cost_model(cost_file, costs(OTHER))
     assert refused(capsys, tmp_path, trace, cost_file, "--arms", "plain") == (
         f"error: {cost_file}: field revision: the cost model was calibrated for model revision {OTHER}, this "
         f"model is {REVISION}; recalibrate (specgate trace calibrate) on this model\n")
 
 
-def test_an_invalid_policy_is_refused_with_policy_checks_errors(files, capsys, tmp_path):
+def test_an_invalid_policy_is_refused_with_policy_checks_errors(replay_files, capsys, tmp_path):
     policy = tmp_path / "bad.yaml"
     policy.write_text(PINNED.replace("then: {pool: ngram, draft_tokens: 4}", "then: {pool: ngramm, draft_tokens: 4}"))
     with pytest.raises(PolicyError) as caught:
@@ -174,42 +167,42 @@ def test_an_invalid_policy_is_refused_with_policy_checks_errors(files, capsys, t
     assert len(errors) == 1 and "unknown pool 'ngramm'" in errors[0]
     assert main(["policy", "check", str(policy)]) == 1
     assert capsys.readouterr().err.splitlines()[:-1] == errors  # what `specgate policy check` prints
-    assert refused(capsys, tmp_path, *files, "--policy", str(policy), "--arms", "plain") == (
+    assert refused(capsys, tmp_path, *replay_files, "--policy", str(policy), "--arms", "plain") == (
         f"error: --policy {policy}: invalid policy (specgate policy check {policy}):\n{errors[0]}\n")
 
 
-def test_a_policy_for_another_model_revision(files, capsys, tmp_path):
+def test_a_policy_for_another_model_revision(replay_files, capsys, tmp_path):
     policy = tmp_path / "other.yaml"
     policy.write_text(PINNED.replace(REVISION, OTHER))
-    assert refused(capsys, tmp_path, *files, "--policy", str(policy), "--arms", "plain") == (
+    assert refused(capsys, tmp_path, *replay_files, "--policy", str(policy), "--arms", "plain") == (
         f"error: --policy {policy}: pair p targets revision {OTHER}, but the trace was recorded on {REVISION}; "
         "replay a trace of that model\n")
 
 
 @pytest.mark.parametrize("arm", ["medusa-k4", "ngram-k17", "ngram-k0", "ngram"])
-def test_an_unknown_arm(files, capsys, tmp_path, arm):
-    assert refused(capsys, tmp_path, *files, "--arms", "plain", arm) == (
+def test_an_unknown_arm(replay_files, capsys, tmp_path, arm):
+    assert refused(capsys, tmp_path, *replay_files, "--arms", "plain", arm) == (
         f"error: --arms: {arm!r} is not an arm; use plain, ngram-kN, suffix-kN, hybrid-kN, draft-kN or draftL-kN (L "
         "layers of the self-draft), N in 1..16, optionally with a per-round controller: -beta, -sglang, -vllm=TABLE "
         "(e.g. ngram-k8-vllm=1:8,4:4,16:2), or a reference: -oracle or -informed[=FEATURES] (n-gram only, e.g. "
         "ngram-k16-informed=request+match; hybrid-k16-oracle)\n")
 
 
-def test_a_draft_arm_needs_the_pair_in_the_trace(files, capsys, tmp_path):
-    assert refused(capsys, tmp_path, *files, "--arms", "plain", "draft-k4") == (
+def test_a_draft_arm_needs_the_pair_in_the_trace(replay_files, capsys, tmp_path):
+    assert refused(capsys, tmp_path, *replay_files, "--arms", "plain", "draft-k4") == (
         "error: --arms draft-k4: the trace carries 0 matching self-draft pairs (it has: none); name the layers "
         "(draft8-k4), or rebuild the trace with --draft-layers N\n")
 
 
-def test_a_bad_load_is_a_usage_error(files, capsys, tmp_path):
-    assert refused(capsys, tmp_path, *files, "--arms", "plain", "--loads", "x9", code=2) == (
+def test_a_bad_load_is_a_usage_error(replay_files, capsys, tmp_path):
+    assert refused(capsys, tmp_path, *replay_files, "--arms", "plain", "--loads", "x9", code=2) == (
         "error: --loads: 'x9' is not a load; use cN (N closed-loop clients, e.g. c4), pR (Poisson arrivals at R "
         "requests/s, e.g. p0.5) or trace (the trace's own arrival times)\n")
 
 
-def test_the_report_names_the_command_that_made_it(files, capsys, tmp_path, monkeypatch):
+def test_the_report_names_the_command_that_made_it(replay_files, capsys, tmp_path, monkeypatch):
     """Its subcommand included (it used to read ``specgate --trace ...``); none when not run from a command line."""
-    trace, cost_file = files
+    trace, cost_file = replay_files
     argv = ["replay", "--trace", str(trace), "--costs", str(cost_file), "--arms", "plain", "--loads", "c1",
             "--seeds", "1", "--processes", "1"]
     monkeypatch.setattr("sys.argv", ["/venv/bin/specgate", *argv])
