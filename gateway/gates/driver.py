@@ -26,7 +26,7 @@ from gateway.gates.canary import CanaryError
 from gateway.gates.runner import canaries_of, check_pool
 from gateway.gates.values import Sample, Verdict
 from gateway.telemetry_views import gate_event_view, gate_views
-from policies.schema import Policy
+from policies.schema import Policy, PoolAction
 from policies.snapshot import PoolState
 
 if TYPE_CHECKING:
@@ -49,6 +49,23 @@ def canary_problems(policy: Policy, base_dir: Path) -> list[str]:
     except CanaryError as exc:
         return [str(exc)]
     return []
+
+
+def served_first(policy: Policy) -> list[str]:
+    """The pools the rules can serve, in the order the rules name them (``auto`` names every speculative pool in
+    the policy's order): their gates run first, so a fresh gateway speculates as soon as its own pools pass, not
+    after pools only a condition or no rule names."""
+    out: list[str] = []
+    for rule in policy.rules:
+        action = rule.then
+        if isinstance(action, PoolAction):
+            named = [action.pool] if action.pool else list(action.pools or ())
+        elif action == "auto":
+            named = [name for name, pool in policy.pools.items() if pool.proposer != "none"]
+        else:
+            named = []
+        out.extend(name for name in named if name not in out)
+    return out
 
 
 class GateDriver:
@@ -116,9 +133,14 @@ class GateDriver:
             paired = {name: version for name, version in active.pair_versions.items()
                       if version and policy.pools[name].proposer != "none"}
             self.book.sync(self._backend().pool_keys(paired), now, time.time())
-            for pool in self.book.due(now):
+            for pool in self.due(now):  # runs take turns in this order (one at a time, FIFO)
                 self._spawn(self._run(pool, self.book.started(pool)))
         self.publish(now)
+
+    def due(self, now: float) -> list[str]:
+        """The pools whose equivalence run is due, the ones the rules serve first (:func:`served_first`)."""
+        first = served_first(self._active().policy)
+        return sorted(self.book.due(now), key=lambda pool: first.index(pool) if pool in first else len(first))
 
     def publish(self, now: float) -> None:
         """Log and count the gates' state changes; a change reaches the next request's decision."""

@@ -1,8 +1,13 @@
 """The pair gates' driver in a gateway (gateway/gates/driver.py): a verdict reaches the very next decision, not
-a snapshot age later, and a finished request feeds the gate of the pool that served it."""
+a snapshot age later, a finished request feeds the gate of the pool that served it, and the pools the rules serve
+are checked first."""
 
 from __future__ import annotations
 
+import msgspec
+
+from bench.serve.arms import DEFAULT_POLICY
+from gateway.gates.driver import served_first
 from gateway.gates.values import Verdict
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
@@ -51,3 +56,22 @@ def test_without_gates_a_finished_request_is_not_kept(tmp_path):
     state = _gated_state(tmp_path, gates="")
     state.gate_runs.observe(_record())
     assert state.gates.pools == {} and state.gates.view("ngram", 1.0) is None
+
+
+def test_the_pools_the_rules_serve_are_checked_first_in_the_order_the_rules_name_them(tmp_path):
+    # the shipped default: its one learned rule serves hybrid, listed third of four speculative pools
+    path = tmp_path / "default.yaml"
+    path.write_text(DEFAULT_POLICY.read_text())
+    state = GatewayState(GatewaySettings(policy_path=str(path)))
+    assert served_first(state.active.policy) == ["hybrid"]
+    state.gates.sync({"ngram": "k1", "ngram-adaptive": "k2", "hybrid": "k3", "draft": "k4"}, 0.0, 0.0)
+    assert state.gate_runs.due(0.0) == ["hybrid", "ngram", "ngram-adaptive", "draft"]
+
+
+def test_auto_names_every_speculative_pool_and_a_pinned_pool_comes_in_its_rules_order(tmp_path):
+    state = _gated_state(tmp_path)  # rules: code-ngram pins ngram, learned is auto
+    assert served_first(state.active.policy) == ["ngram"]
+    policy = msgspec.structs.replace(state.active.policy, rules=state.active.policy.rules[-1:])  # auto alone
+    assert served_first(policy) == ["ngram"]
+    bypass_only = msgspec.structs.replace(policy, rules=state.active.policy.rules[:1])
+    assert served_first(bypass_only) == []
