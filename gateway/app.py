@@ -200,6 +200,7 @@ def create_app(settings: GatewaySettings) -> Litestar:
         request_max_body_size=settings.max_body_bytes,
         exception_handlers={HTTPException: _http_exception, Exception: _internal},
         openapi_config=OpenAPIConfig(title="specgate gateway", version="0.1.0"),
+        logging_config=None,  # structlog logs; Litestar's default config starts a queue thread per app, never stopped
         debug=False)
     app.state.gateway = state
     return app

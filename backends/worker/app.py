@@ -209,6 +209,7 @@ def create_app(settings: WorkerSettings, engine_factory: EngineFactory | None = 
         on_startup=[runtime.start], on_shutdown=[runtime.stop],
         exception_handlers={WorkerRequestError: on_refusal, Exception: on_crash},
         state={"runtime": runtime}, debug=False,
+        logging_config=None,  # structlog logs; Litestar's default config starts a queue thread per app, never stopped
     )
 
 

@@ -3,6 +3,8 @@ port, so every request that passes admission ends in a 503; everything before th
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from litestar.testing import TestClient
 
@@ -91,6 +93,18 @@ def test_admin_is_closed_without_a_token(tmp_path, monkeypatch):
         assert r.status_code == 403 and "SPECGATE_ADMIN_TOKEN" in r.json()["error"]["message"]
         assert c.get("/ready").status_code == 503
         assert "/v1/completions" in c.get("/schema/openapi.json").json()["paths"]
+
+
+def test_an_app_that_stops_leaves_no_logging_thread_behind(tmp_path):
+    # Litestar's default logging config starts a QueueListener thread per app and never stops it
+    def listeners() -> int:
+        return sum(t.name.endswith("(_monitor)") for t in threading.enumerate())
+
+    before = listeners()
+    for _ in range(3):
+        with TestClient(create_app(GatewaySettings(policy_path=str(_policy(tmp_path))))) as c:
+            assert c.get("/health").status_code == 200
+    assert listeners() == before
 
 
 def test_serve_refuses_public_bind_without_keys(tmp_path, capsys):
