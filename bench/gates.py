@@ -7,9 +7,10 @@ One real ``specgate worker`` (the real model) and one gateway on ``deploy/polici
 section as shipped: the built-in canaries, 32 greedy tokens each, and the sampled check, 48 x 4 tokens per
 side) start together. A closed-loop client (the official ``openai`` package) sends short plain requests
 (``max_tokens`` 7: the default policy's tiny-budget rule serves them without speculation, so they measure the
-worker's load, not speculation) from the gateway's start until every gated pool has a verdict, then as many
-again with no gate running. Printed: each pool's verdict and its run time, the time from the gateway's start
-to the last verdict, and user latency p50/p90 during vs after, side by side in one run.
+worker's load, not speculation) from the gateway's start until every pool the rules serve has a verdict, then as many
+again with no gate running. Printed: each pool's verdict and its run time (a pool no rule serves is not run), the
+time from the gateway's start to the last verdict, and user latency p50/p90 during vs after, side by side in one
+run.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import openai
 
 from backends.engine.model_store import load_prepared
 from bench.processes import ADMIN, MODEL, cpu_model, gateway, worker, write_policy
+from gateway.gates.driver import UNSERVED
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "Name three colours."
@@ -42,8 +44,13 @@ def _gates(gw: str) -> dict[str, dict]:
     return {name: view["gate"] for name, view in pools.items() if view["gate"] is not None}
 
 
+def _waits(name: str, gate: dict) -> bool:
+    """A pool no rule serves: pending until one does (gateway/gates/driver.py), so no verdict to wait for."""
+    return gate["state"] == "pending" and gate["reason"] == UNSERVED.format(pool=name)
+
+
 def _settled(gates: dict[str, dict]) -> bool:
-    return all(g["state"] != "pending" and not g["running"] for g in gates.values())
+    return all(_waits(n, g) or g["state"] != "pending" and not g["running"] for n, g in gates.items())
 
 
 def _latency(client: openai.OpenAI) -> float:
@@ -84,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
              "", "| pool | verdict | run time (s) | canaries | tokens | canary accept length | sampled p_min |",
              "|---|---|---|---|---|---|---|"]
     for name, g in sorted(gates.items()):
+        if _waits(name, g):
+            lines.append(f"| {name} | not run: no rule serves it | - | - | - | - | - |")
+            continue
         v = g["verdict"] or {}
         accept = f"{v['accept_length']:.2f}" if v.get("accept_length") else "-"
         p = f"{v['sampled_p']:.2g}" if v.get("sampled_p") is not None else "-"

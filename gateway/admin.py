@@ -170,10 +170,9 @@ def admin_router(state: GatewayState) -> Router:
             return _problem(404, f"pool '{name}' has no pair gate (unknown pool, no pair, or no gates: section "
                             f"in the policy); gated pools: {', '.join(sorted(state.gates.pools)) or 'none'}",
                             "no_such_gate")
-        if not state.gates.force_recheck(name, time.monotonic(), time.time()):
+        if not state.gate_runs.recheck(name, time.monotonic(), time.time()):
             return _problem(409, f"pool '{name}''s equivalence gate is running; wait for its verdict "
                             "(GET /admin/pools)", "gate_running")
-        state.gate_runs.tick()
         return _json({"pool": name, "gate": state.gates.view(name, time.monotonic())}, status=202)
 
     @get("/stats", summary="Learned acceptance and cost statistics")

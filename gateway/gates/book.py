@@ -371,6 +371,12 @@ class GateBook:
         for judged in [gate] if gate is not None else list(self.pools.values()):
             self._judge(judged, route, outcome, wall)
 
+    def note(self, pool: str, reason: str) -> None:
+        """Why a pool stays in its state (shown with it; no event): e.g. a pending pool no rule serves."""
+        gate = self.pools.get(pool)
+        if gate is not None:
+            gate.reason = reason
+
     def postpone(self, pool: str, key: str, until: float, reason: str) -> None:
         """A due run this replica does not run now (another replica of the fleet holds its lease): due again at
         ``until`` (monotonic), unless the verdict arrived meanwhile."""

@@ -1,13 +1,15 @@
 """The pair gates' driver in a gateway (gateway/gates/driver.py): a verdict reaches the very next decision, not
-a snapshot age later, a finished request feeds the gate of the pool that served it, and the pools the rules serve
-are checked first."""
+a snapshot age later, a finished request feeds the gate of the pool that served it, and only the pools the rules
+serve are checked (first), unless an operator asks."""
 
 from __future__ import annotations
+
+import asyncio
 
 import msgspec
 
 from bench.serve.arms import DEFAULT_POLICY
-from gateway.gates.driver import served_first
+from gateway.gates.driver import UNSERVED, served_first
 from gateway.gates.values import Verdict
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
@@ -65,7 +67,25 @@ def test_the_pools_the_rules_serve_are_checked_first_in_the_order_the_rules_name
     state = GatewayState(GatewaySettings(policy_path=str(path)))
     assert served_first(state.active.policy) == ["hybrid"]
     state.gates.sync({"ngram": "k1", "ngram-adaptive": "k2", "hybrid": "k3", "draft": "k4"}, 0.0, 0.0)
-    assert state.gate_runs.due(0.0) == ["hybrid", "ngram", "ngram-adaptive", "draft"]
+    assert state.gate_runs.due(0.0) == ["hybrid"]
+    # the others wait, pending, and say why
+    assert [(p, g["state"], g["reason"]) for p in ("ngram", "draft") for g in [state.gates.view(p, 0.0)]] == [
+        (p, "pending", UNSERVED.format(pool=p)) for p in ("ngram", "draft")]
+
+
+def test_an_operators_recheck_runs_a_pool_no_rule_serves(tmp_path):
+    path = tmp_path / "default.yaml"
+    path.write_text(DEFAULT_POLICY.read_text())
+    state = GatewayState(GatewaySettings(policy_path=str(path)))
+
+    async def scenario():
+        state.gates.sync({"ngram": "k1", "hybrid": "k3"}, 0.0, 0.0)
+        assert state.gate_runs.recheck("ngram", 0.0, 0.0)
+        assert [p for p in ("ngram", "hybrid") if state.gates.view(p, 0.0)["running"]] == ["ngram", "hybrid"]
+        assert not state.gate_runs.recheck("ngram", 0.0, 0.0)  # running: 409 in the admin API
+        for task in list(state.background):
+            task.cancel()
+    asyncio.run(scenario())
 
 
 def test_auto_names_every_speculative_pool_and_a_pinned_pool_comes_in_its_rules_order(tmp_path):
