@@ -13,6 +13,7 @@ from gateway.gates.driver import UNSERVED, served_first
 from gateway.gates.values import Verdict
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
+from policies.schema import PoolAction
 from telemetry.record import RequestRecord
 from tests.gateway.gateway_helpers import closed_port
 from tests.integration.gateway_processes import policy_text
@@ -95,3 +96,15 @@ def test_auto_names_every_speculative_pool_and_a_pinned_pool_comes_in_its_rules_
     assert served_first(policy) == ["ngram"]
     bypass_only = msgspec.structs.replace(policy, rules=state.active.policy.rules[:1])
     assert served_first(bypass_only) == []
+
+
+def test_a_reload_whose_rules_serve_a_waiting_pool_makes_its_gate_due(tmp_path):
+    path = tmp_path / "default.yaml"
+    path.write_text(DEFAULT_POLICY.read_text())
+    state = GatewayState(GatewaySettings(policy_path=str(path)))
+    state.gates.sync({"ngram": "k1", "hybrid": "k3"}, 0.0, 0.0)
+    assert state.gate_runs.due(0.0) == ["hybrid"]
+    policy = state.active.policy
+    rules = [*policy.rules[:-1], msgspec.structs.replace(policy.rules[-1], then=PoolAction(pools=["ngram", "hybrid"]))]
+    state.apply_policy(msgspec.structs.replace(policy, rules=rules), "v2")
+    assert state.gate_runs.due(0.0) == ["ngram", "hybrid"]
