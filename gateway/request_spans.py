@@ -33,19 +33,28 @@ if TYPE_CHECKING:
 class RequestSpans:
     """The spans of one request; ``stage`` closes a child span from the previous mark to now."""
 
-    __slots__ = ("_tracer", "root", "_ctx", "_mark", "_endpoint", "recording")
+    __slots__ = ("_tracer", "root", "_ctx", "_mark", "_endpoint", "recording", "_unsampled")
 
     def __init__(self, tracing: Tracing, headers: Any, endpoint: str) -> None:
         self._tracer = tracing.tracer
         self._endpoint = endpoint
         self._mark = time.time_ns()
         op = otel.operation(endpoint)
-        self.root: Span = self._tracer.start_span(
-            op, context=otel.extract(headers), kind=otel.server_kind(), start_time=self._mark,
+        parent = otel.extract(headers)
+        self._unsampled: dict[str, str] | None = None
+        self.root: Span | None = None
+        if parent is None:  # a new trace: the sampler decides before any span is built
+            trace_id, sampled = tracing.new_root(op)
+            if not sampled:
+                self.recording = False
+                self._unsampled = otel.unsampled_parent(trace_id)
+                return
+        self.root = self._tracer.start_span(
+            op, context=parent, kind=otel.server_kind(), start_time=self._mark,
             attributes={"gen_ai.operation.name": op, "gen_ai.provider.name": "specgate"})
         self._ctx = otel.child_context(self.root)
-        # not sampled (OTEL_TRACES_SAMPLER): no child span or attribute is built; the worker still gets the
-        # traceparent, which says so
+        # not sampled (OTEL_TRACES_SAMPLER, or the client's traceparent says so): no child span or attribute is
+        # built; the worker still gets a traceparent, which says so
         self.recording = self.root.is_recording()
 
     def stage(self, name: str, attributes: dict[str, Any] | None = None) -> None:
@@ -61,7 +70,7 @@ class RequestSpans:
         """A dispatch attempt's span (None when not sampled), and the headers that make the worker's span its
         child."""
         if not self.recording:
-            return None, otel.inject(self.root)
+            return None, self._unsampled if self.root is None else otel.inject(self.root)
         span = self._tracer.start_span("dispatch", context=self._ctx, kind=otel.client_kind(), attributes={
             "specgate.attempt": number, "specgate.pool": pool, "specgate.proposer": proposer,
             "specgate.draft_tokens": draft_tokens, "server.address": worker, "specgate.worker_rid": rid})

@@ -5,13 +5,14 @@ and an unsampled request building no child span. Spans go to the SDK's in-memory
 from __future__ import annotations
 
 import asyncio
+import random
 from types import SimpleNamespace
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from backends.sglang.errors import WorkerConnectError
@@ -24,7 +25,7 @@ from policies.features import RequestFeatures
 from policies.load import load_policy
 from policies.snapshot import PoolState, Snapshot, SnapshotData
 from tests.gateway.gateway_helpers import offline_backend
-from telemetry.otel import Tracing
+from telemetry.otel import Tracing, handed_ids
 
 POLICY = """
 version: 1
@@ -40,9 +41,10 @@ CLIENT = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0
 
 def _tracing(sampler) -> tuple[Tracing, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=sampler)
+    ids = handed_ids()
+    provider = TracerProvider(sampler=sampler, id_generator=ids)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return Tracing(provider, provider.get_tracer("test"), "test"), exporter
+    return Tracing(provider, provider.get_tracer("test"), "test", ids), exporter
 
 
 def _dispatch_with_a_retry(spans: RequestSpans) -> list[tuple[str, dict[str, str]]]:
@@ -91,16 +93,45 @@ def test_each_attempt_is_a_dispatch_span_and_the_worker_gets_its_traceparent():
         f"00-{root.context.trace_id:032x}-{s.context.span_id:016x}-01" for s in attempts]
 
 
-def test_an_unsampled_request_builds_no_child_span_but_still_tells_the_worker():
+def test_an_unsampled_request_builds_no_span_at_all_but_still_tells_the_worker():
     tracing, exporter = _tracing(ALWAYS_OFF)
     spans = RequestSpans(tracing, {}, "chat")
-    assert spans.recording is False
+    assert (spans.recording, spans.root) == (False, None)  # decided before any span object was built
     spans.stage("admit")
     sent = _dispatch_with_a_retry(spans)
-    spans.root.end()
     assert exporter.get_finished_spans() == ()
     parents = {headers["traceparent"] for _, headers in sent}
     [parent] = parents  # the root's context, for every attempt
     # trace flags: sampled bit (0x01) clear, so the worker's parent-based sampler records nothing either; 0x02
     # is W3C level 2's "random trace id" bit, which this SDK sets
     assert parent.split("-")[3] == "02"
+    version, trace_id, span_id, _ = parent.split("-")
+    assert (version, len(trace_id), len(span_id), int(trace_id, 16) > 0, int(span_id, 16) > 0) == ("00", 32, 16, True,
+                                                                                                      True)
+
+
+def test_a_client_that_says_not_sampled_gets_its_trace_continued_unsampled():
+    tracing, exporter = _tracing(ParentBased(ALWAYS_ON))
+    client = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}
+    spans = RequestSpans(tracing, client, "chat")
+    assert spans.recording is False and spans.root is not None  # the SDK follows the client's flag
+    _, headers = spans.attempt(1, "ngram", "ngram", 4, "http://ngram:1", "r-1")
+    assert headers["traceparent"].startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+    assert headers["traceparent"].endswith("-00") and exporter.get_finished_spans() == ()
+
+
+def test_a_ratio_sampler_decides_once_per_request_on_the_trace_id_it_exports():
+    # the request path decides before any span exists; the SDK decides again on the same id and must agree, or
+    # the sampled share would be the ratio squared
+    tracing, exporter = _tracing(ParentBased(TraceIdRatioBased(0.5)))
+    random.seed(55)  # trace ids come from the random module, as the SDK's own do
+    built = [RequestSpans(tracing, {}, "chat") for _ in range(400)]
+    for spans in built:
+        if spans.root is not None:
+            spans.root.end()
+    sampled = [s for s in built if s.recording]
+    assert all(s.root is not None for s in sampled) and all(s.root is None for s in built if not s.recording)
+    assert 150 < len(sampled) < 250  # 0.5 of 400 (5 standard deviations); the ratio squared would be ~100
+    exported = {span.context.trace_id for span in exporter.get_finished_spans()}
+    assert exported == {s.root.context.trace_id for s in sampled} and len(exported) == len(sampled)
+    assert all(tid & ((1 << 64) - 1) < TraceIdRatioBased.get_bound_for_rate(0.5) for tid in exported)
