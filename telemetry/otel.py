@@ -57,9 +57,10 @@ class Tracing:
 
     def new_root(self, name: str) -> tuple[int, bool]:
         """A new trace's id and the sampler's decision for its root span, before any span exists: an unsampled
-        request then builds no span at all (about 2 us instead of 7: a traced gateway samples a few percent of
-        its requests). A sampled one's id is handed to the next span this thread starts, so the SDK's own
-        decision, made again on the same id, agrees."""
+        request then builds no span at all (the gateway's span code for it: 2.7 us instead of 5.8; a traced
+        gateway samples a few percent of its requests). A sampled one's id is handed to the next span started
+        (the request path starts it at once, with no await between), so the SDK's own decision, made again on
+        the same id, agrees."""
         trace_id = random.getrandbits(128) or 1
         sampled = self.provider.sampler.should_sample(None, trace_id, name).decision.is_sampled()
         if sampled:
