@@ -175,7 +175,7 @@ class Pool(_Strict, kw_only=True):
     lets the worker pick k per round and per sequence, 0 to ``draft_tokens`` (its adaptive draft length:
     plain steps where the prompt gives the proposer nothing to copy); auto then treats the pool as one
     option, judged by its measured TPOT. ``strategy`` picks the worker's per-round controller
-    (backends/engine/adaptive.py): ``beta`` (specgate's), ``sglang`` (SGLang's --speculative-adaptive) or
+    (backends/engine/adaptive.py, baselines.py): ``beta`` (specgate's), ``sglang`` (SGLang's --speculative-adaptive) or
     ``vllm`` with ``k_by_batch``, vLLM's ``num_speculative_tokens_per_batch_size`` ({"1-3": 8, "4-15": 4,
     "16-4096": 0}: inclusive batch-size ranges, gaps keep the previous range's k). Proposer ``hybrid``
     (specgate's worker only, like ``suffix``: SGLang has neither) drafts from n-gram and suffix every round and

@@ -46,8 +46,8 @@ class Contender:
 def parse_arm(name: str, book: RoundBook) -> Contender:
     """``plain``, ``ngram-k4``, ``suffix-k8``, ``draft-k4`` (the trace's self-draft pair; ``draft20-k4`` picks
     the 20-layer one when the trace carries several). A per-round draft length up to k appends the engine's
-    controller (backends/engine/adaptive.py): ``ngram-k8-beta`` (specgate's), ``ngram-k7-sglang`` (SGLang's
-    --speculative-adaptive), ``ngram-k8-vllm=1:8,4:4,16:2`` (vLLM's per-batch-size table, LO:K or LO-HI:K);
+    controller (backends/engine/adaptive.py, baselines.py): ``ngram-k8-beta`` (specgate's), ``ngram-k7-sglang``
+    (SGLang's --speculative-adaptive), ``ngram-k8-vllm=1:8,4:4,16:2`` (vLLM's per-batch-size table, LO:K or LO-HI:K);
     ``ngram-k16-oracle`` and ``ngram-k16-informed`` are replay's references (replay/walk.Clairvoyant: one
     knows every round's accepted run, the other the trace's acceptance by match context), for n-gram only;
     ``ngram-k16-informed=request+match`` keys the rates by other features known before a round is verified

@@ -24,7 +24,8 @@ POOL_PROPOSERS: tuple[str, ...] = ("none", "ngram", "suffix", "hybrid", "draft_m
 MODEL_FREE: frozenset[str] = frozenset({"ngram", "suffix", "hybrid"})  # drafts follow from the ids alone (replay is exact)
 NgramMatch = Literal["earliest", "latest"]
 NGRAM_MATCHES: tuple[str, ...] = ("earliest", "latest")
-# The per-round controllers of backends/engine/adaptive.py: specgate's, SGLang's --speculative-adaptive, vLLM's table
+# The per-round controllers (backends/engine/adaptive.py, baselines.py): specgate's, SGLang's --speculative-adaptive,
+# vLLM's table
 ADAPTIVE_STRATEGIES: tuple[str, ...] = ("beta", "sglang", "vllm")
 MAX_DRAFT_TOKENS = 16  # the most drafts one round may verify (k), per request and per round
 SCOPE_MAX_CHARS = 128  # ``custom_params.speculation.scope``: whose earlier outputs suffix decoding drafts from
