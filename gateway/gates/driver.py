@@ -145,12 +145,14 @@ class GateDriver:
     def due(self, now: float) -> list[str]:
         """The pools whose equivalence run is due and that a rule serves, in :func:`served_first`'s order, then
         those an operator asked for; a due pool no rule serves is told why it waits."""
-        served = served_first(self._active().policy)
-        out = [pool for pool in served if pool in self.book.due(now)]
-        for pool in self.book.due(now):
-            if pool in self._asked and pool not in out:
+        due = self.book.due(now)
+        out = [pool for pool in served_first(self._active().policy) if pool in due]
+        for pool in due:
+            if pool in out:
+                continue
+            if pool in self._asked:
                 out.append(pool)
-            elif pool not in out:
+            else:
                 self.book.note(pool, UNSERVED.format(pool=pool))
         return out
 
