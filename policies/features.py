@@ -5,10 +5,13 @@ microseconds and need no tokenizer:
 
 - :func:`approx_tokens` = ceil(UTF-8 bytes / 3.6): within 0.85-1.4x of SmolLM2's tokenizer on the
   workloads' slices, close enough for policy thresholds, which are coarse (hundreds of tokens).
-- :func:`code_score` in [0, 1] mixes five signals on the first 8000 characters: a Markdown code fence
-  (0.35), the share of indented lines (0.2), the share of lines ending in ``{ } ; : ) ,`` (0.15),
-  programming keywords per line (0.15) and the density of brackets/operators (0.15). The weights put code
-  prompts above 0.3 and prose or tool questions below it, where the default policy splits.
+- :func:`code_score` in [0, 1] mixes five signals of code in the first 8000 characters: a Markdown code
+  fence (0.35), the share of indented lines (0.2), the share of lines ending in ``{ } ; : ) ,`` (0.15),
+  programming keywords per line (0.15) and the density of brackets/operators (0.15); and adds 0.5 (capped
+  at 1) when the request asks for code in words ("Write a C++ program...", "Implement a function...",
+  "... in Python"), looked for in the first and last 1000 characters, where instructions sit. The weights
+  put code prompts above 0.3 (and a request for code above 0.5) and prose or tool questions below 0.3,
+  where the default policy splits.
 - :func:`prompt_repeat` in [0, 1], a predictor of n-gram / prompt-lookup acceptance: on the last 8000
   characters, split into words and single punctuation marks (``\\w+|[^\\w\\s]``), the share of word 4-gram
   positions whose 4-gram occurred earlier in the sample ((positions - distinct 4-grams) / positions; 0.0 under
@@ -36,6 +39,18 @@ _KEYWORDS = re.compile(
 _SYMBOLS = re.compile(r"[{}()\[\];=<>+*/%&|!]")
 _INDENTED = re.compile(r"^(?:\t| {2,})\S", re.MULTILINE)
 _CODE_END = re.compile(r"[{};:),]\s*$", re.MULTILINE)
+# A request for code in words: a verb asking for code, then within four words something that is code ("write a
+# simple Python script"), matched on lowercased text; or "in <language>", capitalised as languages are ("covered
+# in rust" is not code). Plain literal alternations without a leading \b, which Python's re scans fast.
+_ASK_VERB = re.compile(r"(?:write|rewrite|complete|implement|develop|create|build|generate|debug|fix|refactor|optimi[sz]e)\s+")
+_ASK_OBJECT = re.compile(
+    r"(?:(?:a|an|the|some|me|us|my|our|this|that|these)\s+)?(?:[\w+#.-]+\s+){0,4}?"
+    r"(?:functions?|programs?|scripts?|class(?:es)?|methods?|code|website|web ?page|algorithms?|"
+    r"quer(?:y|ies)|regex|regular expression|snippet|module|unit tests?|api|sql|shell command)\b")
+_ASK_LANGUAGE = re.compile(
+    r"in (?:Python|C\+\+|C#|Java|JavaScript|TypeScript|Rust|Golang|Ruby|PHP|Kotlin|Swift|SQL|Bash|HTML|CSS|"
+    r"Scala|Haskell)\b")
+_ASK_CHARS = 1000
 _REPEAT_CHARS = 8000
 _REPEAT_N = 4
 _WORDS = re.compile(r"\w+|[^\w\s]")
@@ -74,7 +89,8 @@ def approx_tokens(text: str) -> int:
 
 
 def code_score(text: str) -> float:
-    """How much ``text`` looks like source code, 0..1 (weights in the module docstring)."""
+    """How much ``text`` is about source code, 0..1: its look of code, plus a request for code in words
+    (weights in the module docstring)."""
     sample = text[:_SAMPLE_CHARS]
     lines = [line for line in sample.splitlines() if line.strip()]
     if not lines:
@@ -85,7 +101,23 @@ def code_score(text: str) -> float:
     endings = min(1.0, 2.0 * len(_CODE_END.findall(sample)) / n)
     keywords = min(1.0, len(_KEYWORDS.findall(sample)) / n)
     symbols = min(1.0, 12.0 * len(_SYMBOLS.findall(sample)) / max(1, len(sample)))
-    return round(0.35 * fence + 0.2 * indented + 0.15 * endings + 0.15 * keywords + 0.15 * symbols, 4)
+    form = 0.35 * fence + 0.2 * indented + 0.15 * endings + 0.15 * keywords + 0.15 * symbols
+    return round(min(1.0, form + (0.5 if asks_for_code(text) else 0.0)), 4)
+
+
+def asks_for_code(text: str) -> bool:
+    """Whether the first or last 1000 characters of ``text`` ask for code in words: a verb such as write,
+    implement or fix followed within the clause by function, program, script, query...; or "in <language>".
+    A request for code written in prose has few of code's marks, yet its answer is code."""
+    windows = (text,) if len(text) <= 2 * _ASK_CHARS else (text[:_ASK_CHARS], text[-_ASK_CHARS:])
+    for window in windows:
+        if _ASK_LANGUAGE.search(window):
+            return True
+        low = window.lower()
+        for verb in _ASK_VERB.finditer(low):
+            if (verb.start() == 0 or not low[verb.start() - 1].isalnum()) and _ASK_OBJECT.match(low, verb.end()):
+                return True
+    return False
 
 
 def prompt_repeat(text: str) -> float:

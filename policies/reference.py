@@ -72,7 +72,7 @@ MEANINGS = {
     "SliceWhen.max_tokens": "the request's `max_tokens`",
     "SliceWhen.temperature": "the request's temperature",
     "SliceWhen.stream": "the request streams",
-    "SliceWhen.code_score": "0..1, how much the prompt looks like code",
+    "SliceWhen.code_score": "0..1, how much the prompt is about code",
     "SliceWhen.prompt_repeat": "0..1, share of the prompt's word 4-grams seen earlier in it",
     "SliceWhen.slo_ttft_ms": "the request's TTFT SLO in ms: its x-slo-ttft-ms header, else its route's",
     "SliceWhen.slo_tpot_ms": "the request's TPOT SLO in ms: its x-slo-tpot-ms header, else its route's",

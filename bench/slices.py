@@ -1,0 +1,102 @@
+"""How a policy's slices classify the benchmark workloads: each prompt's family (its label from the workloads'
+slice mapping, replay/workloads.py) against the slice the policy gives it, with the requests it puts elsewhere.
+
+    python -m bench.slices [--policy deploy/policies/default.yaml] [--workloads DIR] [--show 20] [--time]
+
+The gateway's own code does the classifying (policies.features.features_from_openai, policies.slicing.classify),
+on the request body the benchmarks send. ``code_edit`` is a family of the workloads, not a slice of the default
+policy: its requests are expected in ``code``. Without ``--workloads``, the repository's sample (workloads/).
+``--time`` adds what the gateway's feature estimators cost per request of each family (median of 20 calls).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from policies.features import asks_for_code, code_score, features_from_openai
+from policies.load import load_policy_file
+from policies.slicing import classify
+from replay.workloads import WorkItem, load_all
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def confusion(policy_path: Path, workloads: Path | None) -> tuple[dict[str, collections.Counter], list[tuple]]:
+    """Per family, how many of its requests went to each slice; and (family, slice, code_score, item) for those
+    whose slice is not their family (``code_edit`` in ``code`` counts as its own)."""
+    policy = load_policy_file(policy_path)
+    table: dict[str, collections.Counter] = {}
+    elsewhere = []
+    for family, items in load_all(workloads).items():
+        counts = table.setdefault(family, collections.Counter())
+        for item in items:
+            features = features_from_openai(request_body(item), repeat=False)
+            got, _ = classify(policy, features)
+            counts[got] += 1
+            if got != family and (family, got) != ("code_edit", "code"):
+                elsewhere.append((family, got, features.code_score, item))
+    return table, elsewhere
+
+
+def request_body(item: WorkItem) -> dict:
+    body: dict = {"model": "m", "messages": item.messages}
+    if item.tools:
+        body["tools"] = item.tools
+    return body
+
+
+def estimator_costs(workloads: Path | None, calls: int = 20) -> dict[str, tuple[float, float]]:
+    """Per family, the mean over its requests of the median microseconds of ``code_score`` and of its
+    ``asks_for_code`` part, on the text features_from_openai reads."""
+    out = {}
+    for family, items in load_all(workloads).items():
+        per = {code_score: [], asks_for_code: []}
+        for item in items:
+            text = "\n".join(m.get("content") or "" for m in item.messages if isinstance(m.get("content"), str))
+            for fn, acc in per.items():
+                runs = []
+                for _ in range(calls):
+                    t0 = time.perf_counter_ns()
+                    fn(text)
+                    runs.append(time.perf_counter_ns() - t0)
+                acc.append(statistics.median(runs) / 1e3)
+        out[family] = (statistics.fmean(per[code_score]), statistics.fmean(per[asks_for_code]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.slices", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", type=Path, default=REPO / "deploy/policies/default.yaml")
+    parser.add_argument("--workloads", type=Path, default=None, help="a full copy of the sets (default: the sample)")
+    parser.add_argument("--show", type=int, default=20, help="list at most this many requests put elsewhere")
+    parser.add_argument("--time", action="store_true", help="also time the estimators per request")
+    args = parser.parse_args(argv)
+    table, elsewhere = confusion(args.policy, args.workloads)
+    slices = sorted({s for counts in table.values() for s in counts})
+    print(f"command: python -m bench.slices {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip())
+    shown = args.policy.resolve()
+    shown = shown.relative_to(REPO) if shown.is_relative_to(REPO) else shown
+    print(f"policy: {shown}; workloads: {args.workloads or 'the repository sample (workloads/)'}")
+    print("| family | requests | " + " | ".join(slices) + " |")
+    print("|---|---:|" + "---:|" * len(slices))
+    for family, counts in table.items():
+        print(f"| {family} | {sum(counts.values())} | " + " | ".join(str(counts[s]) for s in slices) + " |")
+    print(f"\n{len(elsewhere)} requests in a slice other than their family's:")
+    for family, got, score, item in elsewhere[:args.show]:
+        text = item.messages[-1].get("content") if item.messages else ""
+        text = (text if isinstance(text, str) else "").replace("\n", " ")[:80]
+        print(f"  {family} -> {got} (code_score {score}) {item.source}: {text!r}")
+    if args.time:
+        print("\n| family | code_score us per request (mean) | of which asks_for_code |\n|---|---:|---:|")
+        for family, (score_us, ask_us) in estimator_costs(args.workloads).items():
+            print(f"| {family} | {score_us:.1f} | {ask_us:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
