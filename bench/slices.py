@@ -6,7 +6,8 @@ slice mapping, replay/workloads.py) against the slice the policy gives it, with 
 The gateway's own code does the classifying (policies.features.features_from_openai, policies.slicing.classify),
 on the request body the benchmarks send. ``code_edit`` is a family of the workloads, not a slice of the default
 policy: its requests are expected in ``code``. Without ``--workloads``, the repository's sample (workloads/).
-``--time`` adds what the gateway's feature estimators cost per request of each family (median of 20 calls).
+``--time`` adds what the request features cost per request of each family: with ``code_score`` always computed,
+and as the gateway computes them (only when deciding reads it, policies.slicing.needs_code_score).
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import collections
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
-from policies.features import asks_for_code, code_score, features_from_openai
+from policies.features import asks_for_code, features_from_openai
 from policies.load import load_policy_file
-from policies.slicing import classify
+from policies.slicing import classify, needs_code_score
 from replay.workloads import WorkItem, load_all
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,22 +53,31 @@ def request_body(item: WorkItem) -> dict:
     return body
 
 
-def estimator_costs(workloads: Path | None, calls: int = 20) -> dict[str, tuple[float, float]]:
-    """Per family, the mean over its requests of the median microseconds of ``code_score`` and of its
-    ``asks_for_code`` part, on the text features_from_openai reads."""
+def _median_us(fn: Callable[[], object], calls: int) -> float:
+    runs = []
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        fn()
+        runs.append(time.perf_counter_ns() - t0)
+    return statistics.median(runs) / 1e3
+
+
+def feature_costs(policy_path: Path, workloads: Path | None, calls: int = 20) -> dict[str, tuple[float, ...]]:
+    """Per family, the mean over its requests of the median microseconds of: every feature with ``code_score``
+    always computed; every feature as the gateway computes them for the policy (``code_score`` only when
+    deciding reads it); ``asks_for_code`` alone."""
+    policy = load_policy_file(policy_path)
+    needs = partial(needs_code_score, policy)
     out = {}
     for family, items in load_all(workloads).items():
-        per = {code_score: [], asks_for_code: []}
+        rows = []
         for item in items:
+            body = request_body(item)
             text = "\n".join(m.get("content") or "" for m in item.messages if isinstance(m.get("content"), str))
-            for fn, acc in per.items():
-                runs = []
-                for _ in range(calls):
-                    t0 = time.perf_counter_ns()
-                    fn(text)
-                    runs.append(time.perf_counter_ns() - t0)
-                acc.append(statistics.median(runs) / 1e3)
-        out[family] = (statistics.fmean(per[code_score]), statistics.fmean(per[asks_for_code]))
+            rows.append((_median_us(lambda: features_from_openai(body, repeat=False), calls),
+                         _median_us(lambda: features_from_openai(body, repeat=False, code=needs), calls),
+                         _median_us(lambda: asks_for_code(text), calls)))
+        out[family] = tuple(statistics.fmean(col) for col in zip(*rows))
     return out
 
 
@@ -92,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         text = (text if isinstance(text, str) else "").replace("\n", " ")[:80]
         print(f"  {family} -> {got} (code_score {score}) {item.source}: {text!r}")
     if args.time:
-        print("\n| family | code_score us per request (mean) | of which asks_for_code |\n|---|---:|---:|")
-        for family, (score_us, ask_us) in estimator_costs(args.workloads).items():
-            print(f"| {family} | {score_us:.1f} | {ask_us:.1f} |")
+        print("\nFeatures per request, us (mean over the family's requests of the median of 20 calls):")
+        print("| family | code_score always | as the gateway computes them | asks_for_code alone |\n|---|---:|---:|---:|")
+        for family, (always, lazy, ask) in feature_costs(args.policy, args.workloads).items():
+            print(f"| {family} | {always:.1f} | {lazy:.1f} | {ask:.1f} |")
     return 0
 
 

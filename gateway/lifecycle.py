@@ -24,6 +24,7 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncGenerator
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -46,6 +47,7 @@ from gateway.stages import Admitted, Arrival, Dispatched, Ending, Finished
 from gateway.state import Active, GatewayState
 from policies.decide import Decision, decide
 from policies.features import features_from_openai
+from policies.slicing import needs_code_score
 
 DEFAULT_RESERVED_COMPLETION = 256  # tokens reserved against tokens_per_min when max_tokens is absent
 JSON = "application/json"
@@ -94,7 +96,7 @@ def admit(state: GatewayState, arrival: Arrival, active: Active, route: str, bod
     slo, slo_fields = slo_in_force(headers, route, policy)
     features = features_from_openai(body, route=route, headers=picked, wanted_headers=set(wanted) if wanted else None,
                                     repeat=active.reads_repeat or trace_ids,  # a trace keeps every feature
-                                    **slo_fields)
+                                    code=True if trace_ids else partial(needs_code_score, policy), **slo_fields)
     _check_model_and_window(state, request, features.prompt_tokens)
     return Admitted(
         trace_ids=trace_ids, slo=slo,

@@ -135,6 +135,9 @@ class Compiled:
     def __init__(self, policy: Policy) -> None:
         self.slices = [(s.name, _feature_preds(s.when) if s.when is not None else []) for s in policy.slices]
         self.rules = [CompiledRule(r, policy) for r in policy.rules]
+        # which slices, and whether any rule, test code_score (policies.slicing.needs_code_score)
+        self.slice_reads_code = [s.when is not None and s.when.code_score is not None for s in policy.slices]
+        self.rules_read_code = any(r.when is not None and r.when.code_score is not None for r in policy.rules)
         self.pair_versions = {name: policy.pool_pair_version(name) for name in policy.pools}
         self.plain_pools = [n for n, p in policy.pools.items() if p.proposer == "none"]
         self.speculative = [n for n, p in policy.pools.items() if p.proposer != "none"]

@@ -1,7 +1,8 @@
 """Request features the policy conditions look at, and the cheap estimators behind three of them.
 
 The estimators run per request in the gateway, before any worker is called, so they must cost
-microseconds and need no tokenizer:
+microseconds and need no tokenizer; the two that read the text at length (``code_score``, ``prompt_repeat``)
+run only when the policy reads them:
 
 - :func:`approx_tokens` = ceil(UTF-8 bytes / 3.6): within 0.85-1.4x of SmolLM2's tokenizer on the
   workloads' slices, close enough for policy thresholds, which are coarse (hundreds of tokens).
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import msgspec
 
@@ -70,7 +71,7 @@ class RequestFeatures(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     temperature: float | None = None
     stream: bool = False
     headers: dict[str, str] = {}
-    code_score: float = 0.0
+    code_score: float | None = 0.0  # None: not computed (the gateway skips it when no condition it reaches reads it)
     prompt_repeat: float | None = 0.0  # None: not computed (the gateway computes it only for a policy that reads it)
     budget_tokens: int | None = None
     # the request's SLO in force: its x-slo-ttft-ms / x-slo-tpot-ms header, else its route's (None: no target)
@@ -165,10 +166,14 @@ def _message_text(content: Any) -> str:
 
 def features_from_openai(body: dict[str, Any], *, route: str = "default", headers: dict[str, str] | None = None,
                          wanted_headers: set[str] | None = None, repeat: bool = True,
+                         code: bool | Callable[[RequestFeatures], bool] = True,
                          slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
                          slo_tpot_stated: bool = False) -> RequestFeatures:
     """Features of an OpenAI chat/completions request body (already validated by the gateway);
-    ``repeat=False`` leaves ``prompt_repeat`` None (not computed); ``slo_*``: the request's SLO in force
+    ``repeat=False`` leaves ``prompt_repeat`` None (not computed); ``code``: whether to compute ``code_score``
+    (None when not), or a test of the other features that says whether it is needed
+    (:func:`policies.slicing.needs_code_score`: up to ~0.3 ms on a long prompt, often never read);
+    ``slo_*``: the request's SLO in force
     (``slo_tpot_stated``: its TPOT from the request's own header)."""
     if "messages" in body:
         text = "\n".join(_message_text(m.get("content")) for m in body.get("messages") or [])
@@ -181,10 +186,13 @@ def features_from_openai(body: dict[str, Any], *, route: str = "default", header
     if wanted_headers is not None:
         lowered = {k: v for k, v in lowered.items() if k in wanted_headers}
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    return RequestFeatures(
+    features = RequestFeatures(
         route=route, model=str(body.get("model", "")), has_tools=bool(body.get("tools")),
         response_format=fmt_type if fmt_type in ("text", "json_object", "json_schema") else None,
         prompt_tokens=approx_tokens(text), max_tokens=max_tokens, temperature=body.get("temperature"),
-        stream=bool(body.get("stream", False)), headers=lowered, code_score=code_score(text),
+        stream=bool(body.get("stream", False)), headers=lowered, code_score=None,
         prompt_repeat=prompt_repeat(text) if repeat else None, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
         slo_tpot_stated=slo_tpot_stated)
+    if code is True or (code is not False and code(features)):
+        return msgspec.structs.replace(features, code_score=code_score(text))
+    return features

@@ -1,6 +1,6 @@
 """What admission computes: ``prompt_repeat`` (up to ~1 ms on a long prompt) only for a policy that reads it or
-a request recorded in a trace (a trace keeps every feature for replaying other policies); every other feature
-always."""
+a request recorded in a trace (a trace keeps every feature for replaying other policies); ``code_score`` (up to
+~0.3 ms) only when deciding the request reads it, or for a recorded request; every other feature always."""
 
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ TEXT = "Hello, world. Hi! Hello, world. Hi!"
 RAW = b'{"model": "m", "messages": [{"role": "user", "content": "' + TEXT.encode() + b'"}]}'
 
 
-def _admitted(tmp_path, policy: str, trace: bool = False):
+def _admitted(tmp_path, policy: str, trace: bool = False, raw: bytes = RAW):
     path = tmp_path / "p.yaml"
     path.write_text(policy)
     state = GatewayState(GatewaySettings(policy_path=str(path),
                                          trace_path=str(tmp_path / "t.jsonl") if trace else None))
-    body, parsed = parse_body(RAW, ChatRequest)
+    body, parsed = parse_body(raw, ChatRequest)
     assert isinstance(parsed, ChatRequest)
     arrival = Arrival(request_id="0" * 32, endpoint="chat", t0=time.perf_counter())
     return admit(state, arrival, state.active, "default", body, parsed, {})
@@ -56,3 +56,20 @@ def test_prompt_repeat_is_computed_for_a_policy_that_reads_it(tmp_path):
 def test_prompt_repeat_is_computed_for_a_request_recorded_in_a_trace(tmp_path):
     a = _admitted(tmp_path, POLICY, trace=True)
     assert a.trace_ids is True and a.features.prompt_repeat == 0.3333
+
+
+LONG_FIRST = POLICY.replace("  - {name: code,", "  - {name: long_context, when: {prompt_tokens: {gte: 512}}}\n  - {name: code,")
+LONG = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"def f(x): return x; " * 120 + b'"}]}'
+
+
+def test_code_score_is_skipped_for_a_request_sliced_before_any_condition_reads_it(tmp_path):
+    a = _admitted(tmp_path, LONG_FIRST, raw=LONG)
+    assert a.features.code_score is None and a.features.prompt_tokens == 667
+    full = features_from_openai(a.body, route="default", repeat=False)
+    assert full.code_score == 0.45 and a.features == msgspec.structs.replace(full, code_score=None)
+
+
+def test_code_score_is_computed_when_the_slices_reach_it_or_the_request_is_recorded(tmp_path):
+    assert _admitted(tmp_path, LONG_FIRST).features.code_score == 0.1029  # short: the code slice decides
+    assert _admitted(tmp_path, POLICY, raw=LONG).features.code_score == 0.45  # code tested first
+    assert _admitted(tmp_path, LONG_FIRST, trace=True, raw=LONG).features.code_score == 0.45
