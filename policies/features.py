@@ -40,14 +40,24 @@ _KEYWORDS = re.compile(
 _SYMBOLS = re.compile(r"[{}()\[\];=<>+*/%&|!]")
 _INDENTED = re.compile(r"^(?:\t| {2,})\S", re.MULTILINE)
 _CODE_END = re.compile(r"[{};:),]\s*$", re.MULTILINE)
-# A request for code in words: a verb asking for code, then within four words something that is code ("write a
-# simple Python script"), matched on lowercased text; or "in <language>", capitalised as languages are ("covered
-# in rust" is not code). Plain literal alternations without a leading \b, which Python's re scans fast.
-_ASK_VERB = re.compile(r"(?:write|rewrite|complete|implement|develop|create|build|generate|debug|fix|refactor|optimi[sz]e)\s+")
-_ASK_OBJECT = re.compile(
-    r"(?:(?:a|an|the|some|me|us|my|our|this|that|these)\s+)?(?:[\w+#.-]+\s+){0,4}?"
-    r"(?:functions?|programs?|scripts?|class(?:es)?|methods?|code|website|web ?page|algorithms?|"
-    r"quer(?:y|ies)|regex|regular expression|snippet|module|unit tests?|api|sql|shell command)\b")
+# A request for code in words, matched on lowercased text: a verb asking for code, then within four words
+# (none of them a preposition such as about, for, of: "an essay about the function of the kidneys") something that
+# is code. Nouns that are also everyday words (a training program, a class schedule, a video script, a query letter)
+# count after implement, debug, fix or refactor, or after a language ("a Python script"); the rest after any such verb.
+# Or "in <language>", capitalised as languages are ("covered in rust" is not code). Literal alternations
+# without a leading \b, which Python's re scans fast.
+_ASK_VERB = re.compile(
+    r"(?:(implement|debug|fix|refactor)|write|rewrite|complete|develop|create|build|generate|optimi[sz]e)\s+")
+_GAP = (r"(?:(?:a|an|the|some|me|us|my|our|this|that|these)\s+)?"
+        r"(?:(?!(?:about|on|of|for|to|with|regarding|describing|explaining|that|which)\b)[\w+#.-]+\s+){0,4}?")
+_CODE_NOUN = (r"(?:functions?|code(?!\s+of\b)|websites?|web ?pages?|algorithms?|regex(?:es)?|regular expressions?|"
+              r"snippets?|unit tests?|apis?|sql|shell commands?)")
+_EVERYDAY_NOUN = r"(?:programs?|scripts?|class(?:es)?|methods?|quer(?:y|ies)|modules?)"
+_LANGUAGE_WORD = (r"(?:python|c\+\+|c#|java|javascript|typescript|rust|go|golang|bash|shell|powershell|sql|html|css|"
+                  r"ruby|php|kotlin|swift|scala|haskell|perl|r|matlab|computer)")
+_ASK_ANY = re.compile(_GAP + "(?:" + _CODE_NOUN + "|" + _EVERYDAY_NOUN + r")\b")
+_ASK_CODE = re.compile(_GAP + "(?:" + _CODE_NOUN + "|" + _LANGUAGE_WORD + r"\s+(?:[\w-]+\s+){0,2}?"
+                       + _EVERYDAY_NOUN + r")\b")
 _ASK_LANGUAGE = re.compile(
     r"in (?:Python|C\+\+|C#|Java|JavaScript|TypeScript|Rust|Golang|Ruby|PHP|Kotlin|Swift|SQL|Bash|HTML|CSS|"
     r"Scala|Haskell)\b")
@@ -108,7 +118,8 @@ def code_score(text: str) -> float:
 
 def asks_for_code(text: str) -> bool:
     """Whether the first or last 1000 characters of ``text`` ask for code in words: a verb such as write,
-    implement or fix followed within the clause by function, program, script, query...; or "in <language>".
+    implement or fix followed within four words by function, code, API... (or program, script, class... after a
+    language, or after implement, debug, fix, refactor); or "in <language>".
     A request for code written in prose has few of code's marks, yet its answer is code."""
     windows = (text,) if len(text) <= 2 * _ASK_CHARS else (text[:_ASK_CHARS], text[-_ASK_CHARS:])
     for window in windows:
@@ -116,7 +127,9 @@ def asks_for_code(text: str) -> bool:
             return True
         low = window.lower()
         for verb in _ASK_VERB.finditer(low):
-            if (verb.start() == 0 or not low[verb.start() - 1].isalnum()) and _ASK_OBJECT.match(low, verb.end()):
+            if verb.start() > 0 and low[verb.start() - 1].isalnum():
+                continue
+            if (_ASK_ANY if verb.group(1) else _ASK_CODE).match(low, verb.end()):
                 return True
     return False
 

@@ -24,6 +24,9 @@ DEFAULT = Path(__file__).resolve().parents[2] / "deploy/policies/default.yaml"
     "Help me create an exponential decay scoring function for an Elasticsearch query.",
     "could you fix this script for me",
     "How do I sort a list of tuples in Python?",
+    "Implement a program to find the common elements in two arrays.",  # an everyday noun after implement
+    "Write an R script that plots a histogram.",  # ... after a language
+    "Write a SQL query that counts the users per country.",
 ])
 def test_a_request_for_code_in_words_is_one(text: str) -> None:
     assert asks_for_code(text)
@@ -35,6 +38,12 @@ def test_a_request_for_code_in_words_is_one(text: str) -> None:
     "The old bike was covered in rust and the chain had snapped.",  # a language, but not capitalised
     "Compose an engaging travel blog post about a recent trip to Hawaii.",
     "Prefix the code with your employee number.",  # 'fix' inside a word is not the verb
+    "Write a script for a YouTube video about cooking.",  # everyday nouns, no language, no implement
+    "Develop a training program for new employees.",
+    "Create a class schedule for next semester.",
+    "Write a query letter to a literary agent.",
+    "Write an essay about the function of the kidneys.",  # a preposition between the verb and the noun
+    "Write a code of conduct for our volunteers.",
     "",
 ])
 def test_prose_is_not(text: str) -> None:
