@@ -68,6 +68,8 @@ def _load(path: Path):
 
 
 def _check(args: argparse.Namespace) -> int:
+    from policies.compiled import served_pools  # see _load
+
     policy = _load(args.file)
     if policy is None:
         return 1
@@ -85,6 +87,12 @@ def _check(args: argparse.Namespace) -> int:
         pair = f", pair {pool.pair}@{policy.pool_pair_version(name)}" if pool.pair else ""
         print(f"  pool {name}: {pool.proposer}{k}{pair}, {pool.speculation}, {len(pool.workers)} worker(s)")
     print(f"  rules: {', '.join(r.name for r in policy.rules) or '(none: everything bypasses)'}")
+    served = served_pools(policy)
+    idle = [name for name, pool in policy.pools.items() if pool.proposer != "none" and name not in served]
+    if idle:
+        print(f"  not served by any rule: {', '.join(idle)} (no rule speculates with them"
+              + ("; each one's pair gate waits for a rule that does, or for POST /admin/pools/NAME/check)"
+                 if policy.gates else ")"))
     return max(_check_gates(args.file, policy), _check_tracing(args.file, policy))
 
 

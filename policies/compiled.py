@@ -157,6 +157,26 @@ class Compiled:
         return (summary.rounds if name == "rounds" else summary.requests) * factor
 
 
+def served_pools(policy: Policy) -> list[str]:
+    """The pools the rules can serve, in the order the rules name them (``auto`` names every speculative
+    pool in the policy's order). The gateway runs pair gates in this order, so a fresh gateway speculates as soon
+    as its own pools pass; a pool only a condition or no rule names is not checked until a rule serves it or an
+    operator asks: its canaries would load the workers users are on (on one shared CPU worker, requests ran 3-4x
+    slower). ``specgate policy check`` lists the speculative pools it leaves out."""
+    speculative = compiled(policy).speculative
+    out: list[str] = []
+    for rule in policy.rules:
+        action = rule.then
+        if isinstance(action, PoolAction):
+            named = [action.pool] if action.pool else list(action.pools or ())
+        elif action == "auto":
+            named = speculative
+        else:
+            named = []
+        out.extend(name for name in named if name not in out)
+    return out
+
+
 _CACHE: dict[int, Compiled] = {}
 
 

@@ -26,7 +26,8 @@ from gateway.gates.canary import CanaryError
 from gateway.gates.runner import canaries_of, check_pool
 from gateway.gates.values import Sample, Verdict
 from gateway.telemetry_views import gate_event_view, gate_views
-from policies.schema import Policy, PoolAction
+from policies.compiled import served_pools
+from policies.schema import Policy
 from policies.snapshot import PoolState
 
 if TYPE_CHECKING:
@@ -51,24 +52,6 @@ def canary_problems(policy: Policy, base_dir: Path) -> list[str]:
     except CanaryError as exc:
         return [str(exc)]
     return []
-
-
-def served_first(policy: Policy) -> list[str]:
-    """The pools the rules can serve, in the order the rules name them (``auto`` names every speculative pool in
-    the policy's order): their gates run in this order, so a fresh gateway speculates as soon as its own pools
-    pass. A pool only a condition or no rule names is not checked until a rule serves it or an operator asks:
-    its canaries would load the workers users are on (on one shared CPU worker, requests ran 3-4x slower)."""
-    out: list[str] = []
-    for rule in policy.rules:
-        action = rule.then
-        if isinstance(action, PoolAction):
-            named = [action.pool] if action.pool else list(action.pools or ())
-        elif action == "auto":
-            named = [name for name, pool in policy.pools.items() if pool.proposer != "none"]
-        else:
-            named = []
-        out.extend(name for name in named if name not in out)
-    return out
 
 
 class GateDriver:
@@ -143,10 +126,10 @@ class GateDriver:
         self.publish(now)
 
     def due(self, now: float) -> list[str]:
-        """The pools whose equivalence run is due and that a rule serves, in :func:`served_first`'s order, then
+        """The pools whose equivalence run is due and that a rule serves, in :func:`policies.compiled.served_pools`' order, then
         those an operator asked for; a due pool no rule serves is told why it waits."""
         due = self.book.due(now)
-        out = [pool for pool in served_first(self._active().policy) if pool in due]
+        out = [pool for pool in served_pools(self._active().policy) if pool in due]
         for pool in due:
             if pool in out:
                 continue

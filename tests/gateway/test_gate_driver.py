@@ -9,10 +9,11 @@ import asyncio
 import msgspec
 
 from bench.serve.arms import DEFAULT_POLICY
-from gateway.gates.driver import UNSERVED, served_first
+from gateway.gates.driver import UNSERVED
 from gateway.gates.values import Verdict
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
+from policies.compiled import served_pools
 from policies.schema import PoolAction
 from telemetry.record import RequestRecord
 from tests.gateway.gateway_helpers import closed_port
@@ -66,7 +67,7 @@ def test_the_pools_the_rules_serve_are_checked_first_in_the_order_the_rules_name
     path = tmp_path / "default.yaml"
     path.write_text(DEFAULT_POLICY.read_text())
     state = GatewayState(GatewaySettings(policy_path=str(path)))
-    assert served_first(state.active.policy) == ["hybrid"]
+    assert served_pools(state.active.policy) == ["hybrid"]
     state.gates.sync({"ngram": "k1", "ngram-adaptive": "k2", "hybrid": "k3", "draft": "k4"}, 0.0, 0.0)
     assert state.gate_runs.due(0.0) == ["hybrid"]
     # the others wait, pending, and say why
@@ -91,11 +92,11 @@ def test_an_operators_recheck_runs_a_pool_no_rule_serves(tmp_path):
 
 def test_auto_names_every_speculative_pool_and_a_pinned_pool_comes_in_its_rules_order(tmp_path):
     state = _gated_state(tmp_path)  # rules: code-ngram pins ngram, learned is auto
-    assert served_first(state.active.policy) == ["ngram"]
+    assert served_pools(state.active.policy) == ["ngram"]
     policy = msgspec.structs.replace(state.active.policy, rules=state.active.policy.rules[-1:])  # auto alone
-    assert served_first(policy) == ["ngram"]
+    assert served_pools(policy) == ["ngram"]
     bypass_only = msgspec.structs.replace(policy, rules=state.active.policy.rules[:1])
-    assert served_first(bypass_only) == []
+    assert served_pools(bypass_only) == []
 
 
 def test_a_reload_whose_rules_serve_a_waiting_pool_makes_its_gate_due(tmp_path):

@@ -21,6 +21,13 @@ def test_check_valid_and_invalid(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     assert "valid policy (version 1)" in ok.stdout and "rules: unverified-pair, degraded-pair, kv-pressure, tiny-budget, learned" \
         in ok.stdout
+    # the default's one rule serves hybrid; the other speculative pools are declared for edits, and said so
+    assert ("  not served by any rule: ngram, ngram-adaptive, draft (no rule speculates with them; each one's pair gate "
+            "waits for a rule that does, or for POST /admin/pools/NAME/check)\n") in ok.stdout
+    auto = tmp_path / "auto.yaml"
+    auto.write_text(Path(DEFAULT).read_text().replace("then: {pools: [hybrid]}}", "then: auto}"))
+    out = run("check", str(auto))
+    assert out.returncode == 0 and "not served by any rule" not in out.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text(Path(DEFAULT).read_text().replace("then: {pools: [hybrid]}}", "then: {pool: ngramm}}"))
     out = run("check", str(bad))
