@@ -21,10 +21,10 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from policies.features import asks_for_code, features_from_openai
+from policies.features import asks_for_code, features_from_openai, prompt_text
 from policies.load import load_policy_file
 from policies.slicing import classify, needs_code_score
-from replay.workloads import WorkItem, load_all
+from replay.workloads import load_all
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,19 +38,12 @@ def confusion(policy_path: Path, workloads: Path | None) -> tuple[dict[str, coll
     for family, items in load_all(workloads).items():
         counts = table.setdefault(family, collections.Counter())
         for item in items:
-            features = features_from_openai(request_body(item), repeat=False)
+            features = features_from_openai(item.chat_body(), repeat=False)
             got, _ = classify(policy, features)
             counts[got] += 1
             if got != family and (family, got) != ("code_edit", "code"):
                 elsewhere.append((family, got, features.code_score, item))
     return table, elsewhere
-
-
-def request_body(item: WorkItem) -> dict:
-    body: dict = {"model": "m", "messages": item.messages}
-    if item.tools:
-        body["tools"] = item.tools
-    return body
 
 
 def _median_us(fn: Callable[[], object], calls: int) -> float:
@@ -65,19 +58,19 @@ def _median_us(fn: Callable[[], object], calls: int) -> float:
 def feature_costs(policy_path: Path, workloads: Path | None, calls: int = 20) -> dict[str, tuple[float, ...]]:
     """Per family, the mean over its requests of the median microseconds of: every feature with ``code_score``
     always computed; every feature as the gateway computes them for the policy (``code_score`` only when
-    deciding reads it); ``asks_for_code`` alone."""
+    deciding reads it); ``asks_for_code`` alone; and the slowest request's first figure."""
     policy = load_policy_file(policy_path)
     needs = partial(needs_code_score, policy)
     out = {}
     for family, items in load_all(workloads).items():
         rows = []
         for item in items:
-            body = request_body(item)
-            text = "\n".join(m.get("content") or "" for m in item.messages if isinstance(m.get("content"), str))
+            body = item.chat_body()
+            text = prompt_text(body)
             rows.append((_median_us(lambda: features_from_openai(body, repeat=False), calls),
                          _median_us(lambda: features_from_openai(body, repeat=False, code=needs), calls),
                          _median_us(lambda: asks_for_code(text), calls)))
-        out[family] = tuple(statistics.fmean(col) for col in zip(*rows))
+        out[family] = (*(statistics.fmean(col) for col in zip(*rows)), max(row[0] for row in rows))
     return out
 
 
@@ -105,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {family} -> {got} (code_score {score}) {item.source}: {text!r}")
     if args.time:
         print("\nFeatures per request, us (mean over the family's requests of the median of 20 calls):")
-        print("| family | code_score always | as the gateway computes them | asks_for_code alone |\n|---|---:|---:|---:|")
-        for family, (always, lazy, ask) in feature_costs(args.policy, args.workloads).items():
-            print(f"| {family} | {always:.1f} | {lazy:.1f} | {ask:.1f} |")
+        print("| family | code_score always | as the gateway computes them | asks_for_code alone | slowest, always |\n"
+              "|---|---:|---:|---:|---:|")
+        for family, (always, lazy, ask, slowest) in feature_costs(args.policy, args.workloads).items():
+            print(f"| {family} | {always:.1f} | {lazy:.1f} | {ask:.1f} | {slowest:.1f} |")
     return 0
 
 

@@ -177,6 +177,15 @@ def _message_text(content: Any) -> str:
     return ""
 
 
+def prompt_text(body: dict[str, Any]) -> str:
+    """The text the estimators read: a chat request's message texts joined by newlines, or a completion's
+    prompt."""
+    if "messages" in body:
+        return "\n".join(_message_text(m.get("content")) for m in body.get("messages") or [])
+    prompt = body.get("prompt", "")
+    return prompt if isinstance(prompt, str) else "\n".join(map(str, prompt))
+
+
 def features_from_openai(body: dict[str, Any], *, route: str = "default", headers: dict[str, str] | None = None,
                          wanted_headers: set[str] | None = None, repeat: bool = True,
                          code: bool | Callable[[RequestFeatures], bool] = True,
@@ -188,11 +197,7 @@ def features_from_openai(body: dict[str, Any], *, route: str = "default", header
     (:func:`policies.slicing.needs_code_score`: up to ~0.3 ms on a long prompt, often never read);
     ``slo_*``: the request's SLO in force
     (``slo_tpot_stated``: its TPOT from the request's own header)."""
-    if "messages" in body:
-        text = "\n".join(_message_text(m.get("content")) for m in body.get("messages") or [])
-    else:
-        prompt = body.get("prompt", "")
-        text = prompt if isinstance(prompt, str) else "\n".join(map(str, prompt))
+    text = prompt_text(body)
     fmt = body.get("response_format")
     fmt_type = fmt.get("type") if isinstance(fmt, dict) else None
     lowered = {k.lower(): v for k, v in (headers or {}).items()}

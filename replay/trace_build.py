@@ -81,9 +81,7 @@ def workload_requests(root: str | Path | None, per_slice: int, seed: int = 0, ma
     """The seeded per-slice sample of the workloads under ``root`` (``None``: the default directory;
     ``replay.workloads.sample``, the benchmarks' draw) as chat requests; BFCL items carry their ``tools``."""
     items = sample(root, per_slice, seed, max_chars, tuple(slices or SLICES))
-    return [RequestLine(id=item.id, route=route, slice=item.slice,
-                        body={"messages": item.messages, **({"tools": item.tools} if item.tools else {})})
-            for item in items]
+    return [RequestLine(id=item.id, route=route, slice=item.slice, body=item.chat_body()) for item in items]
 
 
 def self_draft_pair(model: str, revision: str, layers: int) -> Pair:

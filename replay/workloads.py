@@ -45,6 +45,10 @@ class WorkItem:
     truncated_from: int | None = None  # original prompt chars when cut to max_chars
     meta: dict = field(default_factory=dict)
 
+    def chat_body(self) -> dict:
+        """The item as a chat request body: its messages, and its ``tools`` when it has some."""
+        return {"messages": self.messages, **({"tools": self.tools} if self.tools else {})}
+
 
 def _convert_schema(node: object) -> object:
     if isinstance(node, dict):

@@ -54,11 +54,8 @@ class Result:
 
 
 def request_body(item: WorkItem, model: str, max_tokens: int) -> dict:
-    body = {"model": model, "messages": item.messages, "max_tokens": max_tokens, "temperature": 0,
+    return {"model": model, **item.chat_body(), "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
-    if item.tools:
-        body["tools"] = item.tools
-    return body
 
 
 def _delta_text(chunk: dict) -> str:

@@ -10,7 +10,6 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.slices import request_body
 from policies.features import RequestFeatures, features_from_openai
 from policies.load import load_policy, load_policy_file
 from policies.slicing import classify, needs_code_score
@@ -63,7 +62,7 @@ def test_skipping_it_never_changes_a_sample_request_slice() -> None:
     skipped = 0
     for items in load_all().values():
         for item in items:
-            body = request_body(item)
+            body = item.chat_body()
             full = features_from_openai(body, repeat=False)
             for policy in POLICIES:
                 lazy = features_from_openai(body, repeat=False, code=partial(needs_code_score, policy))
