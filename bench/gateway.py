@@ -111,12 +111,13 @@ def _policy(worker: str, tmp: Path, resume: bool = True, tree: Path | None = Non
 
 @contextlib.contextmanager
 def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | None = None,
-             otel_sample: float = 1.0) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
+             otel_sample: float = 1.0) -> Iterator[tuple[dict[str, str], dict[str, int], str]]:
     """Start each requested gateway in front of ``worker``; yields (name -> chat completions URL,
-    name -> the gateway's process id, for its CPU time). ``tree``: run specgate's gateway from that
+    name -> the gateway's process id, for its CPU time, the OTLP sink's URL or ""). ``tree``: run specgate's gateway from that
     checkout (put first on its PYTHONPATH), e.g. an older commit for a before/after comparison."""
     urls = {"direct": f"{worker}/v1/chat/completions"}
     pids: dict[str, int] = {}
+    sink_url = ""
     pythonpath = {"PYTHONPATH": str(tree.resolve())} if tree else {}
     with contextlib.ExitStack() as stack:
 
@@ -135,8 +136,9 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
             serve("specgate-noresume", resume=False)
         if "specgate-otel" in which:  # trace export on, every request sampled, to a sink standing in for a collector
             sink = free_port()
-            stack.enter_context(running([sys.executable, "-m", "bench.otlp_sink", "--port", str(sink)],
-                                        f"http://127.0.0.1:{sink}/", tmp / f"otlp-sink-{sink}.log"))
+            sink_url = f"http://127.0.0.1:{sink}/"
+            stack.enter_context(running([sys.executable, "-m", "bench.otlp_sink", "--port", str(sink)], sink_url,
+                                        tmp / f"otlp-sink-{sink}.log"))
             serve("specgate-otel", env=otel_env(sink, otel_sample))
         if "specgate-valkey" in which:  # fleet state in a real valkey-server (gateway/fleet.py): its overhead
             serve("specgate-valkey", "--state", stack.enter_context(valkey_server(tmp)))
@@ -164,7 +166,23 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
                  "--num_workers", "1"], f"http://127.0.0.1:{port}/health/liveliness",
                 tmp / f"litellm-{port}.log", env={"LITELLM_LOG": "ERROR"})).pid
             urls["litellm"] = f"http://127.0.0.1:{port}/v1/chat/completions"
-        yield urls, pids
+        yield urls, pids, sink_url
+
+
+def spans_exported(sink_url: str, gateway_url: str, settle_s: float = 30.0) -> tuple[int, int]:
+    """(spans the sink received, requests the gateway at ``gateway_url`` counted), once the sink's count stops
+    moving (the exporter's batch processor sends every 5 s by default)."""
+    metrics = httpx.get(gateway_url.replace("/v1/chat/completions", "/metrics"), timeout=30).text
+    requests = int(sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                       if line.startswith("specgate_requests_total{")))
+    last, deadline = -1, time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        spans = int(httpx.get(sink_url, timeout=30).text.split(", ")[2].split()[0])
+        if spans == last:
+            break
+        last = spans
+        time.sleep(6)
+    return last, requests
 
 
 @contextlib.contextmanager
@@ -190,22 +208,27 @@ def valkey_server(tmp: Path) -> Iterator[str]:
             proc.wait(10)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its children (LiteLLM forks its server)."""
-    procs = [psutil.Process(pid)]
-    procs += procs[0].children(recursive=True)
-    return sum(sum(p.cpu_times()[:2]) for p in procs)
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User + system CPU time of a process, and of its children (LiteLLM forks its server; a tracing specgate
+    gateway exports from a process of its own)."""
+    proc = psutil.Process(pid)
+    return sum(proc.cpu_times()[:2]), sum(sum(p.cpu_times()[:2]) for p in proc.children(recursive=True))
 
 
 def measure(url: str, pid: int | None, body: dict, concurrency: int, duration: float, tmp: Path,
             timeout_s: float = 60) -> dict[str, float]:
     """One wrk window on ``url``, plus the CPU per request served of process ``pid`` and its children over it
-    (nan without a process of ours, as for ``direct``)."""
+    (``cpu_us_per_req``), and of the children alone (``child_cpu_us_per_req``); nan without a process of ours, as
+    for ``direct``."""
     before = cpu_seconds(pid) if pid is not None else None
     result = wrk(url, body, concurrency, duration, tmp, timeout_s=timeout_s)
     served = result["rps"] * duration
-    result["cpu_us_per_req"] = ((cpu_seconds(pid) - before) / served * 1e6
-                                if before is not None and served else float("nan"))
+    if before is not None and served:
+        own, children = (after - b for after, b in zip(cpu_seconds(pid), before, strict=True))
+        result["cpu_us_per_req"] = (own + children) / served * 1e6
+        result["child_cpu_us_per_req"] = children / served * 1e6
+    else:
+        result["cpu_us_per_req"] = result["child_cpu_us_per_req"] = float("nan")
     return result
 
 
@@ -230,7 +253,7 @@ def run_worker_set(label: str, worker: str, model: str, which: list[str], args: 
     real = label == "real"
     duration = args.real_duration if real else args.duration
     rows = []
-    with gateways(worker, model, tmp, which, args.gateway_tree, args.otel_sample) as (urls, pids):
+    with gateways(worker, model, tmp, which, args.gateway_tree, args.otel_sample) as (urls, pids, sink):
         for name, url in urls.items():
             if real:  # one request warms the engine; a 1 s wrk window would not finish one
                 httpx.post(url, json=body, timeout=300, headers={"Authorization": f"Bearer {BENCH_KEY}"})
@@ -247,6 +270,11 @@ def run_worker_set(label: str, worker: str, model: str, which: list[str], args: 
                     rows.append({"worker": label, "via": name, "concurrency": c, "round": rnd, **result})
                     print(f"  {label:8} {name:13} c={c:<3} {result['rps']:9.1f} req/s  p50 {result['p50_ms']:8.2f} ms"
                           f"  p99 {result['p99_ms']:8.2f} ms  non-2xx {result['non_2xx']}", flush=True)
+        if sink:  # did every sampled request's spans arrive? (dropped spans would flatter the req/s)
+            spans, served = spans_exported(sink, urls["specgate-otel"])
+            for r in rows:
+                if r["via"] == "specgate-otel":
+                    r.update(spans_exported=spans, requests_counted=served)
     return sorted(rows, key=lambda r: (names.index(r["via"]), r["round"]))  # the table groups by arm, as before
 
 
@@ -256,7 +284,8 @@ def medians(rows: list[dict]) -> list[dict]:
     for r in rows:
         groups.setdefault((r["worker"], r["via"], r["concurrency"]), []).append(r)
     return [{"worker": w, "via": v, "concurrency": c, "rounds": len(g),
-             **{k: statistics.median(r.get(k, float("nan")) for r in g) for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req")},
+             **{k: statistics.median(r.get(k, float("nan")) for r in g) for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req",
+                                                                          "child_cpu_us_per_req")},
              "non_2xx": sum(r["non_2xx"] for r in g)} for (w, v, c), g in groups.items()]
 
 
@@ -305,15 +334,16 @@ def table(all_rows: list[dict], env: dict[str, str]) -> str:
     """The Markdown report: a row per arm and concurrency (medians over the rounds), then the comparisons."""
     rows = medians(all_rows)
     lines = ["```", *(f"{k}: {v}" for k, v in env.items()), "```", "",
-             "| worker | via | c | req/s | p50 ms | p99 ms | added p50 ms | gateway CPU us/req | non-2xx |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| worker | via | c | req/s | p50 ms | p99 ms | added p50 ms | gateway CPU us/req | of it, child "
+             "processes | non-2xx |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     direct = {(r["worker"], r["concurrency"]): r for r in rows if r["via"] == "direct"}
     for r in rows:
         base = direct.get((r["worker"], r["concurrency"]))
         added = r["p50_ms"] - base["p50_ms"] if base and r["via"] != "direct" else 0.0
         lines.append(f"| {r['worker']} | {r['via']} | {r['concurrency']} | {r['rps']:.1f} | {r['p50_ms']:.2f} | "
                      f"{r['p99_ms']:.2f} | {added:+.2f} | {r.get('cpu_us_per_req', float('nan')):.0f} | "
-                     f"{r['non_2xx']} |")
+                     f"{r.get('child_cpu_us_per_req', float('nan')):.0f} | {r['non_2xx']} |")
     by = {(r["worker"], r["via"], r["concurrency"]): r for r in rows}
     top = max(c for _, _, c in by)
     ours = by.get(("instant", "specgate", top))
@@ -323,11 +353,18 @@ def table(all_rows: list[dict], env: dict[str, str]) -> str:
             lines.append(f"\ntracing on ({env.get('otel_sample', '1')} sampled) / off at c={c}: "
                          f"req/s {on['rps'] / off['rps']:.3f}x, "
                          f"p50 {on['p50_ms'] - off['p50_ms']:+.3f} ms")
+    if counted := next((r for r in all_rows if "spans_exported" in r), None):
+        lines.append(f"\nspans the sink received from specgate-otel: {counted['spans_exported']} for "
+                     f"{counted['requests_counted']} requests it served, warm-up included "
+                     f"({counted['spans_exported'] / max(1, counted['requests_counted']):.2f} per request; a sampled "
+                     "request has 5)")
     for other in ("litellm", "smg"):
         theirs = by.get(("instant", other, top))
         if ours and theirs:
             lines.append(f"\nspecgate / {other} req/s at c={top} (instant worker): "
                          f"{ours['rps'] / theirs['rps']:.2f}x")
+    if len({r["round"] for r in all_rows}) > 1 and "specgate-otel" in {r["via"] for r in all_rows}:
+        lines.append(against(all_rows, "specgate-otel", "specgate", top, min(c for _, _, c in by)))
     if len({r["round"] for r in all_rows}) > 1 and "smg" in {r["via"] for r in all_rows}:
         low = min(c for _, _, c in by)
         lines += [line for arm in dict.fromkeys(r["via"] for r in all_rows) if arm.startswith("specgate")

@@ -3,29 +3,35 @@
     .venv/bin/python -m bench.otel_spans [--requests 20000] [--repeats 3]
 
 One request's hooks as ``gateway/lifecycle.py`` calls them (``RequestSpans``, the admit and decide stages, one
-dispatch attempt, the relay, the request span's attributes at the end), on the SDK the gateway configures:
+dispatch attempt, the relay, the request span's attributes at the end), with the gateway's sampler:
 - **unsampled**: sampler ratio 0, what each request of a gateway sampling a few percent pays;
-- **sampled**: ratio 1, the spans built and handed to a processor that keeps nothing;
-- **encode**: the OTLP protobuf encoding of those spans (what the batch processor's export thread does per
-  request), measured on 512 requests' spans at a time, as the SDK batches them.
+- **sampled**: ratio 1, the spans recorded and msgpack-encoded into the pipe's buffer (``SpanPipe.ship`` with no
+  exporter process: the buffer is emptied instead of written): the gateway's whole share;
+- **export**: what the exporter process (``telemetry/otel_export.py``) does per request, on its own core: decode
+  the frame, build the SDK's spans, and the SDK's OTLP protobuf encoding, 512 spans at a time as its batch
+  processor sends them.
 Printed in microseconds per request, each repeat on its own line (the machine's noise shows).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import time
 import timeit
 from types import SimpleNamespace
 
+import msgspec
+
 from gateway.request_spans import RequestSpans
-from telemetry import otel
+from telemetry.otel_pipe import FRAME_HEADER, GatewayTracing, SpanPipe, WireTrace
 
 BATCH = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE's default
 
 
-def _finished() -> tuple[SimpleNamespace, SimpleNamespace]:
-    """A served streamed request's ``Finished`` and ``RequestRecord``, with the fields ``finish`` reads."""
+def served_request() -> tuple[SimpleNamespace, SimpleNamespace]:
+    """A served streamed request's ``Finished`` and ``RequestRecord``, with the fields ``RequestSpans.finish``
+    reads."""
     record = SimpleNamespace(
         prompt_tokens=120, completion_tokens=64, http_status=200, request_id="0" * 32, status="ok", route="default",
         slice="code", pool="hybrid", rule="learned", reason="auto", proposer="hybrid", draft_tokens=16,
@@ -37,25 +43,26 @@ def _finished() -> tuple[SimpleNamespace, SimpleNamespace]:
     return finished, record
 
 
-def _tracing(ratio: float, keep: list | None) -> otel.Tracing:
-    """The gateway's set-up (telemetry/otel.configure) at ``ratio``; ``keep`` collects finished spans instead of
-    the batch processor exporting them."""
-    from opentelemetry.sdk.trace import TracerProvider  # ~0.1 s: this benchmark only
-    from opentelemetry.sdk.trace.export import SpanProcessor  # see above
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased  # see above
+class _Buffered(SpanPipe):
+    """The gateway's pipe without an exporter process: frames are encoded into the buffer, which is emptied
+    (``keep``: kept, for the exporter's share)."""
 
-    class Keep(SpanProcessor):
-        def on_end(self, span) -> None:
-            if keep is not None:
-                keep.append(span)
+    def __init__(self, keep: bool = False) -> None:
+        super().__init__("bench", max_buffer=1 << 30)
+        self.keep = keep
 
-    ids = otel.handed_ids()
-    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)), id_generator=ids)
-    provider.add_span_processor(Keep())
-    return otel.Tracing(provider, provider.get_tracer("specgate"), "bench", ids)
+    def flush(self) -> None:
+        if not self.keep:
+            self._buf.clear()
 
 
-def _request(tracing: otel.Tracing, finished, record) -> None:
+def _tracing(ratio: float, pipe: SpanPipe) -> GatewayTracing:
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased  # ~0.1 s: this benchmark only
+
+    return GatewayTracing("bench", ParentBased(TraceIdRatioBased(ratio)), pipe)
+
+
+def _request(tracing: GatewayTracing, finished, record) -> None:
     spans = RequestSpans(tracing, {}, "chat")
     spans.stage("admit")
     spans.stage("decide", {"specgate.slice": "code", "specgate.rule": "learned"})
@@ -67,24 +74,36 @@ def _request(tracing: otel.Tracing, finished, record) -> None:
 
 
 def measure(requests: int) -> dict[str, float]:
-    """Microseconds per request: unsampled, sampled (built), encode (OTLP of the sampled spans)."""
+    """Microseconds per request: unsampled, sampled (recorded and encoded), export (the exporter process)."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # see _tracing
+    from opentelemetry.sdk.resources import Resource  # see _tracing
 
-    finished, record = _finished()
+    from telemetry.otel_export import frames, readable_spans  # imports the SDK exporter: see _tracing
+
+    finished, record = served_request()
     out = {}
     for name, ratio in (("unsampled", 0.0), ("sampled", 1.0)):
-        tracing = _tracing(ratio, None)
+        tracing = _tracing(ratio, _Buffered())
         out[name] = timeit.timeit(lambda t=tracing: _request(t, finished, record), number=requests) / requests * 1e6
-    kept: list = []
-    tracing = _tracing(1.0, kept)
+    pipe = _Buffered(keep=True)  # every frame: what the exporter process reads
+    tracing = _tracing(1.0, pipe)
     n = min(requests, 4 * BATCH)
     for _ in range(n):
         _request(tracing, finished, record)
-    per_request = len(kept) // n
+    stream = io.BytesIO(bytes(pipe._buf))
+    decode = msgspec.msgpack.Decoder(WireTrace).decode
+    resource = Resource.create({"service.name": "bench"})
     t0 = time.perf_counter()
-    for i in range(0, len(kept), BATCH * per_request):
-        encode_spans(kept[i:i + BATCH * per_request]).SerializeToString()
-    out["encode"] = (time.perf_counter() - t0) / n * 1e6
+    batch: list = []
+    for payload in frames(stream):
+        batch += readable_spans(decode(payload), resource)
+        if len(batch) >= BATCH:
+            encode_spans(batch).SerializeToString()
+            batch = []
+    if batch:
+        encode_spans(batch).SerializeToString()
+    out["export"] = (time.perf_counter() - t0) / n * 1e6
+    out["frame_bytes"] = len(pipe._buf) / n - FRAME_HEADER
     return out
 
 
@@ -93,10 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20000, help="requests timed per figure")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    print("us per request: unsampled | sampled (built) | encode (OTLP, the export thread)")
+    print("us per request: unsampled | sampled (recorded, encoded: the gateway) | export (the exporter process)"
+          " | frame bytes")
     for _ in range(args.repeats):
         r = measure(args.requests)
-        print(f"{r['unsampled']:.2f} | {r['sampled']:.1f} | {r['encode']:.1f}")
+        print(f"{r['unsampled']:.2f} | {r['sampled']:.1f} | {r['export']:.1f} | {r['frame_bytes']:.0f}")
     return 0
 
 

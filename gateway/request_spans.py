@@ -1,4 +1,5 @@
-"""A request's OpenTelemetry spans in the gateway (set-up and conventions: ``telemetry/otel.py``).
+"""A request's OpenTelemetry spans in the gateway, recorded as plain values and exported by another process
+(``telemetry/otel_pipe.py``; conventions: ``telemetry/otel.py``).
 
 Not the replay recording (``gateway/tracing.py``). Built only when trace export is configured
 (``GatewayState.otel`` is not None); otherwise ``serve`` holds None and pays one ``is None`` test per hook.
@@ -11,94 +12,123 @@ Not the replay recording (``gateway/tracing.py``). Built only when trace export 
            │             ERROR and error.type; the worker's own span is this span's child (traceparent)
            └─ relay      the answer: the stream from its first chunk to its end, or a whole answer's hand-over
 
-The request span's attributes are read from ``Finished`` and its ``RequestRecord`` (the values the answer's
-``specgate`` object and the metrics carry), once, when the request ends.
+The sampler decides when the request arrives; an unsampled request records nothing and tells the worker so. A
+sampled one's spans are ``WireSpan`` values, shipped as one ``WireTrace`` when the request ends. The request
+span's attributes are read from ``Finished`` and its ``RequestRecord`` (the values the answer's ``specgate``
+object and the metrics carry), once, then.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
 from telemetry import otel
+from telemetry.otel_pipe import CLIENT, INTERNAL, SAMPLED, SERVER, WireSpan, WireTrace, split_id
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
-
     from gateway.stages import Finished
-    from telemetry.otel import Tracing
+    from telemetry.otel_pipe import GatewayTracing
     from telemetry.record import RequestRecord
 
 
+class Attempt:
+    """A dispatch attempt's span while it runs (``dispatch.py``, ``resume.py``): ``end`` when it answered, ``fail``
+    when it did not, ``set_attribute`` for what only the caller knows."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: WireSpan) -> None:
+        self.span = span
+
+    def set_attribute(self, key: str, value: str | bool | int | float) -> None:
+        self.span.attributes[key] = value
+
+    def end(self) -> None:
+        if self.span.end_ns == 0:
+            self.span.end_ns = time.time_ns()
+
+    def fail(self, error_type: str, message: str) -> None:
+        self.span.attributes["error.type"] = error_type  # as the semantic conventions name it
+        self.span.error = message
+        self.end()
+
+
 class RequestSpans:
-    """The spans of one request; ``stage`` closes a child span from the previous mark to now."""
+    """The spans of one request; ``stage`` records a child span from the previous mark to now."""
 
-    __slots__ = ("_tracer", "root", "_ctx", "_mark", "_endpoint", "recording", "_unsampled")
+    __slots__ = ("_tracing", "_endpoint", "_start", "_mark", "recording", "trace_id", "root_id", "_flags", "_client",
+                 "_state", "_spans", "_unsampled")
 
-    def __init__(self, tracing: Tracing, headers: Any, endpoint: str) -> None:
-        self._tracer = tracing.tracer
+    def __init__(self, tracing: GatewayTracing, headers: Any, endpoint: str) -> None:
+        self._tracing = tracing
         self._endpoint = endpoint
-        self._mark = time.time_ns()
-        op = otel.operation(endpoint)
-        parent = otel.extract(headers)
-        self._unsampled: dict[str, str] | None = None
-        self.root: Span | None = None
-        if parent is None:  # a new trace: the sampler decides before any span is built
-            trace_id, sampled = tracing.new_root(op)
-            if not sampled:
-                self.recording = False
-                self._unsampled = otel.unsampled_parent(trace_id)
-                return
-        self.root = self._tracer.start_span(
-            op, context=parent, kind=otel.server_kind(), start_time=self._mark,
-            attributes={"gen_ai.operation.name": op, "gen_ai.provider.name": "specgate"})
-        self._ctx = otel.child_context(self.root)
-        # not sampled (OTEL_TRACES_SAMPLER, or the client's traceparent says so): no child span or attribute is
-        # built; the worker still gets a traceparent, which says so
-        self.recording = self.root.is_recording()
+        self._start = self._mark = time.time_ns()
+        client = tracing.client_context(headers)
+        self._client = client
+        self.trace_id, self.recording = tracing.decide(client, otel.operation(endpoint))
+        self._state = client.trace_state if client is not None else ""
+        # W3C trace flags for what this request sends on: a new trace's id is random (level 2's flag); a client's
+        # keeps its own random flag; the sampled bit is the decision
+        random_flag = otel.RANDOM_ID_FLAG if client is None else client.flags & otel.RANDOM_ID_FLAG
+        self._flags = random_flag | (SAMPLED if self.recording else 0)
+        self.root_id = random.getrandbits(64) or 1
+        self._spans: list[WireSpan] = []
+        # not sampled: no span is recorded; the worker still gets a traceparent, which says so
+        self._unsampled = None if self.recording else self._traceparent(self.root_id)
+
+    def _traceparent(self, span_id: int) -> dict[str, str]:
+        headers = {otel.TRACEPARENT: f"00-{self.trace_id:032x}-{span_id:016x}-{self._flags:02x}"}
+        if self._state:
+            headers[otel.TRACESTATE] = self._state
+        return headers
 
     def stage(self, name: str, attributes: dict[str, Any] | None = None) -> None:
         if not self.recording:
             return
         now = time.time_ns()
-        span = self._tracer.start_span(name, context=self._ctx, start_time=self._mark, attributes=attributes)
-        span.end(end_time=now)
+        self._spans.append(WireSpan(name, random.getrandbits(64) or 1, self.root_id, INTERNAL, self._mark, now,
+                                    attributes or {}))
         self._mark = now
 
     def attempt(self, number: int, pool: str, proposer: str, draft_tokens: int, worker: str, rid: str
-                ) -> tuple[Span | None, dict[str, str]]:
+                ) -> tuple[Attempt | None, dict[str, str]]:
         """A dispatch attempt's span (None when not sampled), and the headers that make the worker's span its
         child."""
         if not self.recording:
-            return None, self._unsampled if self.root is None else otel.inject(self.root)
-        span = self._tracer.start_span("dispatch", context=self._ctx, kind=otel.client_kind(), attributes={
+            return None, self._unsampled
+        span = WireSpan("dispatch", random.getrandbits(64) or 1, self.root_id, CLIENT, time.time_ns(), 0, {
             "specgate.attempt": number, "specgate.pool": pool, "specgate.proposer": proposer,
             "specgate.draft_tokens": draft_tokens, "server.address": worker, "specgate.worker_rid": rid})
-        return span, otel.inject(span)
+        self._spans.append(span)
+        return Attempt(span), self._traceparent(span.span_id)
 
     @staticmethod
-    def attempt_failed(span: Span, error_type: str, message: str) -> None:
-        otel.fail(span, error_type, message)
-        span.end()
+    def attempt_failed(span: Attempt, error_type: str, message: str) -> None:
+        span.fail(error_type, message)
 
     def dispatched(self) -> None:
         """The answer starts now (the relay span starts here)."""
         self._mark = time.time_ns()
 
     def finish(self, f: Finished, record: RequestRecord) -> None:
-        """Close the relay span (when a worker answered) and the request span, with its attributes."""
+        """Record the relay span (when a worker answered) and the request span, with its attributes, and ship the
+        request's spans to the exporter process."""
         if not self.recording:
             return
+        now = time.time_ns()  # the request's end: the relay's and the request span's
         if f.dispatched is not None:
-            self.stage("relay", {"specgate.stream": f.stream})
-        root = self.root
+            self._spans.append(WireSpan("relay", random.getrandbits(64) or 1, self.root_id, INTERNAL, self._mark, now,
+                                        {"specgate.stream": f.stream}))
+        op = otel.operation(self._endpoint)
         model = f.admitted.features.model if f.admitted is not None else ""
-        if model:
-            root.update_name(f"{otel.operation(self._endpoint)} {model}")
         d = f.decision
         body = f.admitted.body if f.admitted is not None else {}
         r = record
-        root.set_attributes(otel.attributes({
+        attributes = otel.attributes({
+            "gen_ai.operation.name": op,
+            "gen_ai.provider.name": "specgate",
             "gen_ai.request.model": model or None,
             "gen_ai.request.max_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
             "gen_ai.request.temperature": body.get("temperature"),
@@ -125,12 +155,22 @@ class RequestSpans:
             "specgate.draft_tokens_accepted": r.num_correct_drafts,
             "specgate.ttft_ms": r.ttft_s * 1e3 if r.ttft_s is not None else None,
             "specgate.tpot_ms": r.tpot_s * 1e3 if r.tpot_s is not None else None,
-            "specgate.overhead_ms": r.overhead_s * 1e3,
+            "specgate.overhead_ms": r.overhead_s * 1e3 if r.overhead_s is not None else None,
             "specgate.slo.ttft_ms": r.slo_ttft_s * 1e3 if r.slo_ttft_s is not None else None,
             "specgate.slo.tpot_ms": r.slo_tpot_s * 1e3 if r.slo_tpot_s is not None else None,
             "specgate.slo_met": r.slo_met,
-        }))
+        })
+        error = None
         if r.status != "ok":
-            otel.fail(root, r.error_type or r.status, r.error_message or r.status)
-        root.end()
+            attributes["error.type"] = r.error_type or r.status
+            error = r.error_message or r.status
+        for span in self._spans:  # an attempt still open (the request ended while it ran) ends with the request
+            if span.end_ns == 0:
+                span.end_ns = now
+        self._spans.append(WireSpan(f"{op} {model}" if model else op, self.root_id, 0, SERVER, self._start, now,
+                                    attributes, error))
+        client = self._client
+        hi, lo = split_id(self.trace_id)
+        self._tracing.pipe.ship(WireTrace(hi, lo, client.span_id if client is not None else 0,
+                                          client.flags if client is not None else 0, self._state, self._spans))
 

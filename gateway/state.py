@@ -35,7 +35,7 @@ from policies.schema import Policy, State
 from policies.shared_sums import sum_counts
 from policies.snapshot import Snapshot, load_concurrency, worker_load
 from policies.stats import LearningState, Outcome
-from telemetry import Telemetry, otel
+from telemetry import Telemetry, otel_pipe
 
 log = structlog.get_logger("specgate.gateway")
 
@@ -83,10 +83,9 @@ class GatewayState:
                                  count=self.telemetry.count_trace)
         self.watcher = PolicyWatcher(self.path, version, apply=self.apply_policy, reject=self.reject_policy,
                                      interval_s=settings.reload_interval_s, check=self.tracing_problems)
-        # OpenTelemetry trace export (telemetry/otel.py: OTEL_* environment variables); None: off
-        self.otel = otel.configure("specgate-gateway")
-        if self.otel is not None:
-            otel.yield_to_requests()  # the export thread's encoding must not hold requests up for 5 ms at a time
+        # OpenTelemetry trace export (OTEL_* environment variables) through an exporter process of its own
+        # (telemetry/otel_pipe.py), started with the gateway; None: off
+        self.otel = otel_pipe.configure("specgate-gateway", on_drop=self.telemetry.count_otel_dropped)
         # full-information evidence for auto (gateway/evidence.py), priced with each worker's live step costs
         self.evidence = GatewayEvidence(WorkerCosts(lambda now: self.backend.step_cost_reports(now)),
                                         observe=lambda *args: self.telemetry.observe_evidence(*args))
@@ -124,6 +123,8 @@ class GatewayState:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.otel is not None:
+            self.otel.start()
         await self.backend.start()
         self.watcher.start()
         if self.fleet is not None:
@@ -148,7 +149,7 @@ class GatewayState:
         self.evidence.close()
         self.recorder.close()
         if self.otel is not None:
-            await asyncio.to_thread(self.otel.shutdown)  # flushes the spans still queued
+            await asyncio.to_thread(self.otel.shutdown)  # the exporter process exports what it holds, and exits
 
     def spawn(self, coro: Any) -> None:
         """Fire-and-forget work (aborts, closing a stream) that must survive a cancelled request."""

@@ -150,6 +150,11 @@ class Telemetry:
         help lists it), so it cannot grow the series."""
         self._child(self.metrics.trace_requests, (result,)).inc()
 
+    def count_otel_dropped(self, traces: int, reason: str) -> None:
+        """Sampled requests' spans the gateway's trace export dropped (``telemetry/otel_pipe.SpanPipe``); ``reason``
+        is buffer_full or exporter_gone."""
+        self._child(self.metrics.otel_dropped, (reason,)).inc(traces)
+
     def observe_overhead(self, seconds: float) -> None:
         """Gateway overhead measured outside a record. Use this OR ``RequestRecord.overhead_s`` for a
         request, not both, or it is counted twice."""

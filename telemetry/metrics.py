@@ -39,6 +39,9 @@ in one process never collide). Labels ``route, slice, pool, proposer`` (``L`` be
 
     sum(rate(specgate_trace_requests_total{result="recorded"}[5m])) / sum(rate(specgate_trace_requests_total[5m]))
     sum by (result) (rate(specgate_trace_requests_total{result!="recorded"}[5m]))
+- OpenTelemetry export (docs/operating.md, "Tracing"): sampled requests' spans the gateway had to drop::
+
+    sum by (reason) (rate(specgate_otel_dropped_traces_total[5m]))
 - Pair gates (``specgate_pair_gate_state`` is an Enum: its state label is named like the metric): pools held
   out, and acceptance collapses caught in the last 10 minutes::
 
@@ -174,6 +177,10 @@ class Metrics:
             "specgate_trace_requests", "Requests finished while trace recording was on, by result: recorded, or "
             "why not (sampled_out|route_excluded|failed|no_ids|unknown_worker|other_revision|invalid|too_large|"
             "write_error).", ["result"], registry=r)
+        self.otel_dropped = Counter(
+            "specgate_otel_dropped_traces", "Sampled requests whose OpenTelemetry spans the gateway dropped before its "
+            "exporter process got them, by reason (buffer_full: the exporter falls behind; exporter_gone: it died "
+            "and is restarted).", ["reason"], registry=r)
 
     def clear_pool_gauges(self) -> None:
         for gauge in (self.pool_workers, self.pool_healthy, self.pool_running, self.pool_waiting,

@@ -11,7 +11,8 @@ endpoint in ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPO
 ``OTEL_BSP_*`` tune the batch processor. Off, :func:`configure` returns None and imports nothing of
 OpenTelemetry: a caller's ``if tracer is None`` is all a request pays. On, spans are exported in batches by the
 SDK's ``BatchSpanProcessor`` on its own thread, never on the request path (a full queue drops spans rather
-than block a request).
+than block a request): in the worker's process, and for the gateway in an exporter process of its own
+(``telemetry/otel_pipe.py``, which shares :func:`enabled`, :func:`extract` and the conventions here).
 
 Attribute names follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``) where one exists, and
 ``specgate.*`` for the decision (the same values as the answer's ``specgate`` object, docs/api.md).
@@ -20,8 +21,6 @@ Attribute names follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*`
 from __future__ import annotations
 
 import os
-import random
-import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 TRACEPARENT, TRACESTATE = "traceparent", "tracestate"
 RANDOM_ID_FLAG = 0x02  # W3C trace-context level 2: the trace id's low 56 bits are random (sampled is 0x01)
-EXPORT_SWITCH_S = 0.0005  # the GIL switch interval of a gateway that exports traces (``yield_to_requests``)
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -47,25 +45,12 @@ def enabled(env: Mapping[str, str] | None = None) -> bool:
 
 
 class Tracing:
-    """One process's tracer and its provider (shut down, flushing what is queued, when the process stops).
-    ``ids``: the provider's id generator, a :func:`handed_ids` (:meth:`new_root` hands it trace ids)."""
+    """One process's tracer and its provider (shut down, flushing what is queued, when the process stops)."""
 
-    __slots__ = ("provider", "tracer", "service", "ids")
+    __slots__ = ("provider", "tracer", "service")
 
-    def __init__(self, provider: TracerProvider, tracer: Tracer, service: str, ids: Any) -> None:
-        self.provider, self.tracer, self.service, self.ids = provider, tracer, service, ids
-
-    def new_root(self, name: str) -> tuple[int, bool]:
-        """A new trace's id and the sampler's decision for its root span, before any span exists: an unsampled
-        request then builds no span at all (the gateway's span code for it: 2.7 us instead of 5.8; a traced
-        gateway samples a few percent of its requests). A sampled one's id is handed to the next span started
-        (the request path starts it at once, with no await between), so the SDK's own decision, made again on
-        the same id, agrees."""
-        trace_id = random.getrandbits(128) or 1
-        sampled = self.provider.sampler.should_sample(None, trace_id, name).decision.is_sampled()
-        if sampled:
-            self.ids.next_trace_id = trace_id
-        return trace_id, sampled
+    def __init__(self, provider: TracerProvider, tracer: Tracer, service: str) -> None:
+        self.provider, self.tracer, self.service = provider, tracer, service
 
     def shutdown(self) -> None:
         self.provider.shutdown()  # flushes the batch processor's queue (bounded by OTEL_BSP_EXPORT_TIMEOUT)
@@ -82,34 +67,10 @@ def configure(default_service: str, env: Mapping[str, str] | None = None) -> Tra
     from opentelemetry.sdk.trace.export import BatchSpanProcessor  # see above
 
     service = env.get("OTEL_SERVICE_NAME", "").strip() or default_service
-    ids = handed_ids()
     # the sampler comes from OTEL_TRACES_SAMPLER(_ARG) (the SDK reads them when none is passed)
-    provider = TracerProvider(resource=Resource.create({"service.name": service}), id_generator=ids)
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # endpoint, headers: OTEL_EXPORTER_OTLP_*
-    return Tracing(provider, provider.get_tracer("specgate"), service, ids)
-
-
-def handed_ids() -> Any:
-    """The id generator of a :class:`Tracing`'s provider: random ids (the SDK's own generator), except a trace id
-    :meth:`Tracing.new_root` decided on, which the next span started takes."""
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator  # ~0.05 s: tracing on only
-
-    class HandedIds(RandomIdGenerator):
-        next_trace_id = 0
-
-        def generate_trace_id(self) -> int:
-            trace_id, self.next_trace_id = self.next_trace_id, 0
-            return trace_id or super().generate_trace_id()
-
-    return HandedIds()
-
-
-def yield_to_requests() -> None:
-    """Let the event loop take the GIL back from the batch processor's export thread within 0.5 ms instead of
-    Python's 5 ms: the OTLP encoding runs in long pure-Python stretches, and a request arriving meanwhile waits
-    for the rest of one (10% sampled, c1 p99 5.1 ms -> 1.6 ms, bench.gateway on the 2-core EPYC,
-    docs/runs/2026-12-07-issue56-epyc). Process-wide; never lengthens an interval already shorter."""
-    sys.setswitchinterval(min(sys.getswitchinterval(), EXPORT_SWITCH_S))
+    return Tracing(provider, provider.get_tracer("specgate"), service)
 
 
 class _Api:
@@ -120,7 +81,7 @@ class _Api:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # see above
         self.propagator = TraceContextTextMapPropagator()
         self.set_span_in_context = set_span_in_context
-        self.server, self.client = SpanKind.SERVER, SpanKind.CLIENT
+        self.server = SpanKind.SERVER
         self.status, self.error = Status, StatusCode.ERROR
 
 
@@ -146,22 +107,6 @@ def extract(headers: Any) -> Context | None:
     return api().propagator.extract(carrier)
 
 
-def inject(span: Span) -> dict[str, str]:
-    """``traceparent`` (and ``tracestate``) naming ``span`` as the parent, for an upstream request (an unsampled
-    span's says so, and the worker's parent-based sampler follows it)."""
-    a = api()
-    carrier: dict[str, str] = {}
-    a.propagator.inject(carrier, context=a.set_span_in_context(span))
-    return carrier
-
-
-def unsampled_parent(trace_id: int) -> dict[str, str]:
-    """The ``traceparent`` of a span that was never built because its trace is not sampled (W3C trace-context:
-    version 00, the sampled flag clear and the random-trace-id flag set, as the SDK writes an unsampled span's):
-    the worker's parent-based sampler follows it and builds none either."""
-    return {TRACEPARENT: f"00-{trace_id:032x}-{random.getrandbits(64) or 1:016x}-{RANDOM_ID_FLAG:02x}"}
-
-
 def child_context(span: Span) -> Context:
     return api().set_span_in_context(span)
 
@@ -175,10 +120,6 @@ def fail(span: Span, error_type: str, message: str) -> None:
 
 def server_kind() -> Any:
     return api().server
-
-
-def client_kind() -> Any:
-    return api().client
 
 
 def operation(endpoint: str) -> str:

@@ -11,7 +11,7 @@ from bench.gateway import _policy, against, environment, medians, table
 
 def _row(via: str, c: int, rnd: int, rps: float, p50: float, cpu: float = 100.0) -> dict:
     return {"worker": "instant", "via": via, "concurrency": c, "round": rnd, "rps": rps, "p50_ms": p50,
-            "p99_ms": 2 * p50, "cpu_us_per_req": cpu, "non_2xx": rnd}
+            "p99_ms": 2 * p50, "cpu_us_per_req": cpu, "child_cpu_us_per_req": cpu / 4, "non_2xx": rnd}
 
 
 ROWS = [
@@ -41,8 +41,15 @@ def test_against_pairs_rounds_so_drift_cancels():
 
 def test_the_table_reports_medians_and_the_paired_lines():
     text = table(ROWS, {"command": "x"})
-    assert "| instant | specgate-2p | 32 | 4200.0 | 7.50 | 15.00 | +7.05 | 100 | 3 |" in text
+    assert "| instant | specgate-2p | 32 | 4200.0 | 7.50 | 15.00 | +7.05 | 100 | 25 | 3 |" in text
     assert "specgate-2p / smg over 3 rounds" in text
+
+
+def test_tracing_on_is_paired_with_off_round_by_round():
+    rows = [{**r, "via": {"smg": "specgate", "specgate-2p": "specgate-otel"}.get(r["via"], r["via"])} for r in ROWS]
+    text = table(rows, {"command": "x"})
+    assert ("\nspecgate-otel / specgate over 3 rounds, median [min, max]: req/s at c=32 0.525 [0.500, 0.550]x; "
+            "p50 at c=1 +0.200 [+0.180, +0.360] ms over specgate's") in text
 
 
 def test_an_older_tree_runs_with_its_own_shipped_policy(tmp_path: Path):

@@ -1,6 +1,7 @@
 """The gateway's OpenTelemetry spans (gateway/request_spans.py) on a real ``dispatch`` with a retry: one ``dispatch``
 span per attempt, the failed one ERROR with its error type, each attempt's ``traceparent`` naming its own span,
-and an unsampled request building no child span. Spans go to the SDK's in-memory exporter."""
+and an unsampled request recording nothing. The recorded ``WireTrace`` goes through the exporter process's own
+conversion (``telemetry/otel_export.readable_spans``) to the SDK's spans that it exports."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
 from backends.sglang.errors import WorkerConnectError
+from bench.otel_spans import served_request
 from gateway.dispatch import dispatch
 from gateway.holds import Stopwatch
 from gateway.request_spans import RequestSpans
@@ -24,8 +24,9 @@ from policies.decide import decide
 from policies.features import RequestFeatures
 from policies.load import load_policy
 from policies.snapshot import PoolState, Snapshot, SnapshotData
+from telemetry.otel_export import readable_spans
+from telemetry.otel_pipe import GatewayTracing, WireTrace
 from tests.gateway.gateway_helpers import offline_backend
-from telemetry.otel import Tracing, handed_ids
 
 POLICY = """
 version: 1
@@ -39,12 +40,25 @@ rules: [{name: ngram, then: {pool: ngram, draft_tokens: 4}}]
 CLIENT = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 
 
-def _tracing(sampler) -> tuple[Tracing, InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    ids = handed_ids()
-    provider = TracerProvider(sampler=sampler, id_generator=ids)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return Tracing(provider, provider.get_tracer("test"), "test", ids), exporter
+class Shipped(list):
+    """The pipe's side of ``GatewayTracing``: the traces shipped, kept (the exporter process is tested with the
+    real pipe in tests/integration/test_otel_pipe.py)."""
+
+    def ship(self, trace: WireTrace) -> None:
+        self.append(trace)
+
+    def spans(self) -> list:
+        resource = Resource.create({"service.name": "test"})
+        return [span for trace in self for span in readable_spans(trace, resource)]
+
+
+def _tracing(sampler) -> tuple[GatewayTracing, Shipped]:
+    shipped = Shipped()
+    return GatewayTracing("test", sampler, shipped), shipped
+
+
+def _finish(spans: RequestSpans) -> None:
+    spans.finish(*served_request())
 
 
 def _dispatch_with_a_retry(spans: RequestSpans) -> list[tuple[str, dict[str, str]]]:
@@ -73,65 +87,87 @@ def _dispatch_with_a_retry(spans: RequestSpans) -> list[tuple[str, dict[str, str
 
 
 def test_each_attempt_is_a_dispatch_span_and_the_worker_gets_its_traceparent():
-    tracing, exporter = _tracing(ALWAYS_ON)
-    spans = RequestSpans(tracing, CLIENT, "chat")
+    tracing, shipped = _tracing(ALWAYS_ON)
+    spans = RequestSpans(tracing, {**CLIENT, "tracestate": "vendor=1"}, "chat")
     spans.stage("admit")
     sent = _dispatch_with_a_retry(spans)
-    spans.root.end()
-    finished = exporter.get_finished_spans()
+    assert shipped == []  # nothing leaves before the request ends
+    _finish(spans)
+    [trace] = shipped
+    finished = shipped.spans()
+    assert [s.name for s in finished] == ["admit", "dispatch", "dispatch", "relay", "chat m"]
     attempts = [s for s in finished if s.name == "dispatch"]
     assert [(s.attributes["specgate.attempt"], s.attributes["specgate.pool"], s.attributes["server.address"],
              s.attributes["specgate.worker_rid"], s.status.status_code, s.attributes.get("error.type"), s.kind)
             for s in attempts] == [
         (1, "ngram", "http://ngram:1", "r-1", StatusCode.ERROR, "WorkerConnectError", SpanKind.CLIENT),
         (2, "plain", "http://plain:1", "r-2", StatusCode.UNSET, None, SpanKind.CLIENT)]
-    root = next(s for s in finished if s.name == "text_completion" or s.name == "chat")
-    assert root.parent.span_id == 0x00f067aa0ba902b7 and root.context.trace_id == 0x4bf92f3577b34da6a3ce929d0e0e4736
-    assert all(s.parent.span_id == root.context.span_id for s in attempts)
+    assert attempts[0].status.description == "http://ngram:1: refused"
+    root = finished[-1]
+    assert (root.kind, root.attributes["gen_ai.operation.name"], root.attributes["specgate.pool"]) == \
+        (SpanKind.SERVER, "chat", "hybrid")
+    assert root.parent.span_id == 0x00f067aa0ba902b7 and root.parent.is_remote
+    assert root.context.trace_id == 0x4bf92f3577b34da6a3ce929d0e0e4736 == spans.trace_id
+    assert all(s.parent.span_id == root.context.span_id and not s.parent.is_remote for s in finished[:-1])
+    assert all(s.context.trace_state.get("vendor") == "1" for s in finished)  # the client's tracestate, kept
+    # every span inside the request's; each stage starts where the previous one ended
+    assert all(root.start_time <= s.start_time <= s.end_time <= root.end_time for s in finished)
+    admit, relay = finished[0], finished[3]
+    assert admit.start_time == root.start_time and relay.end_time == root.end_time
     # each attempt's traceparent names its own span: the worker's span becomes that attempt's child
     assert [headers["traceparent"] for _, headers in sent] == [
         f"00-{root.context.trace_id:032x}-{s.context.span_id:016x}-01" for s in attempts]
+    assert {headers["tracestate"] for _, headers in sent} == {"vendor=1"}
+    assert (trace.remote_parent, trace.remote_flags) == (0x00f067aa0ba902b7, 1)
 
 
-def test_an_unsampled_request_builds_no_span_at_all_but_still_tells_the_worker():
-    tracing, exporter = _tracing(ALWAYS_OFF)
+def test_an_unsampled_request_records_nothing_but_still_tells_the_worker():
+    tracing, shipped = _tracing(ALWAYS_OFF)
     spans = RequestSpans(tracing, {}, "chat")
-    assert (spans.recording, spans.root) == (False, None)  # decided before any span object was built
+    assert spans.recording is False  # decided before anything was recorded
     spans.stage("admit")
     sent = _dispatch_with_a_retry(spans)
-    assert exporter.get_finished_spans() == ()
+    _finish(spans)
+    assert shipped == []
     parents = {headers["traceparent"] for _, headers in sent}
     [parent] = parents  # the root's context, for every attempt
     # trace flags: sampled bit (0x01) clear, so the worker's parent-based sampler records nothing either; 0x02
-    # is W3C level 2's "random trace id" bit, which this SDK sets
+    # is W3C level 2's "random trace id" bit, as the SDK sets it on a trace it starts
     assert parent.split("-")[3] == "02"
     version, trace_id, span_id, _ = parent.split("-")
-    assert (version, len(trace_id), len(span_id), int(trace_id, 16) > 0, int(span_id, 16) > 0) == ("00", 32, 16, True,
-                                                                                                      True)
+    assert (version, int(trace_id, 16), len(span_id), int(span_id, 16) > 0) == ("00", spans.trace_id, 16, True)
 
 
 def test_a_client_that_says_not_sampled_gets_its_trace_continued_unsampled():
-    tracing, exporter = _tracing(ParentBased(ALWAYS_ON))
+    tracing, shipped = _tracing(ParentBased(ALWAYS_ON))
     client = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}
     spans = RequestSpans(tracing, client, "chat")
-    assert spans.recording is False and spans.root is not None  # the SDK follows the client's flag
+    assert spans.recording is False  # the SDK's parent-based sampler follows the client's flag
     _, headers = spans.attempt(1, "ngram", "ngram", 4, "http://ngram:1", "r-1")
     assert headers["traceparent"].startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
-    assert headers["traceparent"].endswith("-00") and exporter.get_finished_spans() == ()
+    _finish(spans)
+    assert headers["traceparent"].endswith("-00") and shipped == []
+
+
+def test_a_malformed_traceparent_starts_a_new_trace():
+    tracing, shipped = _tracing(ParentBased(ALWAYS_ON))
+    spans = RequestSpans(tracing, {"traceparent": "00-nothex-00f067aa0ba902b7-01"}, "chat")
+    _finish(spans)
+    [trace] = shipped
+    assert trace.remote_parent == 0 and spans.trace_id != 0
+    assert shipped.spans()[-1].parent is None  # the gateway's span is the trace's root
 
 
 def test_a_ratio_sampler_decides_once_per_request_on_the_trace_id_it_exports():
-    # the request path decides before any span exists; the SDK decides again on the same id and must agree, or
-    # the sampled share would be the ratio squared
-    tracing, exporter = _tracing(ParentBased(TraceIdRatioBased(0.5)))
+    tracing, shipped = _tracing(ParentBased(TraceIdRatioBased(0.5)))
     random.seed(55)  # trace ids come from the random module, as the SDK's own do
     built = [RequestSpans(tracing, {}, "chat") for _ in range(400)]
     for spans in built:
-        if spans.root is not None:
-            spans.root.end()
+        _finish(spans)
     sampled = [s for s in built if s.recording]
-    assert all(s.root is not None for s in sampled) and all(s.root is None for s in built if not s.recording)
-    assert 150 < len(sampled) < 250  # 0.5 of 400 (5 standard deviations); the ratio squared would be ~100
-    exported = {span.context.trace_id for span in exporter.get_finished_spans()}
-    assert exported == {s.root.context.trace_id for s in sampled} and len(exported) == len(sampled)
-    assert all(tid & ((1 << 64) - 1) < TraceIdRatioBased.get_bound_for_rate(0.5) for tid in exported)
+    assert 150 < len(sampled) < 250  # 0.5 of 400 (5 standard deviations)
+    exported = {span.context.trace_id for span in shipped.spans()}
+    assert exported == {s.trace_id for s in sampled} and len(shipped) == len(sampled)
+    # the SDK's ratio rule: sampled exactly when the id's low 64 bits are under the bound
+    bound = TraceIdRatioBased.get_bound_for_rate(0.5)
+    assert all((s.trace_id & ((1 << 64) - 1) < bound) == s.recording for s in built)

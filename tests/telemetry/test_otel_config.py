@@ -30,7 +30,7 @@ def test_on_only_with_an_endpoint_and_the_sdk_enabled(env, on):
 
 def _gateway_prints(tmp_path, expression: str, env: dict[str, str] | None = None) -> str:
     """Build a ``GatewayState`` in a fresh Python process (only ``env`` set) and print ``expression`` of ``s``, the
-    state (a fresh process: imports and the GIL switch interval are process-wide)."""
+    state (a fresh process: imports are process-wide)."""
     policy = tmp_path / "p.yaml"
     policy.write_text("version: 1\nslices: [{name: s}]\npools: {plain: {proposer: none, workers: "
                       '["http://127.0.0.1:9"]}}\n')
@@ -47,8 +47,8 @@ def test_off_the_gateway_builds_no_tracer_and_imports_no_opentelemetry(tmp_path)
     assert _gateway_prints(tmp_path, expression) == "None []"
 
 
-def test_on_the_service_name_comes_from_the_environment():
-    tracing = otel.configure("specgate-gateway", {**ON, "OTEL_SERVICE_NAME": "edge-gw"})
+def test_on_the_workers_service_name_comes_from_the_environment():
+    tracing = otel.configure("specgate-worker", {**ON, "OTEL_SERVICE_NAME": "edge-gw"})
     assert tracing is not None
     try:
         assert (tracing.service, tracing.provider.resource.attributes["service.name"]) == ("edge-gw", "edge-gw")
@@ -62,9 +62,20 @@ def test_on_the_service_name_comes_from_the_environment():
         tracing.shutdown()
 
 
-def test_a_tracing_gateway_hands_the_gil_back_within_half_a_millisecond(tmp_path):
-    """On, the gateway shortens the GIL switch interval (the export thread's encoding holds it in long stretches);
-    off, Python's default stays."""
-    expression = "s.otel is not None, sys.getswitchinterval()"
-    assert _gateway_prints(tmp_path, expression) == f"False {0.005}"
-    assert _gateway_prints(tmp_path, expression, ON) == f"True {otel.EXPORT_SWITCH_S}"
+def test_on_the_gateway_exports_from_a_process_of_its_own(tmp_path):
+    """On, the gateway's process has no exporter, batch processor or export thread (they would take the GIL from
+    its requests): its exporter process, started with the gateway, has them (telemetry/otel_pipe.py)."""
+    expression = ("s.otel.start(), s.otel.service, s.otel.pipe.process.args[1:], __import__('threading').active_count(), "
+                  "sorted(m for m in sys.modules if m.startswith(('opentelemetry.exporter', 'opentelemetry.sdk.trace.export')))")
+    assert _gateway_prints(tmp_path, expression, {**ON, "OTEL_SERVICE_NAME": "edge-gw"}) == \
+        "None edge-gw ['-m', 'telemetry.otel_export', 'edge-gw'] 1 []"
+
+
+def test_spans_the_gateway_drops_are_counted_in_its_metrics(tmp_path):
+    """A sampled request's spans with no exporter process to take them (never started here) are dropped, and
+    ``specgate_otel_dropped_traces_total`` says so, by reason."""
+    expression = ("s.otel.pipe.ship(__import__('telemetry.otel_pipe', fromlist=['_']).WireTrace(0, 1, 0, 0, '', [])), "
+                  "s.otel.pipe.flush(), [line for line in s.telemetry.metrics_response()[0].decode().splitlines() "
+                  "if line.startswith('specgate_otel_dropped_traces_total')]")
+    out = _gateway_prints(tmp_path, expression, ON)
+    assert out.endswith("""None None ['specgate_otel_dropped_traces_total{reason="exporter_gone"} 1.0']""")

@@ -1,0 +1,278 @@
+"""The gateway's trace export: finished requests' spans, as plain records, to an exporter process of its own.
+
+A gateway spends ~130 us of CPU per request (docs/benchmarks.md, "Tracing"), and the OpenTelemetry SDK's span
+objects and OTLP protobuf encoding, on a thread of the same process, cost ~200 us more per sampled request, all
+under the one GIL: at 100% sampling it served 0.32x the requests per second. So the gateway only records: one
+:class:`WireTrace` per sampled request (ids, times, attributes), msgpack-framed into a pipe to
+``python -m telemetry.otel_export``, which builds the SDK's spans from them and exports them with the SDK's batch
+processor and OTLP/HTTP exporter (the same spans, resource and OTEL_* settings as before). The request path pays
+the record and ~2 us of encoding; writes never block it: a full pipe keeps frames in a bounded buffer, and past
+that drops whole requests' traces, as the SDK's full queue does. An exporter process that dies is started again
+(at most once per ``RESTART_S``), and its loss never reaches a request.
+
+The sampler is still the SDK's (``OTEL_TRACES_SAMPLER``), asked once per request before anything is recorded
+(:meth:`GatewayTracing.decide`). The worker keeps the SDK in-process (``telemetry/otel.py``): its requests take
+milliseconds to seconds of decoding, and its spans are a rounding error there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+import structlog
+
+from telemetry import otel
+
+log = structlog.get_logger("specgate.otel")
+
+INTERNAL, SERVER, CLIENT = 0, 1, 2  # opentelemetry.trace.SpanKind's values
+SAMPLED = 0x01  # W3C trace flags: sampled (RANDOM_ID_FLAG, 0x02, in telemetry/otel.py)
+FRAME_HEADER = 4  # bytes of big-endian length before each frame
+FLUSH_S = 0.02  # a frame waits at most this long in the buffer before a write is tried
+FLUSH_BYTES = 64 * 1024  # a buffer this full is written at once
+MAX_BUFFER = 8 * 1024 * 1024  # frames kept while the exporter process falls behind; past it, traces are dropped
+RESTART_S = 10.0  # an exporter process that died is started again at most this often
+CLOSE_TIMEOUT_S = 40.0  # the exporter process's flush at shutdown (OTEL_BSP_EXPORT_TIMEOUT's 30 s, and its start)
+
+
+class WireSpan(msgspec.Struct, array_like=True, gc=False):
+    """One finished span: ``parent_id`` 0 is the request's root (its parent is the client's span, if any);
+    ``error`` is the status description of a failed span (its ``error.type`` is among the attributes)."""
+
+    name: str
+    span_id: int
+    parent_id: int
+    kind: int
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, str | bool | int | float]
+    error: str | None = None
+
+
+class WireTrace(msgspec.Struct, array_like=True, gc=False):
+    """One request's spans. The 128-bit trace id as two halves (msgpack integers are 64-bit); the client's span
+    (``remote_parent``, 0: none), its trace flags and ``tracestate`` header, which the spans keep."""
+
+    trace_hi: int
+    trace_lo: int
+    remote_parent: int
+    remote_flags: int
+    trace_state: str
+    spans: list[WireSpan]
+
+
+def split_id(trace_id: int) -> tuple[int, int]:
+    return trace_id >> 64, trace_id & 0xFFFF_FFFF_FFFF_FFFF
+
+
+class ClientContext(msgspec.Struct, frozen=True, gc=False):
+    """A client's valid ``traceparent`` (and ``tracestate``), as the SDK's propagator reads them."""
+
+    trace_id: int
+    span_id: int
+    flags: int
+    trace_state: str
+    context: Any  # the SDK's Context, for the parent-based sampler
+
+
+class GatewayTracing:
+    """The gateway's sampler and exporter process (None in ``GatewayState.otel`` when export is off)."""
+
+    __slots__ = ("service", "sampler", "pipe")
+
+    def __init__(self, service: str, sampler: Any, pipe: Any) -> None:
+        self.service, self.sampler, self.pipe = service, sampler, pipe
+
+    def client_context(self, headers: Any) -> ClientContext | None:
+        """The client's trace context, None without a valid one (the request then starts a trace)."""
+        ctx = otel.extract(headers)
+        if ctx is None:
+            return None
+        from opentelemetry.trace import get_current_span  # imported already by otel.extract
+
+        sc = get_current_span(ctx).get_span_context()
+        if not sc.is_valid:
+            return None
+        return ClientContext(sc.trace_id, sc.span_id, int(sc.trace_flags), sc.trace_state.to_header(), ctx)
+
+    def decide(self, client: ClientContext | None, name: str) -> tuple[int, bool]:
+        """The request's trace id and whether it is sampled: the SDK's sampler, asked as it would ask for the
+        request's root span (parent-based on the client's flags where there is a client context)."""
+        trace_id = client.trace_id if client is not None else (random.getrandbits(128) or 1)
+        parent = client.context if client is not None else None
+        return trace_id, self.sampler.should_sample(parent, trace_id, name).decision.is_sampled()
+
+    def start(self) -> None:
+        self.pipe.start()
+
+    def shutdown(self) -> None:
+        self.pipe.close()
+
+
+def configure(default_service: str, env: Mapping[str, str] | None = None,
+              on_drop: Callable[[int, str], None] | None = None) -> GatewayTracing | None:
+    """A ``GatewayTracing`` when the environment asks for trace export (``telemetry/otel.enabled``), else None.
+    Its exporter process starts with :meth:`GatewayTracing.start` (the gateway's start-up, in the serving
+    process)."""
+    env = os.environ if env is None else env
+    if not otel.enabled(env):
+        return None
+    from opentelemetry.sdk.trace import TracerProvider  # ~0.1 s: tracing on only
+
+    service = env.get("OTEL_SERVICE_NAME", "").strip() or default_service
+    # a provider without processors: the sampler the SDK builds from OTEL_TRACES_SAMPLER(_ARG)
+    sampler = TracerProvider().sampler
+    return GatewayTracing(service, sampler, SpanPipe(service, dict(env), on_drop=on_drop))
+
+
+class SpanPipe:
+    """Frames of :class:`WireTrace` to an exporter process's stdin, written without blocking (module docstring).
+    ``dropped``: traces dropped (buffer full, or no exporter process); ``restarts``: exporter processes started
+    again after one died; ``on_drop(traces, reason)`` is told of each drop (the gateway's metric)."""
+
+    def __init__(self, service: str, env: dict[str, str] | None = None, max_buffer: int = MAX_BUFFER,
+                 restart_s: float = RESTART_S, on_drop: Callable[[int, str], None] | None = None) -> None:
+        self.service, self.env, self.max_buffer, self.restart_s = service, env, max_buffer, restart_s
+        self.on_drop = on_drop
+        self.process: subprocess.Popen | None = None
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._buf = bytearray()
+        self._timer: asyncio.TimerHandle | None = None
+        self._started_at = -float("inf")
+        self.started = self._closed = False
+        self.dropped = self.restarts = 0
+        self._warned_at = -float("inf")
+
+    def start(self) -> None:
+        """Start the exporter process (it exits, after exporting what it holds, when this pipe closes)."""
+        self.started, self._started_at = True, time.monotonic()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "telemetry.otel_export", self.service], stdin=subprocess.PIPE,
+                env=_with_root(self.env))
+        except OSError as exc:  # no process to export with: the gateway serves on, and says so
+            self.process = None
+            log.error("otel_exporter_start_failed", error=str(exc))
+            return
+        os.set_blocking(self.process.stdin.fileno(), False)
+
+    def ship(self, trace: WireTrace) -> None:
+        """Queue one request's spans; never blocks, never raises."""
+        if self._closed:
+            return
+        payload = self._encode(trace)
+        if len(self._buf) + len(payload) > self.max_buffer:
+            self._drop(1, "buffer_full")
+            return
+        self._buf += len(payload).to_bytes(FRAME_HEADER, "big")
+        self._buf += payload
+        if len(self._buf) >= FLUSH_BYTES:
+            self.flush()
+        elif self._timer is None:
+            with contextlib.suppress(RuntimeError):  # no event loop (a benchmark's loop): the next flush writes it
+                self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.flush()
+        if self._buf and not self._closed:  # the pipe was full: try again shortly
+            self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._on_timer)
+
+    def flush(self) -> None:
+        """Write what the pipe takes now; the rest waits (a partial frame's remainder first)."""
+        if not self._buf:
+            return
+        p = self.process
+        if p is None or p.poll() is not None:
+            self._lost()
+            return
+        try:
+            n = os.write(p.stdin.fileno(), self._buf)
+        except BlockingIOError:
+            return
+        except (BrokenPipeError, OSError):
+            self._lost()
+            return
+        del self._buf[:n]
+
+    def _lost(self) -> None:
+        """The exporter process is gone: what is buffered is lost with it (a partial frame cannot be resumed);
+        start another one unless one was started within ``restart_s``."""
+        frames = _count_frames(self._buf)
+        self._buf.clear()
+        if frames:
+            self._drop(frames, "exporter_gone")
+        if self.started and time.monotonic() - self._started_at >= self.restart_s and not self._closed:
+            code = self.process.poll() if self.process is not None else None
+            log.warning("otel_exporter_restarted", exit_code=code)
+            self._reap()
+            self.restarts += 1
+            self.start()
+
+    def _drop(self, traces: int, why: str) -> None:
+        self.dropped += traces
+        if self.on_drop is not None:
+            self.on_drop(traces, why)
+        now = time.monotonic()
+        if now - self._warned_at >= 10.0:  # one line per 10 s, with the running total
+            self._warned_at = now
+            log.warning("otel_traces_dropped", reason=why, dropped_total=self.dropped)
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Write everything buffered (blocking), close the pipe and wait for the exporter process to export it."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        p = self.process
+        if p is None:
+            return
+        if p.poll() is None and self._buf:
+            try:
+                os.set_blocking(p.stdin.fileno(), True)
+                p.stdin.write(self._buf)
+            except OSError:
+                pass
+        self._buf.clear()
+        self._reap(timeout_s)
+
+    def _reap(self, timeout_s: float = 0.0) -> None:
+        p = self.process
+        if p is None:
+            return
+        with contextlib.suppress(OSError):
+            p.stdin.close()
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("otel_exporter_killed", after_s=timeout_s)
+            p.kill()
+            p.wait()
+        self.process = None
+
+
+def _count_frames(buf: bytearray) -> int:
+    """The frames in ``buf``, for the drop count (an estimate when the first one was partly written already)."""
+    n = i = 0
+    while i + FRAME_HEADER <= len(buf):
+        i += FRAME_HEADER + int.from_bytes(buf[i:i + FRAME_HEADER], "big")
+        n += 1
+    return n
+
+
+def _with_root(env: dict[str, str] | None) -> dict[str, str]:
+    """``env`` (this process's by default) with this checkout first on PYTHONPATH: the exporter process imports
+    ``telemetry`` from the same tree as the gateway, wherever it was started from."""
+    env = dict(os.environ if env is None else env)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env

@@ -1,0 +1,102 @@
+"""The gateway's trace export pipe (telemetry/otel_pipe.py) with its real exporter process
+(telemetry/otel_export.py) and an OTLP/HTTP receiver decoding the official protobuf messages: frames arrive as
+the spans they describe, a pipe closed at once still delivers what it holds, an exporter process that dies is
+replaced, and one that stops reading never blocks the gateway (traces past the buffer are dropped and counted)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from telemetry.otel_pipe import CLIENT, SERVER, SpanPipe, WireSpan, WireTrace
+from tests.integration.otlp_receiver import otlp_receiver
+
+pytestmark = pytest.mark.integration
+
+
+def _env(endpoint: str) -> dict[str, str]:
+    return {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50",
+            "OTEL_TRACES_SAMPLER": "always_on"}
+
+
+def _trace(n: int, padding: int = 0) -> WireTrace:
+    """Request ``n``'s trace: a root with a client parent and one dispatch span (``padding`` bytes of attribute)."""
+    return WireTrace(n, 1000 + n, 0xC1, 1, "vendor=1", [
+        WireSpan("dispatch", 2 * n + 1, 2 * n + 2, CLIENT, 10, 20, {"specgate.attempt": 1}, "refused"),
+        WireSpan("chat m", 2 * n + 2, 0, SERVER, 5, 30, {"specgate.n": n, "pad": "x" * padding})])
+
+
+def _wait(predicate, timeout_s: float = 60.0) -> None:
+    """Until ``predicate()`` (a deadline only a hang reaches)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_shipped_traces_arrive_as_their_spans():
+    with otlp_receiver() as (endpoint, receiver):
+        pipe = SpanPipe("edge-gw", _env(endpoint))
+        pipe.start()
+
+        async def serve() -> None:  # on an event loop, as in the gateway: the flush timer writes the frames
+            for n in range(1, 4):
+                pipe.ship(_trace(n))
+            await asyncio.to_thread(_wait, lambda: len(receiver.spans) == 6)
+
+        asyncio.run(serve())
+        assert len(receiver.spans) == 6  # before the pipe closed
+        pipe.close()
+    spans = {(s.trace_id, s.name): s for s in receiver.spans}
+    root, dispatch = spans[(f"{2:016x}{1002:016x}", "chat m")], spans[(f"{2:016x}{1002:016x}", "dispatch")]
+    assert (root.service, root.kind, root.parent_span_id, root.span_id) == ("edge-gw", 2, f"{0xC1:016x}", f"{6:016x}")
+    assert (root.start_ns, root.end_ns, root.attributes) == (5, 30, {"specgate.n": 2, "pad": ""})
+    assert (dispatch.kind, dispatch.parent_span_id, dispatch.status_code) == (3, root.span_id, 2)
+    assert (pipe.dropped, pipe.restarts) == (0, 0)
+
+
+def test_a_pipe_closed_at_once_delivers_what_it_holds():
+    with otlp_receiver() as (endpoint, receiver):
+        pipe = SpanPipe("edge-gw", _env(endpoint))
+        pipe.start()
+        for n in range(50):  # no event loop, under FLUSH_BYTES: nothing is written before close
+            pipe.ship(_trace(n))
+        pipe.close()
+        assert pipe.process is None  # the exporter process exported and exited
+        assert len(receiver.spans) == 100 and receiver.posts >= 1
+
+
+def test_an_exporter_process_that_dies_is_replaced():
+    with otlp_receiver() as (endpoint, receiver):
+        drops: list[tuple[int, str]] = []
+        pipe = SpanPipe("edge-gw", _env(endpoint), restart_s=0.0, on_drop=lambda n, why: drops.append((n, why)))
+        pipe.start()
+        first = pipe.process
+        first.kill()
+        first.wait()
+        pipe.ship(_trace(1))
+        pipe.flush()  # finds it gone: the frame is lost with it, and another process starts
+        assert (pipe.dropped, pipe.restarts, drops) == (1, 1, [(1, "exporter_gone")]) and pipe.process is not first
+        pipe.ship(_trace(2))
+        pipe.close()
+    assert {s.attributes["specgate.n"] for s in receiver.spans if s.name == "chat m"} == {2}
+
+
+def test_an_exporter_that_stops_reading_never_blocks_the_gateway():
+    with otlp_receiver() as (endpoint, receiver):
+        drops: list[tuple[int, str]] = []
+        pipe = SpanPipe("edge-gw", _env(endpoint), max_buffer=256 * 1024, on_drop=lambda n, why: drops.append((n, why)))
+        pipe.start()
+        os.kill(pipe.process.pid, signal.SIGSTOP)  # reads nothing: the OS pipe fills, then the buffer
+        shipped = 200
+        for n in range(shipped):  # 200 x 8 KiB: more than the OS pipe (64 KiB) and the buffer together
+            pipe.ship(_trace(n, padding=8192))
+        assert 0 < pipe.dropped < shipped  # returned, every time, having dropped what did not fit
+        assert drops == [(1, "buffer_full")] * pipe.dropped  # the gateway's metric counts each one
+        os.kill(pipe.process.pid, signal.SIGCONT)
+        pipe.close()
+        kept = {s.attributes["specgate.n"] for s in receiver.spans if s.name == "chat m"}
+    assert len(kept) == shipped - pipe.dropped and kept == set(range(len(kept)))  # the first ones, whole
