@@ -18,9 +18,11 @@ connections, ``-t1`` at c=1 and ``-t2`` above. LiteLLM runs from its own venv (`
 created on first use) so it cannot change the project's pinned packages.
 
 ``specgate-otel`` is specgate's gateway with OpenTelemetry trace export on, sampling ``--otel-sample`` of the
-requests (default 1: every request's spans built and exported over OTLP/HTTP to ``bench/otlp_sink.py``, which
-stands in for a collector); the plain ``specgate`` arm runs with trace export off. Both in front of the same worker in one run: the difference is
-tracing's cost.
+requests (default 1: every request's spans recorded and exported over OTLP/HTTP to ``bench/otlp_sink.py``, which
+stands in for a collector and counts the spans it received); the plain ``specgate`` arm runs with trace export
+off. Both in front of the same worker in one run: the difference is tracing's cost. The CPU column counts the
+gateway's child processes too (its trace exporter), and says how much of it they took; the report says whether
+every sampled request's spans arrived.
 """
 
 from __future__ import annotations
