@@ -180,7 +180,7 @@ class Metrics:
         self.otel_dropped = Counter(
             "specgate_otel_dropped_traces", "Sampled requests whose OpenTelemetry spans the gateway dropped before its "
             "exporter process got them, by reason (buffer_full: the exporter falls behind; exporter_gone: it died "
-            "and is restarted).", ["reason"], registry=r)
+            "and is restarted; shutdown: not written before the gateway's shutdown deadline).", ["reason"], registry=r)
 
     def clear_pool_gauges(self) -> None:
         for gauge in (self.pool_workers, self.pool_healthy, self.pool_running, self.pool_waiting,

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import os
 import random
+import select
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ FLUSH_S = 0.02  # a frame waits at most this long in the buffer before a write i
 FLUSH_BYTES = 64 * 1024  # a buffer this full is written at once
 MAX_BUFFER = 8 * 1024 * 1024  # frames kept while the exporter process falls behind; past it, traces are dropped
 RESTART_S = 10.0  # an exporter process that died is started again at most this often
-CLOSE_TIMEOUT_S = 40.0  # the exporter process's flush at shutdown (OTEL_BSP_EXPORT_TIMEOUT's 30 s, and its start)
+CLOSE_TIMEOUT_S = 30.0  # the gateway's shutdown waits this long for its spans to be written and sent
 
 
 class WireSpan(msgspec.Struct, array_like=True, gc=False):
@@ -228,7 +229,9 @@ class SpanPipe:
             log.warning("otel_traces_dropped", reason=why, dropped_total=self.dropped)
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Write everything buffered (blocking), close the pipe and wait for the exporter process to export it."""
+        """Write what is buffered, close the pipe and let the exporter process send it, all within ``timeout_s``
+        (a collector that is down must not hold the gateway's shutdown): what is not written by then is dropped
+        (``shutdown``), and an exporter still busy then is killed."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
@@ -236,14 +239,21 @@ class SpanPipe:
         p = self.process
         if p is None:
             return
-        if p.poll() is None and self._buf:
+        deadline = time.monotonic() + timeout_s
+        fd = p.stdin.fileno()
+        while self._buf and p.poll() is None and (left := deadline - time.monotonic()) > 0:
+            if not select.select([], [fd], [], left)[1]:
+                continue
             try:
-                os.set_blocking(p.stdin.fileno(), True)
-                p.stdin.write(self._buf)
+                del self._buf[:os.write(fd, self._buf)]
+            except BlockingIOError:
+                continue
             except OSError:
-                pass
-        self._buf.clear()
-        self._reap(timeout_s)
+                break
+        if self._buf:
+            self._drop(_count_frames(self._buf), "shutdown")
+            self._buf.clear()
+        self._reap(max(0.0, deadline - time.monotonic()))
 
     def _reap(self, timeout_s: float = 0.0) -> None:
         p = self.process

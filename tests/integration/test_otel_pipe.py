@@ -100,3 +100,21 @@ def test_an_exporter_that_stops_reading_never_blocks_the_gateway():
         pipe.close()
         kept = {s.attributes["specgate.n"] for s in receiver.spans if s.name == "chat m"}
     assert len(kept) == shipped - pipe.dropped and kept == set(range(len(kept)))  # the first ones, whole
+
+
+def test_a_stuck_exporter_cannot_hold_the_gateways_shutdown():
+    """The exporter reads nothing (stopped) and the buffer holds more than the OS pipe takes: close gives up at
+    its deadline, counts what it could not write, and kills the exporter."""
+    with otlp_receiver() as (endpoint, _):
+        drops: list[tuple[int, str]] = []
+        pipe = SpanPipe("edge-gw", _env(endpoint), on_drop=lambda n, why: drops.append((n, why)))
+        pipe.start()
+        process = pipe.process
+        os.kill(process.pid, signal.SIGSTOP)
+        for n in range(40):  # 40 x 8 KiB: past the OS pipe's 64 KiB, within the buffer
+            pipe.ship(_trace(n, padding=8192))
+        assert pipe.dropped == 0
+        pipe.close(timeout_s=0.5)
+        assert pipe.process is None and process.poll() is not None  # killed (a stopped process still dies of it)
+        [(frames, why)] = drops
+        assert why == "shutdown" and 0 < frames < 40
