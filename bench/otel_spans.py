@@ -51,7 +51,7 @@ class _Buffered(SpanPipe):
 
     def flush(self) -> None:
         if not self.keep:
-            self._buf.clear()
+            self._discard()
 
 
 def _tracing(ratio: float, pipe: SpanPipe) -> GatewayTracing:

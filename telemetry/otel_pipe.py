@@ -18,6 +18,7 @@ milliseconds to seconds of decoding, and its spans are a rounding error there.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import random
@@ -147,6 +148,8 @@ class SpanPipe:
         self.process: subprocess.Popen | None = None
         self._encode = msgspec.msgpack.Encoder().encode
         self._buf = bytearray()
+        self._frames: collections.deque[int] = collections.deque()  # the buffered frames' sizes, oldest first
+        self._head = 0  # bytes of the oldest frame written already
         self._timer: asyncio.TimerHandle | None = None
         self._started_at = -float("inf")
         self.started = self._closed = False
@@ -176,6 +179,7 @@ class SpanPipe:
             return
         self._buf += len(payload).to_bytes(FRAME_HEADER, "big")
         self._buf += payload
+        self._frames.append(FRAME_HEADER + len(payload))
         if len(self._buf) >= FLUSH_BYTES:
             self.flush()
         elif self._timer is None:
@@ -203,13 +207,27 @@ class SpanPipe:
         except (BrokenPipeError, OSError):
             self._lost()
             return
+        self._written(n)
+
+    def _written(self, n: int) -> None:
+        """``n`` bytes went into the pipe: the frames they complete leave the count."""
         del self._buf[:n]
+        self._head += n
+        while self._frames and self._head >= self._frames[0]:
+            self._head -= self._frames.popleft()
+
+    def _discard(self) -> int:
+        """Empty the buffer; the frames it held, a partly written one included (the exporter drops a cut frame)."""
+        frames = len(self._frames)
+        self._buf.clear()
+        self._frames.clear()
+        self._head = 0
+        return frames
 
     def _lost(self) -> None:
         """The exporter process is gone: what is buffered is lost with it (a partial frame cannot be resumed);
         start another one unless one was started within ``restart_s``."""
-        frames = _count_frames(self._buf)
-        self._buf.clear()
+        frames = self._discard()
         if frames:
             self._drop(frames, "exporter_gone")
         if self.started and time.monotonic() - self._started_at >= self.restart_s and not self._closed:
@@ -245,14 +263,13 @@ class SpanPipe:
             if not select.select([], [fd], [], left)[1]:
                 continue
             try:
-                del self._buf[:os.write(fd, self._buf)]
+                self._written(os.write(fd, self._buf))
             except BlockingIOError:
                 continue
             except OSError:
                 break
         if self._buf:
-            self._drop(_count_frames(self._buf), "shutdown")
-            self._buf.clear()
+            self._drop(self._discard(), "shutdown")
         self._reap(max(0.0, deadline - time.monotonic()))
 
     def _reap(self, timeout_s: float = 0.0) -> None:
@@ -268,15 +285,6 @@ class SpanPipe:
             p.kill()
             p.wait()
         self.process = None
-
-
-def _count_frames(buf: bytearray) -> int:
-    """The frames in ``buf``, for the drop count (an estimate when the first one was partly written already)."""
-    n = i = 0
-    while i + FRAME_HEADER <= len(buf):
-        i += FRAME_HEADER + int.from_bytes(buf[i:i + FRAME_HEADER], "big")
-        n += 1
-    return n
 
 
 def _with_root(env: dict[str, str] | None) -> dict[str, str]:
