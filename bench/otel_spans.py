@@ -22,7 +22,8 @@ from types import SimpleNamespace
 import msgspec
 
 from gateway.request_spans import RequestSpans
-from telemetry.otel_pipe import FRAME_HEADER, GatewayTracing, SpanPipe, WireTrace
+from telemetry.otel import TraceExport
+from telemetry.otel_pipe import FRAME_HEADER, SpanPipe, WireTrace
 
 BATCH = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE's default
 
@@ -54,13 +55,13 @@ class _Buffered(SpanPipe):
             self._discard()
 
 
-def _tracing(ratio: float, pipe: SpanPipe) -> GatewayTracing:
+def _tracing(ratio: float, pipe: SpanPipe) -> TraceExport:
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased  # ~0.1 s: this benchmark only
 
-    return GatewayTracing("bench", ParentBased(TraceIdRatioBased(ratio)), pipe)
+    return TraceExport("bench", ParentBased(TraceIdRatioBased(ratio)), pipe)
 
 
-def _request(tracing: GatewayTracing, finished, record) -> None:
+def _request(tracing: TraceExport, finished, record) -> None:
     spans = RequestSpans(tracing, {}, "chat")
     spans.stage("admit")
     spans.stage("decide", {"specgate.slice": "code", "specgate.rule": "learned"})

@@ -20,16 +20,15 @@ object and the metrics carry), once, then.
 
 from __future__ import annotations
 
-import random
 import time
 from typing import TYPE_CHECKING, Any
 
 from telemetry import otel
-from telemetry.otel_pipe import CLIENT, INTERNAL, SAMPLED, SERVER, WireSpan, WireTrace, split_id
+from telemetry.otel_pipe import CLIENT, SERVER, WireSpan
 
 if TYPE_CHECKING:
     from gateway.stages import Finished
-    from telemetry.otel_pipe import GatewayTracing
+    from telemetry.otel import TraceExport
     from telemetry.record import RequestRecord
 
 
@@ -58,38 +57,23 @@ class Attempt:
 class RequestSpans:
     """The spans of one request; ``stage`` records a child span from the previous mark to now."""
 
-    __slots__ = ("_tracing", "_endpoint", "_start", "_mark", "recording", "trace_id", "root_id", "_flags", "_client",
-                 "_state", "_spans", "_unsampled")
+    __slots__ = ("_endpoint", "_start", "_mark", "_rec", "recording")
 
-    def __init__(self, tracing: GatewayTracing, headers: Any, endpoint: str) -> None:
-        self._tracing = tracing
+    def __init__(self, export: TraceExport, headers: Any, endpoint: str) -> None:
         self._endpoint = endpoint
         self._start = self._mark = time.time_ns()
-        client = tracing.client_context(headers)
-        self._client = client
-        self.trace_id, self.recording = tracing.decide(client, otel.operation(endpoint))
-        self._state = client.trace_state if client is not None else ""
-        # W3C trace flags for what this request sends on: a new trace's id is random (level 2's flag); a client's
-        # keeps its own random flag; the sampled bit is the decision
-        random_flag = otel.RANDOM_ID_FLAG if client is None else client.flags & otel.RANDOM_ID_FLAG
-        self._flags = random_flag | (SAMPLED if self.recording else 0)
-        self.root_id = random.getrandbits(64) or 1
-        self._spans: list[WireSpan] = []
-        # not sampled: no span is recorded; the worker still gets a traceparent, which says so
-        self._unsampled = None if self.recording else self._traceparent(self.root_id)
+        self._rec = otel.Recording(export, headers, otel.operation(endpoint))
+        self.recording = self._rec.sampled
 
-    def _traceparent(self, span_id: int) -> dict[str, str]:
-        headers = {otel.TRACEPARENT: f"00-{self.trace_id:032x}-{span_id:016x}-{self._flags:02x}"}
-        if self._state:
-            headers[otel.TRACESTATE] = self._state
-        return headers
+    @property
+    def trace_id(self) -> int:
+        return self._rec.trace_id
 
     def stage(self, name: str, attributes: dict[str, Any] | None = None) -> None:
         if not self.recording:
             return
         now = time.time_ns()
-        self._spans.append(WireSpan(name, random.getrandbits(64) or 1, self.root_id, INTERNAL, self._mark, now,
-                                    attributes or {}))
+        self._rec.child(name, self._mark, now, attributes)
         self._mark = now
 
     def attempt(self, number: int, pool: str, proposer: str, draft_tokens: int, worker: str, rid: str
@@ -97,12 +81,11 @@ class RequestSpans:
         """A dispatch attempt's span (None when not sampled), and the headers that make the worker's span its
         child."""
         if not self.recording:
-            return None, self._unsampled
-        span = WireSpan("dispatch", random.getrandbits(64) or 1, self.root_id, CLIENT, time.time_ns(), 0, {
+            return None, self._rec.traceparent()
+        span = self._rec.child("dispatch", time.time_ns(), 0, {
             "specgate.attempt": number, "specgate.pool": pool, "specgate.proposer": proposer,
-            "specgate.draft_tokens": draft_tokens, "server.address": worker, "specgate.worker_rid": rid})
-        self._spans.append(span)
-        return Attempt(span), self._traceparent(span.span_id)
+            "specgate.draft_tokens": draft_tokens, "server.address": worker, "specgate.worker_rid": rid}, CLIENT)
+        return Attempt(span), self._rec.traceparent(span.span_id)
 
     @staticmethod
     def attempt_failed(span: Attempt, error_type: str, message: str) -> None:
@@ -119,8 +102,7 @@ class RequestSpans:
             return
         now = time.time_ns()  # the request's end: the relay's and the request span's
         if f.dispatched is not None:
-            self._spans.append(WireSpan("relay", random.getrandbits(64) or 1, self.root_id, INTERNAL, self._mark, now,
-                                        {"specgate.stream": f.stream}))
+            self._rec.child("relay", self._mark, now, {"specgate.stream": f.stream})
         op = otel.operation(self._endpoint)
         model = f.admitted.features.model if f.admitted is not None else ""
         d = f.decision
@@ -164,13 +146,4 @@ class RequestSpans:
         if r.status != "ok":
             attributes["error.type"] = r.error_type or r.status
             error = r.error_message or r.status
-        for span in self._spans:  # an attempt still open (the request ended while it ran) ends with the request
-            if span.end_ns == 0:
-                span.end_ns = now
-        self._spans.append(WireSpan(f"{op} {model}" if model else op, self.root_id, 0, SERVER, self._start, now,
-                                    attributes, error))
-        client = self._client
-        hi, lo = split_id(self.trace_id)
-        self._tracing.pipe.ship(WireTrace(hi, lo, client.span_id if client is not None else 0,
-                                          client.flags if client is not None else 0, self._state, self._spans))
-
+        self._rec.ship(f"{op} {model}" if model else op, SERVER, self._start, now, attributes, error)

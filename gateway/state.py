@@ -35,7 +35,7 @@ from policies.schema import Policy, State
 from policies.shared_sums import sum_counts
 from policies.snapshot import Snapshot, load_concurrency, worker_load
 from policies.stats import LearningState, Outcome
-from telemetry import Telemetry, otel_pipe
+from telemetry import Telemetry, otel
 
 log = structlog.get_logger("specgate.gateway")
 
@@ -84,8 +84,8 @@ class GatewayState:
         self.watcher = PolicyWatcher(self.path, version, apply=self.apply_policy, reject=self.reject_policy,
                                      interval_s=settings.reload_interval_s, check=self.tracing_problems)
         # OpenTelemetry trace export (OTEL_* environment variables) through an exporter process of its own
-        # (telemetry/otel_pipe.py), started with the gateway; None: off
-        self.otel = otel_pipe.configure("specgate-gateway", on_drop=self.telemetry.count_otel_dropped)
+        # (telemetry/otel.py, otel_pipe.py), started with the gateway; None: off
+        self.otel = otel.configure("specgate-gateway", on_drop=self.telemetry.count_otel_dropped)
         # full-information evidence for auto (gateway/evidence.py), priced with each worker's live step costs
         self.evidence = GatewayEvidence(WorkerCosts(lambda now: self.backend.step_cost_reports(now)),
                                         observe=lambda *args: self.telemetry.observe_evidence(*args))

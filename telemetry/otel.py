@@ -1,4 +1,5 @@
-"""OpenTelemetry traces (OTLP/HTTP export): the set-up both processes share, and W3C trace-context propagation.
+"""OpenTelemetry traces (OTLP/HTTP export): the set-up both serving processes share, W3C trace-context
+propagation, and a request's spans as it records them.
 
 Not to be confused with ``gateway/tracing.py``, the opt-in *recording of requests for replay* (token ids in a
 file): this module is distributed tracing for operators, spans that an OpenTelemetry collector receives.
@@ -7,12 +8,11 @@ Off unless configured, with the standard environment variables only (docs/operat
 endpoint in ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` turns it on;
 ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none`` keeps it off whatever else is set;
 ``OTEL_SERVICE_NAME`` names the process (default ``specgate-gateway`` / ``specgate-worker``);
-``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` sample (the SDK's default: parentbased_always_on);
-``OTEL_BSP_*`` tune the batch processor. Off, :func:`configure` returns None and imports nothing of
-OpenTelemetry: a caller's ``if tracer is None`` is all a request pays. On, spans are exported in batches by the
-SDK's ``BatchSpanProcessor`` on its own thread, never on the request path (a full queue drops spans rather
-than block a request): in the worker's process, and for the gateway in an exporter process of its own
-(``telemetry/otel_pipe.py``, which shares :func:`enabled`, :func:`extract` and the conventions here).
+``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` sample (the SDK's default: parentbased_always_on). Off,
+:func:`configure` returns None and imports nothing of OpenTelemetry: a caller's ``if otel is None`` is all a
+request pays. On, the SDK's sampler decides when a request arrives (:class:`Recording`); a sampled request's
+spans are plain values, shipped when it ends to the process's exporter (``telemetry/otel_pipe.py``), which
+builds the SDK's spans and sends them off the serving process.
 
 Attribute names follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``) where one exists, and
 ``specgate.*`` for the decision (the same values as the answer's ``specgate`` object, docs/api.md).
@@ -21,13 +21,14 @@ Attribute names follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*`
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import functools
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
 
-if TYPE_CHECKING:
-    from opentelemetry.context import Context
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.trace import Span, Tracer
+import msgspec
+
+from telemetry.otel_pipe import INTERNAL, SAMPLED, SpanPipe, WireSpan, WireTrace
 
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 TRACEPARENT, TRACESTATE = "traceparent", "tracestate"
@@ -44,82 +45,130 @@ def enabled(env: Mapping[str, str] | None = None) -> bool:
     return any(env.get(name, "").strip() for name in ENDPOINT_VARS)
 
 
-class Tracing:
-    """One process's tracer and its provider (shut down, flushing what is queued, when the process stops)."""
+class ClientContext(msgspec.Struct, frozen=True, gc=False):
+    """A caller's valid ``traceparent`` (and ``tracestate``), as the SDK's propagator reads them."""
 
-    __slots__ = ("provider", "tracer", "service")
+    trace_id: int
+    span_id: int
+    flags: int
+    trace_state: str
+    context: Any  # the SDK's Context, for the parent-based sampler
 
-    def __init__(self, provider: TracerProvider, tracer: Tracer, service: str) -> None:
-        self.provider, self.tracer, self.service = provider, tracer, service
+
+class TraceExport:
+    """One process's sampler and exporter process (None where export is off)."""
+
+    __slots__ = ("service", "sampler", "pipe")
+
+    def __init__(self, service: str, sampler: Any, pipe: Any) -> None:
+        self.service, self.sampler, self.pipe = service, sampler, pipe
+
+    def decide(self, client: ClientContext | None, name: str) -> tuple[int, bool]:
+        """The request's trace id and whether it is sampled: the SDK's sampler, asked as it would ask for the
+        request's root span (parent-based on the caller's flags where there is a caller's context)."""
+        trace_id = client.trace_id if client is not None else (random.getrandbits(128) or 1)
+        parent = client.context if client is not None else None
+        return trace_id, self.sampler.should_sample(parent, trace_id, name).decision.is_sampled()
+
+    def start(self) -> None:
+        """Start the exporter process (in the serving process, after any fork)."""
+        self.pipe.start()
 
     def shutdown(self) -> None:
-        self.provider.shutdown()  # flushes the batch processor's queue (bounded by OTEL_BSP_EXPORT_TIMEOUT)
+        self.pipe.close()
 
 
-def configure(default_service: str, env: Mapping[str, str] | None = None) -> Tracing | None:
-    """A ``Tracing`` exporting over OTLP/HTTP (protobuf) when the environment asks for it, else None."""
+def configure(default_service: str, env: Mapping[str, str] | None = None,
+              on_drop: Callable[[int, str], None] | None = None) -> TraceExport | None:
+    """A ``TraceExport`` when ``env`` (the process's, by default) asks for trace export, else None; the sampler is
+    the SDK's, which reads OTEL_TRACES_SAMPLER(_ARG) from the process's environment. ``on_drop(traces, reason)``:
+    told of spans dropped before the exporter process got them (the gateway's metric)."""
     env = os.environ if env is None else env
     if not enabled(env):
         return None
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # ~0.1 s: tracing on only
-    from opentelemetry.sdk.resources import Resource  # see above
-    from opentelemetry.sdk.trace import TracerProvider  # see above
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor  # see above
+    from opentelemetry.sdk.trace import TracerProvider  # ~0.1 s: tracing on only
 
     service = env.get("OTEL_SERVICE_NAME", "").strip() or default_service
-    # the sampler comes from OTEL_TRACES_SAMPLER(_ARG) (the SDK reads them when none is passed)
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))  # endpoint, headers: OTEL_EXPORTER_OTLP_*
-    return Tracing(provider, provider.get_tracer("specgate"), service)
+    sampler = TracerProvider().sampler  # a provider without processors: the SDK's OTEL_TRACES_SAMPLER(_ARG) reading
+    return TraceExport(service, sampler, SpanPipe(service, dict(env), on_drop=on_drop))
 
 
-class _Api:
-    """The OpenTelemetry API pieces a request touches, imported once, on first use (never while tracing is off)."""
-
-    def __init__(self) -> None:
-        from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context  # ~0.05 s: tracing on only
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # see above
-        self.propagator = TraceContextTextMapPropagator()
-        self.set_span_in_context = set_span_in_context
-        self.server = SpanKind.SERVER
-        self.status, self.error = Status, StatusCode.ERROR
-
-
-_api: _Api | None = None
-
-
-def api() -> _Api:
-    global _api
-    if _api is None:
-        _api = _Api()
-    return _api
-
-
-def extract(headers: Any) -> Context | None:
-    """The W3C trace context (``traceparent``, ``tracestate``) a request carries; None without a traceparent
-    (the span then starts a new trace). ``headers``: any mapping with lower-case ``get``."""
+def client_context(headers: Any) -> ClientContext | None:
+    """The W3C trace context (``traceparent``, ``tracestate``) a request carries, read by the SDK's propagator;
+    None without a valid one (the request then starts a trace). ``headers``: any mapping with lower-case
+    ``get``."""
     parent = headers.get(TRACEPARENT)
     if not parent:
         return None
     carrier = {TRACEPARENT: parent}
     if state := headers.get(TRACESTATE):
         carrier[TRACESTATE] = state
-    return api().propagator.extract(carrier)
+    propagator, current_span = _propagation()
+    ctx = propagator.extract(carrier)
+    sc = current_span(ctx).get_span_context()
+    if not sc.is_valid:
+        return None
+    return ClientContext(sc.trace_id, sc.span_id, int(sc.trace_flags), sc.trace_state.to_header(), ctx)
 
 
-def child_context(span: Span) -> Context:
-    return api().set_span_in_context(span)
+@functools.cache
+def _propagation() -> tuple[Any, Callable[[Any], Any]]:
+    """The SDK's W3C propagator and ``get_current_span``, imported on first use (never while tracing is off)."""
+    from opentelemetry.trace import get_current_span  # ~0.05 s, once: tracing on only
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # see above
+
+    return TraceContextTextMapPropagator(), get_current_span
 
 
-def fail(span: Span, error_type: str, message: str) -> None:
-    """Mark ``span`` failed (``error.type`` as the semantic conventions name it, status ERROR)."""
-    a = api()
-    span.set_attribute("error.type", error_type)
-    span.set_status(a.status(a.error, message))
+def new_span_id() -> int:
+    return random.getrandbits(64) or 1
 
 
-def server_kind() -> Any:
-    return api().server
+class Recording:
+    """One request's spans in one process: the sampling decision when it arrives, its trace's ids, the spans
+    recorded, and the ``traceparent`` it sends on. Unsampled, it records nothing and its ``traceparent`` says so
+    (the next process's parent-based sampler records nothing either)."""
+
+    __slots__ = ("_export", "trace_id", "root_id", "sampled", "_client", "_flags", "_state", "spans")
+
+    def __init__(self, export: TraceExport, headers: Any, name: str) -> None:
+        self._export = export
+        client = client_context(headers)
+        self._client = client
+        self.trace_id, self.sampled = export.decide(client, name)
+        self._state = client.trace_state if client is not None else ""
+        # W3C trace flags for what this request sends on: a new trace's id is random (level 2's flag); a caller's
+        # keeps its own random flag; the sampled bit is the decision
+        random_flag = RANDOM_ID_FLAG if client is None else client.flags & RANDOM_ID_FLAG
+        self._flags = random_flag | (SAMPLED if self.sampled else 0)
+        self.root_id = new_span_id()
+        self.spans: list[WireSpan] = []
+
+    def traceparent(self, span_id: int | None = None) -> dict[str, str]:
+        """Headers naming ``span_id`` (default: the request's own span) as the parent of an upstream request."""
+        headers = {TRACEPARENT: f"00-{self.trace_id:032x}-{span_id or self.root_id:016x}-{self._flags:02x}"}
+        if self._state:
+            headers[TRACESTATE] = self._state
+        return headers
+
+    def child(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any] | None = None,
+              kind: int = INTERNAL) -> WireSpan:
+        """Record a child of the request's span (``end_ns`` 0: still open; it ends with the request)."""
+        span = WireSpan(name, new_span_id(), self.root_id, kind, start_ns, end_ns, attributes or {})
+        self.spans.append(span)
+        return span
+
+    def ship(self, name: str, kind: int, start_ns: int, end_ns: int, attributes: dict[str, Any],
+             error: str | None = None) -> None:
+        """Record the request's own span, end the children still open, and hand the spans to the exporter."""
+        for span in self.spans:
+            if span.end_ns == 0:
+                span.end_ns = end_ns
+        self.spans.append(WireSpan(name, self.root_id, 0, kind, start_ns, end_ns, attributes, error))
+        client = self._client
+        self._export.pipe.ship(WireTrace(self.trace_id >> 64, self.trace_id & 0xFFFF_FFFF_FFFF_FFFF,
+                                         client.span_id if client is not None else 0,
+                                         client.flags if client is not None else 0, self._state, self.spans))
 
 
 def operation(endpoint: str) -> str:

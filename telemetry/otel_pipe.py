@@ -1,18 +1,14 @@
-"""The gateway's trace export: finished requests' spans, as plain records, to an exporter process of its own.
+"""The pipe from a serving process to its OpenTelemetry exporter process: the wire format and the writer.
 
-A gateway spends ~130 us of CPU per request (docs/benchmarks.md, "Tracing"), and the OpenTelemetry SDK's span
+The gateway spends ~130 us of CPU per request (docs/benchmarks.md, "Tracing"); the OpenTelemetry SDK's span
 objects and OTLP protobuf encoding, on a thread of the same process, cost ~200 us more per sampled request, all
-under the one GIL: at 100% sampling it served 0.32x the requests per second. So the gateway only records: one
-:class:`WireTrace` per sampled request (ids, times, attributes), msgpack-framed into a pipe to
-``python -m telemetry.otel_export``, which builds the SDK's spans from them and exports them with the SDK's batch
-processor and OTLP/HTTP exporter (the same spans, resource and OTEL_* settings as before). The request path pays
-the record and ~2 us of encoding; writes never block it: a full pipe keeps frames in a bounded buffer, and past
-that drops whole requests' traces, as the SDK's full queue does. An exporter process that dies is started again
-(at most once per ``RESTART_S``), and its loss never reaches a request.
-
-The sampler is still the SDK's (``OTEL_TRACES_SAMPLER``), asked once per request before anything is recorded
-(:meth:`GatewayTracing.decide`). The worker keeps the SDK in-process (``telemetry/otel.py``): its requests take
-milliseconds to seconds of decoding, and its spans are a rounding error there.
+under the one GIL (0.28x the requests per second at 100% sampling), and in the worker the export thread took the
+GIL from the engine's step loop 5 ms at a time. So a process only records: one :class:`WireTrace` per sampled
+request (ids, times, attributes; ``telemetry/otel.Recording``), msgpack-framed into a pipe to its exporter
+process, ``python -m telemetry.otel_export``, which builds the SDK's spans from them and sends them with the
+SDK's OTLP/HTTP exporter. :meth:`SpanPipe.ship` never blocks: a full pipe leaves frames in a bounded buffer, and
+past that whole requests' spans are dropped and counted. An exporter process that dies is started again (at most
+once per ``RESTART_S``), and its loss never reaches a request.
 """
 
 from __future__ import annotations
@@ -21,18 +17,15 @@ import asyncio
 import collections
 import contextlib
 import os
-import random
 import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import msgspec
 import structlog
 
-from telemetry import otel
 
 log = structlog.get_logger("specgate.otel")
 
@@ -56,7 +49,7 @@ class WireSpan(msgspec.Struct, array_like=True, gc=False):
     kind: int
     start_ns: int
     end_ns: int
-    attributes: dict[str, str | bool | int | float]
+    attributes: dict[str, str | bool | int | float | list]  # a list: of one of the others, as OTLP allows
     error: str | None = None
 
 
@@ -70,70 +63,6 @@ class WireTrace(msgspec.Struct, array_like=True, gc=False):
     remote_flags: int
     trace_state: str
     spans: list[WireSpan]
-
-
-def split_id(trace_id: int) -> tuple[int, int]:
-    return trace_id >> 64, trace_id & 0xFFFF_FFFF_FFFF_FFFF
-
-
-class ClientContext(msgspec.Struct, frozen=True, gc=False):
-    """A client's valid ``traceparent`` (and ``tracestate``), as the SDK's propagator reads them."""
-
-    trace_id: int
-    span_id: int
-    flags: int
-    trace_state: str
-    context: Any  # the SDK's Context, for the parent-based sampler
-
-
-class GatewayTracing:
-    """The gateway's sampler and exporter process (None in ``GatewayState.otel`` when export is off)."""
-
-    __slots__ = ("service", "sampler", "pipe")
-
-    def __init__(self, service: str, sampler: Any, pipe: Any) -> None:
-        self.service, self.sampler, self.pipe = service, sampler, pipe
-
-    def client_context(self, headers: Any) -> ClientContext | None:
-        """The client's trace context, None without a valid one (the request then starts a trace)."""
-        ctx = otel.extract(headers)
-        if ctx is None:
-            return None
-        from opentelemetry.trace import get_current_span  # imported already by otel.extract
-
-        sc = get_current_span(ctx).get_span_context()
-        if not sc.is_valid:
-            return None
-        return ClientContext(sc.trace_id, sc.span_id, int(sc.trace_flags), sc.trace_state.to_header(), ctx)
-
-    def decide(self, client: ClientContext | None, name: str) -> tuple[int, bool]:
-        """The request's trace id and whether it is sampled: the SDK's sampler, asked as it would ask for the
-        request's root span (parent-based on the client's flags where there is a client context)."""
-        trace_id = client.trace_id if client is not None else (random.getrandbits(128) or 1)
-        parent = client.context if client is not None else None
-        return trace_id, self.sampler.should_sample(parent, trace_id, name).decision.is_sampled()
-
-    def start(self) -> None:
-        self.pipe.start()
-
-    def shutdown(self) -> None:
-        self.pipe.close()
-
-
-def configure(default_service: str, env: Mapping[str, str] | None = None,
-              on_drop: Callable[[int, str], None] | None = None) -> GatewayTracing | None:
-    """A ``GatewayTracing`` when the environment asks for trace export (``telemetry/otel.enabled``), else None.
-    Its exporter process starts with :meth:`GatewayTracing.start` (the gateway's start-up, in the serving
-    process)."""
-    env = os.environ if env is None else env
-    if not otel.enabled(env):
-        return None
-    from opentelemetry.sdk.trace import TracerProvider  # ~0.1 s: tracing on only
-
-    service = env.get("OTEL_SERVICE_NAME", "").strip() or default_service
-    # a provider without processors: the sampler the SDK builds from OTEL_TRACES_SAMPLER(_ARG)
-    sampler = TracerProvider().sampler
-    return GatewayTracing(service, sampler, SpanPipe(service, dict(env), on_drop=on_drop))
 
 
 class SpanPipe:

@@ -1,4 +1,5 @@
-"""The worker's OpenTelemetry span per request, continuing the caller's trace (set-up: ``telemetry/otel.py``).
+"""The worker's OpenTelemetry span per request, continuing the caller's trace (set-up and recording:
+``telemetry/otel.py``; exported by the worker's exporter process, ``telemetry/otel_pipe.py``).
 
 Built only when trace export is configured (``WorkerRuntime.otel`` is not None). The request's ``traceparent``
 (the gateway's dispatch attempt) is the parent:
@@ -19,38 +20,41 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from telemetry import otel
+from telemetry.otel_pipe import SERVER
 
 if TYPE_CHECKING:
     from backends.engine.types import GenerateRequest, RequestOutput
-    from telemetry.otel import Tracing
+    from telemetry.otel import TraceExport
 
 _NS = 1_000_000_000
 
 
 class WorkerSpan:
-    __slots__ = ("_tracer", "span", "_ctx", "_t0", "recording")
+    __slots__ = ("_rec", "_t0", "_name", "_attributes", "recording")
 
-    def __init__(self, tracing: Tracing, headers: Any, endpoint: str, model: str, req: GenerateRequest) -> None:
-        self._tracer = tracing.tracer
+    def __init__(self, export: TraceExport, headers: Any, endpoint: str, model: str, req: GenerateRequest) -> None:
         self._t0 = time.time_ns()  # just before the engine's submit: the engine's times count from there
         op = otel.operation(endpoint) if endpoint != "generate" else "generate"
-        self.span = self._tracer.start_span(
-            f"{op} {model}", context=otel.extract(headers), kind=otel.server_kind(), start_time=self._t0,
-            attributes=otel.attributes({
-                "gen_ai.operation.name": op, "gen_ai.provider.name": "specgate", "gen_ai.request.model": model,
-                "gen_ai.request.max_tokens": req.sampling.max_new_tokens,
-                "gen_ai.request.temperature": req.sampling.temperature,
-                "gen_ai.usage.input_tokens": len(req.input_ids), "specgate.worker_rid": req.rid,
-                "specgate.proposer": req.speculation.proposer,
-                "specgate.draft_tokens": req.speculation.draft_tokens if req.speculation.proposer != "none" else 0,
-                "specgate.adaptive": req.speculation.adaptive}))
-        self._ctx = otel.child_context(self.span)
-        self.recording = self.span.is_recording()  # not sampled: nothing more is built
+        self._rec = otel.Recording(export, headers, op)
+        self.recording = self._rec.sampled  # not sampled: nothing more is recorded
+        self._name = f"{op} {model}"
+        self._attributes = otel.attributes({
+            "gen_ai.operation.name": op, "gen_ai.provider.name": "specgate", "gen_ai.request.model": model,
+            "gen_ai.request.max_tokens": req.sampling.max_new_tokens,
+            "gen_ai.request.temperature": req.sampling.temperature,
+            "gen_ai.usage.input_tokens": len(req.input_ids), "specgate.worker_rid": req.rid,
+            "specgate.proposer": req.speculation.proposer,
+            "specgate.draft_tokens": req.speculation.draft_tokens if req.speculation.proposer != "none" else 0,
+            "specgate.adaptive": req.speculation.adaptive}) if self.recording else {}
 
     def _phase(self, name: str, start_s: float, end_s: float, attributes: dict[str, Any] | None = None) -> None:
-        span = self._tracer.start_span(name, context=self._ctx, start_time=self._t0 + int(start_s * _NS),
-                                       attributes=attributes)
-        span.end(end_time=self._t0 + int(max(start_s, end_s) * _NS))
+        self._rec.child(name, self._t0 + int(start_s * _NS), self._t0 + int(max(start_s, end_s) * _NS), attributes)
+
+    def _ship(self, end_ns: int, error_type: str | None = None, message: str = "") -> None:
+        if error_type is not None:
+            self._attributes["error.type"] = error_type  # as the semantic conventions name it
+        self._rec.ship(self._name, SERVER, self._t0, end_ns, self._attributes,
+                       (message or error_type) if error_type is not None else None)
 
     def finish(self, out: RequestOutput) -> None:
         if not self.recording:
@@ -69,24 +73,26 @@ class WorkerSpan:
         if first is not None:
             self._phase("decode", first, end_s, {**rounds, "gen_ai.usage.output_tokens": len(out.output_ids)})
         reason = out.finish_reason
-        self.span.set_attributes(otel.attributes({
+        self._attributes.update(otel.attributes({
             **rounds, "gen_ai.usage.output_tokens": len(out.output_ids), "specgate.queue_s": round(s.queue_s, 6),
             "specgate.prefill_chunks": s.prefill_chunks,
             "specgate.first_token_s": round(first, 6) if first is not None else None,
             "gen_ai.response.finish_reasons": [reason.type] if reason is not None else None}))
+        end_ns = self._t0 + int(end_s * _NS)
         if reason is not None and reason.type == "abort":
-            otel.fail(self.span, "abort", reason.message or "aborted")
-        self.span.end(end_time=self._t0 + int(end_s * _NS))
+            self._ship(end_ns, "abort", reason.message or "aborted")
+        else:
+            self._ship(end_ns)
 
     def refused(self, exc: Exception) -> None:
         """The engine refused the request at submission (queue full, can never fit)."""
-        otel.fail(self.span, type(exc).__name__, str(exc))
-        self.span.end()
+        if self.recording:
+            self._ship(time.time_ns(), type(exc).__name__, str(exc))
 
     def abandon(self) -> None:
         """The caller left before the end (the engine request is aborted by the bridge)."""
-        otel.fail(self.span, "ClientDisconnected", "the caller left before the end")
-        self.span.end()
+        if self.recording:
+            self._ship(time.time_ns(), "ClientDisconnected", "the caller left before the end")
 
 
 async def traced(events: AsyncIterator[RequestOutput], span: WorkerSpan) -> AsyncIterator[RequestOutput]:

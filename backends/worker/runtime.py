@@ -79,11 +79,14 @@ class WorkerRuntime:
         self.tokenizer_digest: str | None = None  # reported in /server_info (a trace header names it)
         self.startup_error: str | None = None
         self._loader: asyncio.Task | None = None
-        # OpenTelemetry trace export (telemetry/otel.py: OTEL_* environment variables); None: off
+        # OpenTelemetry trace export (telemetry/otel.py: OTEL_* environment variables) through an exporter process
+        # of its own (telemetry/otel_pipe.py), started with the worker; None: off
         self.otel = otel.configure("specgate-worker")
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.otel is not None:
+            self.otel.start()
         self._loader = asyncio.create_task(self._load())
 
     async def _load(self) -> None:
@@ -108,7 +111,7 @@ class WorkerRuntime:
         if self.engine is not None:
             await asyncio.to_thread(self.engine.shutdown)
         if self.otel is not None:
-            await asyncio.to_thread(self.otel.shutdown)  # flushes the spans still queued
+            await asyncio.to_thread(self.otel.shutdown)  # the exporter process exports what it holds, and exits
 
     def ready_bridge(self) -> EngineBridge:
         if self.bridge is None:

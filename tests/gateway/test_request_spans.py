@@ -10,7 +10,6 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -24,9 +23,8 @@ from policies.decide import decide
 from policies.features import RequestFeatures
 from policies.load import load_policy
 from policies.snapshot import PoolState, Snapshot, SnapshotData
-from telemetry.otel_export import readable_spans
-from telemetry.otel_pipe import GatewayTracing, WireTrace
 from tests.gateway.gateway_helpers import offline_backend
+from tests.telemetry.otel_helpers import shipping
 
 POLICY = """
 version: 1
@@ -38,23 +36,6 @@ pools:
 rules: [{name: ngram, then: {pool: ngram, draft_tokens: 4}}]
 """
 CLIENT = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
-
-
-class Shipped(list):
-    """The pipe's side of ``GatewayTracing``: the traces shipped, kept (the exporter process is tested with the
-    real pipe in tests/integration/test_otel_pipe.py)."""
-
-    def ship(self, trace: WireTrace) -> None:
-        self.append(trace)
-
-    def spans(self) -> list:
-        resource = Resource.create({"service.name": "test"})
-        return [span for trace in self for span in readable_spans(trace, resource)]
-
-
-def _tracing(sampler) -> tuple[GatewayTracing, Shipped]:
-    shipped = Shipped()
-    return GatewayTracing("test", sampler, shipped), shipped
 
 
 def _finish(spans: RequestSpans) -> None:
@@ -87,7 +68,7 @@ def _dispatch_with_a_retry(spans: RequestSpans) -> list[tuple[str, dict[str, str
 
 
 def test_each_attempt_is_a_dispatch_span_and_the_worker_gets_its_traceparent():
-    tracing, shipped = _tracing(ALWAYS_ON)
+    tracing, shipped = shipping(ALWAYS_ON)
     spans = RequestSpans(tracing, {**CLIENT, "tracestate": "vendor=1"}, "chat")
     spans.stage("admit")
     sent = _dispatch_with_a_retry(spans)
@@ -122,7 +103,7 @@ def test_each_attempt_is_a_dispatch_span_and_the_worker_gets_its_traceparent():
 
 
 def test_an_unsampled_request_records_nothing_but_still_tells_the_worker():
-    tracing, shipped = _tracing(ALWAYS_OFF)
+    tracing, shipped = shipping(ALWAYS_OFF)
     spans = RequestSpans(tracing, {}, "chat")
     assert spans.recording is False  # decided before anything was recorded
     spans.stage("admit")
@@ -139,7 +120,7 @@ def test_an_unsampled_request_records_nothing_but_still_tells_the_worker():
 
 
 def test_a_client_that_says_not_sampled_gets_its_trace_continued_unsampled():
-    tracing, shipped = _tracing(ParentBased(ALWAYS_ON))
+    tracing, shipped = shipping(ParentBased(ALWAYS_ON))
     client = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}
     spans = RequestSpans(tracing, client, "chat")
     assert spans.recording is False  # the SDK's parent-based sampler follows the client's flag
@@ -150,7 +131,7 @@ def test_a_client_that_says_not_sampled_gets_its_trace_continued_unsampled():
 
 
 def test_a_malformed_traceparent_starts_a_new_trace():
-    tracing, shipped = _tracing(ParentBased(ALWAYS_ON))
+    tracing, shipped = shipping(ParentBased(ALWAYS_ON))
     spans = RequestSpans(tracing, {"traceparent": "00-nothex-00f067aa0ba902b7-01"}, "chat")
     _finish(spans)
     [trace] = shipped
@@ -159,7 +140,7 @@ def test_a_malformed_traceparent_starts_a_new_trace():
 
 
 def test_a_ratio_sampler_decides_once_per_request_on_the_trace_id_it_exports():
-    tracing, shipped = _tracing(ParentBased(TraceIdRatioBased(0.5)))
+    tracing, shipped = shipping(ParentBased(TraceIdRatioBased(0.5)))
     random.seed(55)  # trace ids come from the random module, as the SDK's own do
     built = [RequestSpans(tracing, {}, "chat") for _ in range(400)]
     for spans in built:

@@ -47,19 +47,16 @@ def test_off_the_gateway_builds_no_tracer_and_imports_no_opentelemetry(tmp_path)
     assert _gateway_prints(tmp_path, expression) == "None []"
 
 
-def test_on_the_workers_service_name_comes_from_the_environment():
-    tracing = otel.configure("specgate-worker", {**ON, "OTEL_SERVICE_NAME": "edge-gw"})
-    assert tracing is not None
-    try:
-        assert (tracing.service, tracing.provider.resource.attributes["service.name"]) == ("edge-gw", "edge-gw")
-    finally:
-        tracing.shutdown()
-    tracing = otel.configure("specgate-worker", ON)
-    assert tracing is not None
-    try:
-        assert tracing.service == "specgate-worker"
-    finally:
-        tracing.shutdown()
+def test_on_the_service_name_and_the_sampler_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")  # the SDK reads the process's environment
+    export = otel.configure("specgate-worker", {**ON, "OTEL_SERVICE_NAME": "edge-gw"})
+    assert export is not None
+    assert (export.service, export.pipe.service, export.pipe.env["OTEL_EXPORTER_OTLP_ENDPOINT"]) == \
+        ("edge-gw", "edge-gw", ON["OTEL_EXPORTER_OTLP_ENDPOINT"])  # the exporter process gets the same settings
+    assert export.decide(None, "chat")[1] is False  # OTEL_TRACES_SAMPLER, read by the SDK
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER")
+    export = otel.configure("specgate-worker", ON)
+    assert export is not None and export.service == "specgate-worker" and export.decide(None, "chat")[1] is True
 
 
 def test_on_the_gateway_exports_from_a_process_of_its_own(tmp_path):
