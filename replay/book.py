@@ -66,6 +66,12 @@ def round_budgets(rounds: tuple[tuple[int, ...], tuple[int, ...]], output_len: i
 
 def ngram_positions(prompt: list[int], output: list[int], ngram: tuple[int, int, str]
                     ) -> tuple[list[int], list[int], list[int]]:
+    """:func:`ngram_scan` without the first tokens."""
+    return ngram_scan(prompt, output, ngram)[:3]
+
+
+def ngram_scan(prompt: list[int], output: list[int], ngram: tuple[int, int, str]
+               ) -> tuple[list[int], list[int], list[int], list[int | None]]:
     """For every output position p: how many tokens the n-gram proposer (``ngram``: its min, max and match
     settings) drafts there (at most ``NGRAM_SPAN``), how many of them lead the committed output, and the length
     of the context suffix that found them (0: none; what the engine's per-round controller conditions on). The
@@ -76,12 +82,12 @@ def ngram_positions(prompt: list[int], output: list[int], ngram: tuple[int, int,
     occurrence is found with ``bytes.find``/``rfind`` over the ids packed 4 bytes each (C speed; the proposer's
     dict index costs ~6 ms per request in Python), at a 4-byte-aligned offset. tests/replay/test_replay_book.py
     checks the result against ``counterfactual.replay_request``, which runs the engine's own proposer round by
-    round."""
+    round. Fourth: the draft's first token (None: no draft), which the hybrid rule compares with suffix's."""
     low, high, match = ngram
     ids = [*prompt, *output]
     data = struct.pack(f"<{len(ids)}I", *ids)
     find = data.find if match == "earliest" else data.rfind
-    lens, runs, matches = [], [], []
+    lens, runs, matches, firsts = [], [], [], []
     for p in range(len(output)):
         size = len(prompt) + p  # the context: prompt + output[:p]
         follow, found = -1, 0
@@ -102,7 +108,8 @@ def ngram_positions(prompt: list[int], output: list[int], ngram: tuple[int, int,
         lens.append(length)
         runs.append(run)
         matches.append(found)
-    return lens, runs, matches
+        firsts.append(ids[follow] if length else None)
+    return lens, runs, matches, firsts
 
 
 def fixed_rounds(lens: list[int], runs: list[int], max_new: int, k: int) -> Rounds:
@@ -135,7 +142,7 @@ class RoundBook:
         self._memo: dict[tuple[int, Option], Rounds] = {}
         self._records = None
         self._rates: dict[tuple[str, Option], list[float]] = {}
-        self._ngram: dict[int, tuple[list[int], list[int], list[int]]] = {}
+        self._ngram: dict[int, tuple[list[int], list[int], list[int], list[int | None]]] = {}
         self._context_rates: dict[str, dict] = {}
         self._keys: dict[tuple[int, str], list[tuple]] = {}
 
@@ -194,10 +201,14 @@ class RoundBook:
 
     def _ngram_positions(self, i: int) -> tuple[list[int], list[int], list[int]]:
         """:func:`ngram_positions` of request ``i`` under the workers' n-gram settings, memoized."""
+        return self.ngram_scan(i)[:3]
+
+    def ngram_scan(self, i: int) -> tuple[list[int], list[int], list[int], list[int | None]]:
+        """:func:`ngram_scan` of request ``i`` (its drafts' first tokens too), memoized."""
         hit = self._ngram.get(i)
         if hit is None:
             request = self.requests[i]
-            hit = self._ngram[i] = ngram_positions(request.prompt_ids, request.output_ids, self.ngram)
+            hit = self._ngram[i] = ngram_scan(request.prompt_ids, request.output_ids, self.ngram)
         return hit
 
     def positions(self, i: int, option: Option) -> tuple[list[int], list[int], list[int]]:

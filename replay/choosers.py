@@ -133,14 +133,16 @@ class Prices:
         r = self.book.requests[i]
         n, max_new = len(r.output_ids), r.sampling.max_new_tokens
         if r.sampling.greedy:
-            ngram = self.book.positions(i, Option("ngram", option.k))
-            suffix = suffix_positions(run.suffix_store(run.worker_of), r.route, r.prompt_ids, r.output_ids, max_new,
-                                      option.k)
-        else:
+            *ngram, firsts = self.book.ngram_scan(i)
+            suffix, agrees = suffix_positions(run.suffix_store(run.worker_of), r.route, r.prompt_ids, r.output_ids,
+                                              max_new, option.k, firsts)
+        else:  # drawn runs: the drafts' tokens, and so their agreement, are not known
             ngram, suffix = ((*drawn_positions(self.book.position_rates(r.slice, Option(source, option.k)), n, run.rng),
                               [0] * n) for source in ("ngram", "suffix"))
+            agrees = []
         seed = random.Random(f"controller:{run.seed}:{i}").getrandbits(63)
-        return HybridWalker(self.costs_of(run.worker_of), len(r.prompt_ids), n, max_new, option, ngram, suffix, seed)
+        return HybridWalker(self.costs_of(run.worker_of), len(r.prompt_ids), n, max_new, option, ngram, suffix, seed,
+                            agrees)
 
 
 class RunState:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backends.engine.adaptive import best_k, match_context
-from backends.engine.source_choice import censored, rule_for, suffix_context
+from backends.engine.source_choice import agreement, censored, rule_for, suffix_context
 from backends.engine.types import SpeculationParams
 from replay.book import Option
 from replay.walk import ORACLE, Walker
@@ -33,16 +33,17 @@ HALVES = ("source", "k")  # hybrid-kN-oracle=HALF: the oracle's choice of the so
 
 
 def suffix_positions(store, scope: str, prompt: Sequence[int], output: Sequence[int], max_new: int,
-                     k: int) -> Positions:
+                     k: int, ngram_firsts: Sequence[int | None] | None = None) -> tuple[Positions, list[int]]:
     """Per output position p: the suffix proposer's draft at the cap a round starting there has (drafts found,
     how many lead the output, its context: source_choice.suffix_context), from ``store`` (a SuffixStore), which
-    then holds the request's output in ``scope``'s tree. The engine's proposer object, fed the committed tokens
-    one by one."""
+    then holds the request's output in ``scope``'s tree; and the two sources' :func:`agreement` there, from
+    n-gram's first draft tokens (``ngram_firsts``, RoundBook.ngram_scan; None: not known, 0 everywhere). The
+    engine's proposer object, fed the committed tokens one by one."""
     from backends.engine.counterfactual import GREEDY  # torch (~2 s): the gateway loads replay
 
     proposer = store.open(scope, list(prompt))
     context = list(prompt)
-    lens, runs, found_in = [], [], []
+    lens, runs, found_in, agrees = [], [], [], []
     for p in range(len(output)):
         cap = min(k, max_new - p - 1)
         draft = proposer.propose(context, cap, GREEDY, None, None) if cap > 0 else None
@@ -52,20 +53,26 @@ def suffix_positions(store, scope: str, prompt: Sequence[int], output: Sequence[
             run += 1
         lens.append(len(tokens))
         runs.append(run)
-        found_in.append(suffix_context(draft.suffix_match, draft.suffix_score, len(tokens)) if tokens else 0)
+        agree = agreement(ngram_firsts[p], tokens[0] if tokens else None) if ngram_firsts and cap > 0 else 0
+        agrees.append(agree)
+        found_in.append(suffix_context(draft.suffix_match, draft.suffix_score, len(tokens)) + agree if tokens else 0)
         context.append(output[p])
     proposer.observe(0, 0, context)
     proposer.release()
-    return lens, runs, found_in
+    return (lens, runs, found_in), agrees
 
 
 class HybridWalker(Walker):
     """One request under a hybrid ``option`` (k fixed, ``beta`` or ``oracle``), from both sources' positions."""
 
     def __init__(self, costs, prompt_len: int, output_len: int, max_new: int, option: Option, ngram: Positions,
-                 suffix: Positions, seed: int) -> None:
+                 suffix: Positions, seed: int, agrees: Sequence[int] = ()) -> None:
+        """``agrees``: per position, the drafts' :func:`agreement` (suffix's contexts hold it already; n-gram's
+        get it here); empty: unknown (a sampled request's drawn positions), 0 everywhere."""
         super().__init__(costs, prompt_len, output_len, max_new, option, *ngram, seed=seed)
-        self.sources = ((ngram[0], ngram[1], [match_context(m) for m in ngram[2]]), suffix)
+        agrees = agrees or [0] * len(ngram[2])
+        self.sources = ((ngram[0], ngram[1], [match_context(m) + a if match_context(m) else 0
+                                               for m, a in zip(ngram[2], agrees, strict=True)]), suffix)
         self.rule = None
 
     def bind(self, shared: dict) -> None:

@@ -40,6 +40,7 @@ from backends.engine.adaptive import BetaDraftLength, PooledAcceptance, best_k, 
 SOURCES = ("ngram", "suffix")  # the order every draft list follows (index 0: n-gram, 1: suffix)
 SUFFIX_CONTEXTS = 32  # suffix's contexts are SUFFIX_CONTEXTS + its bucket, apart from n-gram's 0..8
 UNSURE, UNSURE_MEAN = 64, 0.5  # a suffix draft whose tokens' mean estimated probability is under 0.5
+DISAGREE = 128  # added to both sources' contexts when their drafts' first tokens differ (at most one is right)
 
 
 def suffix_context(match_len: int, score: float = 0.0, found: int = 0) -> int:
@@ -52,9 +53,24 @@ def suffix_context(match_len: int, score: float = 0.0, found: int = 0) -> int:
     return SUFFIX_CONTEXTS + unsure + (16 if match_len >= 16 else match_context(match_len))
 
 
-def contexts(ngram_match: int, suffix_match: int, suffix_score: float, suffix_found: int) -> tuple[int, int]:
-    """Each source's context, in ``SOURCES`` order."""
-    return match_context(ngram_match), suffix_context(suffix_match, suffix_score, suffix_found)
+def agreement(ngram_first: int | None, suffix_first: int | None) -> int:
+    """``DISAGREE`` when both sources drafted and their first tokens differ, else 0 (None: that source found
+    nothing). Disagreeing drafts are accepted far less often at every match length, and whichever is right is
+    worth knowing: on the shared workloads' trace a 3-token n-gram match's first token was accepted 70% of the
+    time when suffix's draft began with it and 17% when suffix's began otherwise; suffix's 4-7-token match
+    81% against 47%. Drafts that agree are learned with a source drafting alone (splitting them too gave
+    the same geomean and a worse tool_call cell at c4, in replay)."""
+    if ngram_first is None or suffix_first is None or ngram_first == suffix_first:
+        return 0
+    return DISAGREE
+
+
+def contexts(ngram_match: int, suffix_match: int, suffix_score: float, suffix_found: int,
+             agree: int = 0) -> tuple[int, int]:
+    """Each source's context, in ``SOURCES`` order; ``agree``: :func:`agreement` of the round's drafts."""
+    ngram = match_context(ngram_match)
+    suffix = suffix_context(suffix_match, suffix_score, suffix_found)
+    return ngram + agree if ngram else 0, suffix + agree if suffix else 0
 
 
 def scored(draft: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:

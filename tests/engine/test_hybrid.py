@@ -11,7 +11,7 @@ from backends.engine.proposers.hybrid import HybridProposer
 from backends.engine.proposers.ngram import NgramProposer
 from backends.engine.proposers.suffix import SuffixStore
 from backends.engine.source_choice import (
-    SOURCES, SUFFIX_CONTEXTS, UNSURE, SourceRule, contexts, scored, suffix_context,
+    DISAGREE, SOURCES, SUFFIX_CONTEXTS, UNSURE, SourceRule, agreement, contexts, scored, suffix_context,
 )
 from backends.engine.step_costs import StepCosts
 from backends.engine.types import SamplingParams, SpeculationParams
@@ -128,3 +128,15 @@ def test_both_sources_observe_every_committed_token_whichever_is_served():
     later = store.open("s", [7, 50, 51])
     assert later.propose([7, 50, 51], 4, greedy, None, gen).tokens == [52]
     later.release()
+
+
+def test_drafts_that_disagree_are_learned_in_contexts_of_their_own():
+    """Both drafts' first tokens differ: both sources' contexts move apart (at most one of them is right);
+    drafts that agree, or a source drafting alone, keep the match length's context."""
+    assert (agreement(None, 5), agreement(5, None), agreement(5, 5), agreement(5, 6)) == (0, 0, 0, DISAGREE)
+    alone = contexts(3, 4, 3.0, 4)
+    assert contexts(3, 4, 3.0, 4, DISAGREE) == (alone[0] + DISAGREE, alone[1] + DISAGREE)
+    assert contexts(0, 0, 0.0, 0, DISAGREE) == (0, 0)  # a source that found nothing has no context
+    contexts_of = {c for m in (1, 2, 3, 4, 8) for s in (1, 2, 3, 4, 8, 16) for score in (0.0, 99.0)
+                   for c in contexts(m, s, score, 4)}
+    assert not contexts_of & {c + DISAGREE for c in contexts_of}  # apart from every context that agrees

@@ -28,7 +28,7 @@ from backends.engine.proposers.base import Proposal, SequenceProposer
 from backends.engine.proposers.ngram import NgramProposer
 from backends.engine.proposers.suffix import SuffixProposer
 from backends.engine.sampling import PenaltyState
-from backends.engine.source_choice import SOURCES, SourceRule, contexts
+from backends.engine.source_choice import SOURCES, SourceRule, agreement, contexts
 from backends.engine.types import SamplingParams
 
 
@@ -64,7 +64,9 @@ class HybridProposer(SequenceProposer):
         """Both sources' drafts at cap ``k`` with their contexts (source_choice.contexts), kept for ``observe``."""
         ngram = self.ngram.propose(context, k, params, penalty, generator)
         suffix = self.suffix.propose(context, k, params, penalty, generator)
-        found = contexts(ngram.match, suffix.suffix_match, suffix.suffix_score, len(suffix.tokens))
+        found = contexts(ngram.match, suffix.suffix_match, suffix.suffix_score, len(suffix.tokens),
+                         agreement(ngram.tokens[0] if ngram.tokens else None,
+                                   suffix.tokens[0] if suffix.tokens else None))
         drafts = [(ngram.tokens, found[0]), (suffix.tokens, found[1])]
         self._round = (len(context), drafts)
         return drafts
