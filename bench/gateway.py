@@ -35,7 +35,6 @@ import platform
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from bench.gateway_report import table
 from bench.processes import free_port, running
 from bench.serve.arms import without_gates
 
@@ -171,12 +171,15 @@ def gateways(worker: str, model: str, tmp: Path, which: list[str], tree: Path | 
         yield urls, pids, sink_url
 
 
-def spans_exported(sink_url: str, gateway_url: str, settle_s: float = 30.0) -> tuple[int, int]:
-    """(spans the sink received, requests the gateway at ``gateway_url`` counted), once the sink's count stops
-    moving (the exporter's batch processor sends every 5 s by default)."""
+def spans_exported(sink_url: str, gateway_url: str, settle_s: float = 30.0) -> tuple[int, int, int]:
+    """(spans the sink received, requests the gateway at ``gateway_url`` counted, requests whose spans it dropped:
+    ``specgate_otel_dropped_traces_total``), once the sink's count stops moving (the exporter sends every 5 s
+    by default)."""
     metrics = httpx.get(gateway_url.replace("/v1/chat/completions", "/metrics"), timeout=30).text
-    requests = int(sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                       if line.startswith("specgate_requests_total{")))
+
+    def total(name: str) -> int:
+        return int(sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name)))
+    requests, dropped = total("specgate_requests_total{"), total("specgate_otel_dropped_traces_total{")
     last, deadline = -1, time.monotonic() + settle_s
     while time.monotonic() < deadline:
         spans = int(httpx.get(sink_url, timeout=30).text.split(", ")[2].split()[0])
@@ -184,7 +187,7 @@ def spans_exported(sink_url: str, gateway_url: str, settle_s: float = 30.0) -> t
             break
         last = spans
         time.sleep(6)
-    return last, requests
+    return last, requests, dropped
 
 
 @contextlib.contextmanager
@@ -273,40 +276,11 @@ def run_worker_set(label: str, worker: str, model: str, which: list[str], args: 
                     print(f"  {label:8} {name:13} c={c:<3} {result['rps']:9.1f} req/s  p50 {result['p50_ms']:8.2f} ms"
                           f"  p99 {result['p99_ms']:8.2f} ms  non-2xx {result['non_2xx']}", flush=True)
         if sink:  # did every sampled request's spans arrive? (dropped spans would flatter the req/s)
-            spans, served = spans_exported(sink, urls["specgate-otel"])
+            spans, served, dropped = spans_exported(sink, urls["specgate-otel"])
             for r in rows:
                 if r["via"] == "specgate-otel":
-                    r.update(spans_exported=spans, requests_counted=served)
+                    r.update(spans_exported=spans, requests_counted=served, traces_dropped=dropped)
     return sorted(rows, key=lambda r: (names.index(r["via"]), r["round"]))  # the table groups by arm, as before
-
-
-def medians(rows: list[dict]) -> list[dict]:
-    """One row per (worker, via, concurrency): each figure's median over the rounds (non-2xx: their sum)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["worker"], r["via"], r["concurrency"]), []).append(r)
-    return [{"worker": w, "via": v, "concurrency": c, "rounds": len(g),
-             **{k: statistics.median(r.get(k, float("nan")) for r in g) for k in ("rps", "p50_ms", "p99_ms", "cpu_us_per_req",
-                                                                          "child_cpu_us_per_req")},
-             "non_2xx": sum(r["non_2xx"] for r in g)} for (w, v, c), g in groups.items()]
-
-
-def against(rows: list[dict], ours: str, theirs: str, concurrency: int, low: int) -> str:
-    """Per-round comparisons of ``ours`` with ``theirs`` in front of the instant worker: req/s ratio at
-    ``concurrency``, and the difference of their added p50 (over direct) at ``low``: median [min, max] of rounds."""
-    by = {(r["via"], r["concurrency"], r["round"]): r for r in rows if r["worker"] == "instant"}
-    rounds = sorted({r["round"] for r in rows})
-    ratios = [by[ours, concurrency, n]["rps"] / by[theirs, concurrency, n]["rps"] for n in rounds
-              if (ours, concurrency, n) in by and (theirs, concurrency, n) in by]
-    gaps = [by[ours, low, n]["p50_ms"] - by[theirs, low, n]["p50_ms"] for n in rounds
-            if (ours, low, n) in by and (theirs, low, n) in by]
-    if not ratios or not gaps:
-        return ""
-
-    def spread(xs: list[float], fmt: str) -> str:
-        return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}}, {max(xs):{fmt}}]"
-    return (f"\n{ours} / {theirs} over {len(ratios)} rounds, median [min, max]: req/s at c={concurrency} "
-            f"{spread(ratios, '.3f')}x; p50 at c={low} {spread(gaps, '+.3f')} ms over {theirs}'s")
 
 
 def environment(tree: Path | None = None) -> dict[str, str]:
@@ -330,48 +304,6 @@ def environment(tree: Path | None = None) -> dict[str, str]:
             "wrk": version(["wrk", "-v"]),
             "opentelemetry-sdk": version([sys.executable, "-c",
                                           "import importlib.metadata as m; print(m.version('opentelemetry-sdk'))"])}
-
-
-def table(all_rows: list[dict], env: dict[str, str]) -> str:
-    """The Markdown report: a row per arm and concurrency (medians over the rounds), then the comparisons."""
-    rows = medians(all_rows)
-    lines = ["```", *(f"{k}: {v}" for k, v in env.items()), "```", "",
-             "| worker | via | c | req/s | p50 ms | p99 ms | added p50 ms | gateway CPU us/req | of it, child "
-             "processes | non-2xx |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    direct = {(r["worker"], r["concurrency"]): r for r in rows if r["via"] == "direct"}
-    for r in rows:
-        base = direct.get((r["worker"], r["concurrency"]))
-        added = r["p50_ms"] - base["p50_ms"] if base and r["via"] != "direct" else 0.0
-        lines.append(f"| {r['worker']} | {r['via']} | {r['concurrency']} | {r['rps']:.1f} | {r['p50_ms']:.2f} | "
-                     f"{r['p99_ms']:.2f} | {added:+.2f} | {r.get('cpu_us_per_req', float('nan')):.0f} | "
-                     f"{r.get('child_cpu_us_per_req', float('nan')):.0f} | {r['non_2xx']} |")
-    by = {(r["worker"], r["via"], r["concurrency"]): r for r in rows}
-    top = max(c for _, _, c in by)
-    ours = by.get(("instant", "specgate", top))
-    for c in sorted({c for _, _, c in by}):
-        off, on = by.get(("instant", "specgate", c)), by.get(("instant", "specgate-otel", c))
-        if off and on:
-            lines.append(f"\ntracing on ({env.get('otel_sample', '1')} sampled) / off at c={c}: "
-                         f"req/s {on['rps'] / off['rps']:.3f}x, "
-                         f"p50 {on['p50_ms'] - off['p50_ms']:+.3f} ms")
-    if counted := next((r for r in all_rows if "spans_exported" in r), None):
-        lines.append(f"\nspans the sink received from specgate-otel: {counted['spans_exported']} for "
-                     f"{counted['requests_counted']} requests it served, warm-up included "
-                     f"({counted['spans_exported'] / max(1, counted['requests_counted']):.2f} per request; a sampled "
-                     "request has 5)")
-    for other in ("litellm", "smg"):
-        theirs = by.get(("instant", other, top))
-        if ours and theirs:
-            lines.append(f"\nspecgate / {other} req/s at c={top} (instant worker): "
-                         f"{ours['rps'] / theirs['rps']:.2f}x")
-    if len({r["round"] for r in all_rows}) > 1 and "specgate-otel" in {r["via"] for r in all_rows}:
-        lines.append(against(all_rows, "specgate-otel", "specgate", top, min(c for _, _, c in by)))
-    if len({r["round"] for r in all_rows}) > 1 and "smg" in {r["via"] for r in all_rows}:
-        low = min(c for _, _, c in by)
-        lines += [line for arm in dict.fromkeys(r["via"] for r in all_rows) if arm.startswith("specgate")
-                  if (line := against(all_rows, arm, "smg", top, low))]
-    return "\n".join(lines)
 
 
 def main() -> None:

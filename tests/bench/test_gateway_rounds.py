@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from bench.gateway import _policy, against, environment, medians, table
+from bench.gateway import _policy, environment
+from bench.gateway_report import against, medians, table
 
 
 def _row(via: str, c: int, rnd: int, rps: float, p50: float, cpu: float = 100.0) -> dict:
@@ -74,3 +75,10 @@ def test_the_report_names_the_commit_of_the_gateway_measured(tmp_path: Path):
     older = git("rev-parse", "--short", "HEAD")
     assert environment(tmp_path)["specgate"] == f"0.1.0 ({older})"
     assert older not in environment()["specgate"]
+
+
+def test_the_report_says_whether_every_sampled_requests_spans_arrived():
+    rows = [{**r, "via": "specgate-otel" if r["via"] == "smg" else r["via"]} for r in ROWS]
+    rows[2].update(spans_exported=4990, requests_counted=1000, traces_dropped=2)
+    assert ("spans the sink received from specgate-otel: 4990 for 1000 requests it served, warm-up included (4.99 "
+            "per request; a sampled request has 5); requests whose spans the gateway dropped: 2") in table(rows, {})
