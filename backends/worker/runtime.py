@@ -81,7 +81,8 @@ class WorkerRuntime:
         self._loader: asyncio.Task | None = None
         # OpenTelemetry trace export (telemetry/otel.py: OTEL_* environment variables) through an exporter process
         # of its own (telemetry/otel_pipe.py), started with the worker; None: off
-        self.otel = otel.configure("specgate-worker")
+        self.otel = otel.configure("specgate-worker",
+                                   on_drop=lambda n, reason: self.metrics.otel_dropped.labels(reason).inc(n))
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:

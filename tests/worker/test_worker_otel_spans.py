@@ -70,3 +70,20 @@ def test_an_unsampled_request_records_nothing():
     span.finish(_out(FinishReason(type="length", length=8)))
     span.abandon()
     assert (span.recording, shipped) == (False, [])
+
+
+def test_spans_the_worker_drops_are_counted_in_its_metrics(prepared_model, monkeypatch):
+    """With no exporter process to take them (never started here), a sampled request's spans are dropped, and
+    the worker's ``specgate_otel_dropped_traces_total`` says so."""
+    from prometheus_client import generate_latest
+
+    from backends.worker.runtime import WorkerRuntime
+    from backends.worker.settings import WorkerSettings
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    runtime = WorkerRuntime(WorkerSettings())
+    span = WorkerSpan(runtime.otel, {}, "chat", "m", REQ)
+    span.finish(_out(FinishReason(type="length", length=8)))
+    runtime.otel.pipe.flush()
+    text = generate_latest(runtime.metrics.registry).decode()
+    assert 'specgate_otel_dropped_traces_total{reason="exporter_gone"} 1.0' in text.splitlines()
