@@ -99,7 +99,7 @@ async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, 
                         span.end()
             except (asyncio.CancelledError, WorkerError) as exc:
                 if span is not None:
-                    RequestSpans.attempt_failed(span, type(exc).__name__, str(exc) or "cancelled")
+                    span.fail(type(exc).__name__, str(exc) or "cancelled")
                 backend.give_back(pool_name, url)  # this attempt's slot; a served attempt's goes into holds
                 if not isinstance(exc, WorkerHTTPError):  # the client left, or a timeout or broken
                     # connection: the request may still run there, so never leave it computing for nobody

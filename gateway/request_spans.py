@@ -87,10 +87,6 @@ class RequestSpans:
             "specgate.draft_tokens": draft_tokens, "server.address": worker, "specgate.worker_rid": rid}, CLIENT)
         return Attempt(span), self._rec.traceparent(span.span_id)
 
-    @staticmethod
-    def attempt_failed(span: Attempt, error_type: str, message: str) -> None:
-        span.fail(error_type, message)
-
     def dispatched(self) -> None:
         """The answer starts now (the relay span starts here)."""
         self._mark = time.time_ns()

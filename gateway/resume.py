@@ -329,7 +329,7 @@ class Resumer:
                 except (WorkerError, StopAsyncIteration) as failure:
                     await _close(stream)
                     if span is not None:
-                        RequestSpans.attempt_failed(span, type(failure).__name__, str(failure))
+                        span.fail(type(failure).__name__, str(failure))
                     self.steps.append(Step(at_token=at, from_worker=self.worker, to_worker=url, pool=pool_name,
                                            outcome="failed"))
                     err = failure if isinstance(failure, WorkerError) else WorkerStreamError(

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from backends.engine.adaptive import best_k, match_context
-from backends.engine.source_choice import agreement, censored, rule_for, suffix_context
+from backends.engine.adaptive import best_k
+from backends.engine.source_choice import agreement, censored, ngram_context, rule_for, suffix_context
 from backends.engine.types import SpeculationParams
 from replay.book import Option
 from replay.walk import ORACLE, Walker
@@ -55,7 +55,7 @@ def suffix_positions(store, scope: str, prompt: Sequence[int], output: Sequence[
         runs.append(run)
         agree = agreement(ngram_firsts[p], tokens[0] if tokens else None) if ngram_firsts and cap > 0 else 0
         agrees.append(agree)
-        found_in.append(suffix_context(draft.suffix_match, draft.suffix_score, len(tokens)) + agree if tokens else 0)
+        found_in.append(suffix_context(draft.suffix_match, draft.suffix_score, len(tokens), agree) if tokens else 0)
         context.append(output[p])
     proposer.observe(0, 0, context)
     proposer.release()
@@ -71,8 +71,8 @@ class HybridWalker(Walker):
         get it here); empty: unknown (a sampled request's drawn positions), 0 everywhere."""
         super().__init__(costs, prompt_len, output_len, max_new, option, *ngram, seed=seed)
         agrees = agrees or [0] * len(ngram[2])
-        self.sources = ((ngram[0], ngram[1], [match_context(m) + a if match_context(m) else 0
-                                               for m, a in zip(ngram[2], agrees, strict=True)]), suffix)
+        self.sources = ((ngram[0], ngram[1], [ngram_context(m, a) for m, a in zip(ngram[2], agrees, strict=True)]),
+                        suffix)
         self.rule = None
 
     def bind(self, shared: dict) -> None:

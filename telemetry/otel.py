@@ -20,8 +20,8 @@ Attribute names follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*`
 
 from __future__ import annotations
 
-import os
 import functools
+import os
 import random
 from collections.abc import Callable, Mapping
 from typing import Any

@@ -80,14 +80,14 @@ class SpanPipe:
         self._frames: collections.deque[int] = collections.deque()  # the buffered frames' sizes, oldest first
         self._head = 0  # bytes of the oldest frame written already
         self._timer: asyncio.TimerHandle | None = None
-        self._started_at = -float("inf")
-        self.started = self._closed = False
+        self._started_at: float | None = None  # None: never started
+        self._closed = False
         self.dropped = self.restarts = 0
         self._warned_at = -float("inf")
 
     def start(self) -> None:
         """Start the exporter process (it exits, after exporting what it holds, when this pipe closes)."""
-        self.started, self._started_at = True, time.monotonic()
+        self._started_at = time.monotonic()
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "telemetry.otel_export", self.service], stdin=subprocess.PIPE,
@@ -159,7 +159,8 @@ class SpanPipe:
         frames = self._discard()
         if frames:
             self._drop(frames, "exporter_gone")
-        if self.started and time.monotonic() - self._started_at >= self.restart_s and not self._closed:
+        started = self._started_at
+        if started is not None and time.monotonic() - started >= self.restart_s and not self._closed:
             code = self.process.poll() if self.process is not None else None
             log.warning("otel_exporter_restarted", exit_code=code)
             self._reap()
@@ -187,16 +188,9 @@ class SpanPipe:
         if p is None:
             return
         deadline = time.monotonic() + timeout_s
-        fd = p.stdin.fileno()
-        while self._buf and p.poll() is None and (left := deadline - time.monotonic()) > 0:
-            if not select.select([], [fd], [], left)[1]:
-                continue
-            try:
-                self._written(os.write(fd, self._buf))
-            except BlockingIOError:
-                continue
-            except OSError:
-                break
+        while self._buf and (left := deadline - time.monotonic()) > 0:
+            if select.select([], [p.stdin.fileno()], [], left)[1]:
+                self.flush()  # an exporter gone meanwhile: what is left is dropped there (exporter_gone)
         if self._buf:
             self._drop(self._discard(), "shutdown")
         self._reap(max(0.0, deadline - time.monotonic()))

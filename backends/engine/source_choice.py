@@ -43,14 +43,22 @@ UNSURE, UNSURE_MEAN = 64, 0.5  # a suffix draft whose tokens' mean estimated pro
 DISAGREE = 128  # added to both sources' contexts when their drafts' first tokens differ (at most one is right)
 
 
-def suffix_context(match_len: int, score: float = 0.0, found: int = 0) -> int:
+def suffix_context(match_len: int, score: float = 0.0, found: int = 0, agree: int = 0) -> int:
     """The context a suffix draft's acceptance is learned under: its tree's match length in buckets 1, 2, 3,
     4 (4-7), 8 (8-15), 16 (16+), offset by ``SUFFIX_CONTEXTS``, and ``UNSURE`` added when its ``score`` over
-    its ``found`` tokens averages under ``UNSURE_MEAN``; 0 when it found nothing."""
+    its ``found`` tokens averages under ``UNSURE_MEAN``, plus ``agree`` (:func:`agreement`); 0 when it found
+    nothing."""
     if match_len <= 0 or found <= 0:
         return 0
     unsure = UNSURE if score < UNSURE_MEAN * found else 0
-    return SUFFIX_CONTEXTS + unsure + (16 if match_len >= 16 else match_context(match_len))
+    return SUFFIX_CONTEXTS + unsure + (16 if match_len >= 16 else match_context(match_len)) + agree
+
+
+def ngram_context(match: int, agree: int = 0) -> int:
+    """An n-gram draft's context: its match length's bucket (``adaptive.match_context``) plus ``agree``
+    (:func:`agreement`); 0 when it found nothing."""
+    bucket = match_context(match)
+    return bucket + agree if bucket else 0
 
 
 def agreement(ngram_first: int | None, suffix_first: int | None) -> int:
@@ -68,9 +76,7 @@ def agreement(ngram_first: int | None, suffix_first: int | None) -> int:
 def contexts(ngram_match: int, suffix_match: int, suffix_score: float, suffix_found: int,
              agree: int = 0) -> tuple[int, int]:
     """Each source's context, in ``SOURCES`` order; ``agree``: :func:`agreement` of the round's drafts."""
-    ngram = match_context(ngram_match)
-    suffix = suffix_context(suffix_match, suffix_score, suffix_found)
-    return ngram + agree if ngram else 0, suffix + agree if suffix else 0
+    return ngram_context(ngram_match, agree), suffix_context(suffix_match, suffix_score, suffix_found, agree)
 
 
 def scored(draft: Sequence[int], committed: Sequence[int]) -> tuple[int, int]:
