@@ -1,5 +1,5 @@
-"""The gateway's exporter process's loop (telemetry/otel_export.run) on a real OS pipe: frames become the SDK's spans
-in batches of at most OTEL_BSP_MAX_EXPORT_BATCH_SIZE, a partial batch leaves OTEL_BSP_SCHEDULE_DELAY after its
+"""The gateway's exporter process's loop (telemetry/otel_export.run) on a real OS pipe: frames become OTLP requests
+of spans in batches of at most OTEL_BSP_MAX_EXPORT_BATCH_SIZE, a partial batch leaves OTEL_BSP_SCHEDULE_DELAY after its
 first span without waiting for more, what is left goes at the end of the pipe, and a frame cut short is not
 exported. The settings read the SDK's variables, and a bad value is named."""
 
@@ -11,10 +11,12 @@ import sys
 import threading
 
 import msgspec
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 
-from telemetry.otel_export import _settings, run, take_frames
+from telemetry.otel_export import SCOPE, _settings, run, take_frames
 from telemetry.otel_pipe import FRAME_HEADER, SERVER, WireSpan, WireTrace
+from telemetry.otlp_encode import Encoder
 
 RESOURCE = Resource.create({"service.name": "t"})
 
@@ -25,20 +27,24 @@ def _frame(n: int) -> bytes:
 
 
 class Batches(list):
-    """What the loop exported, batch by batch (the span's ``n`` attribute), and an event per batch."""
+    """What the loop sent, request by request (each span's ``n`` attribute, read back by the official protobuf
+    classes), and an event per request."""
 
     def __init__(self) -> None:
         super().__init__()
         self.sent = threading.Event()
 
-    def __call__(self, spans) -> None:
-        self.append([s.attributes["n"] for s in spans])
+    def __call__(self, data: bytes) -> None:
+        request = ExportTraceServiceRequest.FromString(data)
+        self.append([span.attributes[0].value.int_value for rs in request.resource_spans
+                     for ss in rs.scope_spans for span in ss.spans])
         self.sent.set()
 
 
 def _loop(batches: Batches, schedule_s: float, batch_size: int) -> tuple[int, threading.Thread]:
     read, write = os.pipe()
-    thread = threading.Thread(target=run, args=(read, batches, RESOURCE, schedule_s, batch_size))
+    thread = threading.Thread(target=run, args=(read, batches, Encoder(RESOURCE.attributes, SCOPE), schedule_s,
+                                                     batch_size))
     thread.start()
     return write, thread
 
