@@ -12,7 +12,7 @@ endpoint in ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPO
 :func:`configure` returns None and imports nothing of OpenTelemetry: a caller's ``if otel is None`` is all a
 request pays. On, the SDK's sampler decides when a request arrives (:class:`Recording`); a sampled request's
 spans are plain values, shipped when it ends to the process's exporter (``telemetry/otel_pipe.py``), which
-builds the SDK's spans and sends them off the serving process.
+encodes them as OTLP and sends them off the serving process.
 
 Attribute names follow the OpenTelemetry GenAI semantic conventions (``gen_ai.*``) where one exists, and
 ``specgate.*`` for the decision (the same values as the answer's ``specgate`` object, docs/api.md).

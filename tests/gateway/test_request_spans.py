@@ -1,7 +1,8 @@
 """The gateway's OpenTelemetry spans (gateway/request_spans.py) on a real ``dispatch`` with a retry: one ``dispatch``
 span per attempt, the failed one ERROR with its error type, each attempt's ``traceparent`` naming its own span,
-and an unsampled request recording nothing. The recorded ``WireTrace`` goes through the exporter process's own
-conversion (``telemetry/otel_export.readable_spans``) to the SDK's spans that it exports."""
+and an unsampled request recording nothing. The recorded ``WireTrace`` is read back as the SDK's spans
+(tests/telemetry/otel_helpers.readable_spans), whose OTLP encoding is what the exporter process sends
+(tests/telemetry/test_otlp_encode.py)."""
 
 from __future__ import annotations
 
