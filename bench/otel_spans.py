@@ -25,6 +25,7 @@ import msgspec
 from gateway.request_spans import RequestSpans
 from telemetry.otel import TraceExport
 from telemetry.otel_pipe import FRAME_HEADER, SpanPipe, WireTrace
+from telemetry.otlp_encode import Encoder
 
 BATCH = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE's default
 
@@ -78,7 +79,6 @@ def measure(requests: int) -> dict[str, float]:
     from opentelemetry.sdk.resources import Resource  # see _tracing
 
     from telemetry.otel_export import SCOPE, take_frames  # imports the SDK exporter: see _tracing
-    from telemetry.otlp_encode import Encoder
 
     finished, record = served_request()
     out = {}
