@@ -152,7 +152,7 @@ class Telemetry:
 
     def count_otel_dropped(self, traces: int, reason: str) -> None:
         """Sampled requests' spans the gateway's trace export dropped (``telemetry/otel_pipe.SpanPipe``); ``reason``
-        is buffer_full, exporter_gone or shutdown."""
+        is buffer_full, exporter_gone, shutdown or export_failed."""
         self._child(self.metrics.otel_dropped, (reason,)).inc(traces)
 
     def observe_overhead(self, seconds: float) -> None:

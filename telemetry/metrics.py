@@ -178,9 +178,10 @@ class Metrics:
             "why not (sampled_out|route_excluded|failed|no_ids|unknown_worker|other_revision|invalid|too_large|"
             "write_error).", ["result"], registry=r)
         self.otel_dropped = Counter(
-            "specgate_otel_dropped_traces", "Sampled requests whose OpenTelemetry spans the gateway dropped before its "
-            "exporter process got them, by reason (buffer_full: the exporter falls behind; exporter_gone: it died "
-            "and is restarted; shutdown: not written before the gateway's shutdown deadline).", ["reason"], registry=r)
+            "specgate_otel_dropped_traces", "Sampled requests whose OpenTelemetry spans were lost, by reason "
+            "(buffer_full: the exporter process falls behind; exporter_gone: it died and is restarted; shutdown: not "
+            "written before the gateway's shutdown deadline; export_failed: the collector refused them or could not "
+            "be reached through the exporter's retries).", ["reason"], registry=r)
 
     def clear_pool_gauges(self) -> None:
         for gauge in (self.pool_workers, self.pool_healthy, self.pool_running, self.pool_waiting,

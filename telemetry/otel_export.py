@@ -9,7 +9,8 @@ with: :func:`sender`). Batches as the SDK's batch processor makes them: at most
 ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` spans (512), sent when full or ``OTEL_BSP_SCHEDULE_DELAY`` ms (5000) after
 their first span. There is no second queue here: while an export runs (or retries) nothing is read, the pipe
 fills, and the gateway's bounded buffer is the one place spans wait or are dropped, and counted
-(``specgate_otel_dropped_traces_total``). It runs only on CPU time nothing else wants (:func:`yield_cpu`;
+(``specgate_otel_dropped_traces_total``); a send the collector refuses, or that fails after the client's retries,
+is counted there too (:class:`Reporter`). It runs only on CPU time nothing else wants (:func:`yield_cpu`;
 ``SPECGATE_OTEL_EXPORTER_PRIORITY=normal`` gives it the gateway's priority): on a saturated host requests come
 first and spans wait, then drop. At the end of stdin (the gateway closed the pipe, or died) it sends what it holds and exits.
 Interrupts are ignored: a Ctrl-C or a SIGTERM sent to the whole process group reaches the gateway too, which
@@ -91,11 +92,62 @@ def sender(exporter: OTLPSpanExporter) -> Callable[[bytes], bool]:
     return send
 
 
-def run(fd: int, send: Callable[[bytes], object], encoder: Encoder, schedule_s: float, batch_size: int) -> None:
-    """Read frames from ``fd`` until its end, sending batches of ``batch_size`` spans as the module docstring
-    says (``send``: one encoded request)."""
+class Reporter:
+    """Tells the serving process, on this process's stdout (one decimal count a line), how many requests' spans
+    a failed send lost: it counts them in ``specgate_otel_dropped_traces_total{reason="export_failed"}``. Never
+    blocks: a count the pipe cannot take now is added to the next one."""
+
+    def __init__(self, fd: int = 1) -> None:
+        self.fd, self.pending = fd, 0
+        os.set_blocking(fd, False)
+
+    def __call__(self, traces: int) -> None:
+        self.pending += traces
+        if not self.pending:
+            return
+        try:
+            os.write(self.fd, f"{self.pending}\n".encode())  # under PIPE_BUF: written whole or not at all
+        except BlockingIOError:
+            return
+        except OSError:  # nobody reads it any more (the serving process is gone)
+            pass
+        self.pending = 0
+
+
+class Batch:
+    """Encoded spans waiting to be sent, with the request (frame) each came from, so that a failed send reports
+    the requests it lost; a request whose spans two failed sends split is counted once."""
+
+    def __init__(self, send: Callable[[bytes], bool], encoder: Encoder, lost: Callable[[int], None]) -> None:
+        self._send, self.encoder, self.lost = send, encoder, lost
+        self.spans: list[bytes] = []
+        self.owners: list[int] = []  # the frame of each span, numbered in arrival order
+        self.frames = 0
+        self._lost_to = 0  # the last frame counted as lost
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def add(self, spans: list[bytes]) -> None:
+        self.frames += 1
+        self.spans += spans
+        self.owners += [self.frames] * len(spans)
+
+    def send(self, n: int) -> None:
+        """Send the first ``n`` spans as one request."""
+        owners = self.owners[:n]
+        ok = self._send(self.encoder.request(self.spans[:n]))
+        del self.spans[:n], self.owners[:n]
+        if not ok and owners:
+            self.lost(len(set(owners)) - (owners[0] == self._lost_to))
+            self._lost_to = owners[-1]
+
+
+def run(fd: int, batch: Batch, schedule_s: float, batch_size: int) -> None:
+    """Read frames from ``fd`` until its end, sending ``batch`` in requests of ``batch_size`` spans as the module
+    docstring says."""
     decode = msgspec.msgpack.Decoder(WireTrace).decode
-    buf, batch = bytearray(), []
+    buf = bytearray()
     due: float | None = None  # when the batch's first span has waited the schedule delay
     while True:
         timeout = None if due is None else max(0.0, due - time.monotonic())
@@ -106,21 +158,19 @@ def run(fd: int, send: Callable[[bytes], object], encoder: Encoder, schedule_s: 
             buf += chunk
             for payload in take_frames(buf):
                 try:
-                    batch += encoder.spans(decode(payload))
+                    batch.add(batch.encoder.spans(decode(payload)))
                 except (msgspec.DecodeError, ValueError, TypeError, OverflowError) as exc:  # never from this gateway
                     print(f"specgate otel exporter: skipped a frame it cannot read: {exc}", file=sys.stderr)
             if batch and due is None:
                 due = time.monotonic() + schedule_s
             while len(batch) >= batch_size:
-                send(encoder.request(batch[:batch_size]))
-                del batch[:batch_size]
+                batch.send(batch_size)
         if batch and due is not None and time.monotonic() >= due:
-            send(encoder.request(batch))
-            batch = []
+            batch.send(len(batch))
         if not batch:
             due = None
     if batch:  # the end of the pipe: what is left (a frame cut short by the gateway's death is not)
-        send(encoder.request(batch))
+        batch.send(len(batch))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -132,10 +182,12 @@ def main(argv: list[str] | None = None) -> None:
         yield_cpu()
     resource = Resource.create({"service.name": argv[0]})  # and OTEL_RESOURCE_ATTRIBUTES, as the SDK reads them
     exporter = OTLPSpanExporter()  # endpoint, headers, timeout: the environment
+    report = Reporter()
     try:
-        run(sys.stdin.fileno(), sender(exporter), Encoder(resource.attributes, SCOPE, resource.schema_url),
-            schedule_s, batch_size)
+        run(sys.stdin.fileno(), Batch(sender(exporter), Encoder(resource.attributes, SCOPE, resource.schema_url),
+                                      report), schedule_s, batch_size)
     finally:
+        report(0)  # a count the pipe could not take earlier
         exporter.shutdown()
 
 

@@ -7,8 +7,10 @@ GIL from the engine's step loop 5 ms at a time. So a process only records: one :
 request (ids, times, attributes; ``telemetry/otel.Recording``), msgpack-framed into a pipe to its exporter
 process, ``python -m telemetry.otel_export``, which encodes them as OTLP protobuf (the SDK encoder's messages)
 and sends them with the SDK's OTLP/HTTP exporter's client. :meth:`SpanPipe.ship` never blocks: a full pipe leaves frames in a bounded buffer, and
-past that whole requests' spans are dropped and counted. An exporter process that dies is started again (at most
-once per ``RESTART_S``), and its loss never reaches a request.
+past that whole requests' spans are dropped and counted; the exporter reports on its stdout the requests whose
+spans a send then lost (the collector refused them, or could not be reached), and those are counted too. An
+exporter process that dies is started again (at most once per ``RESTART_S``), and its loss never reaches a
+request.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class SpanPipe:
         self._closed = False
         self.dropped = self.restarts = 0
         self._warned_at = -float("inf")
+        self._reports = bytearray()  # the exporter's reports of requests lost to failed sends, a partial line
 
     def start(self) -> None:
         """Start the exporter process (it exits, after exporting what it holds, when this pipe closes)."""
@@ -91,12 +94,14 @@ class SpanPipe:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "telemetry.otel_export", self.service], stdin=subprocess.PIPE,
-                env=_with_root(self.env))
+                stdout=subprocess.PIPE, env=_with_root(self.env))
         except OSError as exc:  # no process to export with: the gateway serves on, and says so
             self.process = None
             log.error("otel_exporter_start_failed", error=str(exc))
             return
         os.set_blocking(self.process.stdin.fileno(), False)
+        os.set_blocking(self.process.stdout.fileno(), False)
+        self._reports = bytearray()
 
     def ship(self, trace: WireTrace) -> None:
         """Queue one request's spans; never blocks, never raises."""
@@ -122,7 +127,9 @@ class SpanPipe:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._on_timer)
 
     def flush(self) -> None:
-        """Write what the pipe takes now; the rest waits (a partial frame's remainder first)."""
+        """Write what the pipe takes now; the rest waits (a partial frame's remainder first). Reads the
+        exporter's reports first (:meth:`collect`)."""
+        self.collect()
         if not self._buf:
             return
         p = self.process
@@ -137,6 +144,26 @@ class SpanPipe:
             self._lost()
             return
         self._written(n)
+
+    def collect(self) -> None:
+        """Count the requests whose spans the exporter process reports it could not send (a collector that
+        refused them, or was unreachable through the client's retries): ``export_failed``."""
+        p = self.process
+        if p is None or p.stdout is None or p.stdout.closed:
+            return
+        while True:
+            try:
+                chunk = os.read(p.stdout.fileno(), 4096)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            self._reports += chunk
+        *lines, rest = self._reports.split(b"\n")
+        self._reports = bytearray(rest)
+        lost = sum(int(line) for line in lines if line.strip().isdigit())
+        if lost:
+            self._drop(lost, "export_failed")
 
     def _written(self, n: int) -> None:
         """``n`` bytes went into the pipe: the frames they complete leave the count."""
@@ -156,6 +183,7 @@ class SpanPipe:
     def _lost(self) -> None:
         """The exporter process is gone: what is buffered is lost with it (a partial frame cannot be resumed);
         start another one unless one was started within ``restart_s``."""
+        self.collect()
         frames = self._discard()
         if frames:
             self._drop(frames, "exporter_gone")
@@ -207,6 +235,9 @@ class SpanPipe:
             log.warning("otel_exporter_killed", after_s=timeout_s)
             p.kill()
             p.wait()
+        self.collect()  # what it reported up to its exit (its stdout is at its end now)
+        with contextlib.suppress(OSError):
+            p.stdout.close()
         self.process = None
 
 

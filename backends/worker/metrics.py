@@ -49,8 +49,8 @@ class WorkerMetrics:
         self.requests = Counter("sglang:num_requests", "Finished requests", labels, registry=r)
         self.spec_verify = Counter("sglang:spec_verify_calls", "Verification rounds", labels, registry=r)
         self.otel_dropped = Counter(  # specgate's own, as on the gateway (telemetry/otel_pipe.SpanPipe)
-            "specgate_otel_dropped_traces", "Sampled requests whose OpenTelemetry spans the worker dropped before "
-            "its exporter process got them, by reason (buffer_full, exporter_gone, shutdown).", ["reason"],
+            "specgate_otel_dropped_traces", "Sampled requests whose OpenTelemetry spans the worker lost, by reason "
+            "(buffer_full, exporter_gone, shutdown, export_failed: as on the gateway).", ["reason"],
             registry=r)
         self._model = model_name
         self._lock = threading.Lock()

@@ -1,7 +1,8 @@
 """The gateway's trace export pipe (telemetry/otel_pipe.py) with its real exporter process
 (telemetry/otel_export.py) and an OTLP/HTTP receiver decoding the official protobuf messages: frames arrive as
 the spans they describe, a pipe closed at once still delivers what it holds, an exporter process that dies is
-replaced, and one that stops reading never blocks the gateway (traces past the buffer are dropped and counted)."""
+replaced, one that stops reading never blocks the gateway (traces past the buffer are dropped and counted), and
+requests whose spans the collector refuses are counted too."""
 
 from __future__ import annotations
 
@@ -119,3 +120,24 @@ def test_a_stuck_exporter_cannot_hold_the_gateways_shutdown():
         pipe.close(timeout_s=0.5)
         assert pipe.process is None and process.poll() is not None  # killed (a stopped process still dies of it)
         assert drops == [(pending, "shutdown")]
+
+
+def test_requests_whose_spans_the_collector_refuses_are_counted():
+    """A collector answering 404 (a wrong endpoint path): the exporter's sends fail, and the pipe counts every
+    request they held as ``export_failed``, including the last send's, made as the pipe closes."""
+    with otlp_receiver() as (endpoint, receiver):
+        drops: list[tuple[int, str]] = []
+        env = {**_env(endpoint), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint + "/v1/nothing-here"}
+        pipe = SpanPipe("edge-gw", env, on_drop=lambda n, why: drops.append((n, why)))
+        pipe.start()
+
+        async def serve() -> None:
+            for n in range(3):
+                pipe.ship(_trace(n))
+            await asyncio.to_thread(_wait, lambda: (pipe.collect(), pipe.dropped)[1] == 3)
+
+        asyncio.run(serve())
+        assert (pipe.dropped, sum(n for n, _ in drops), {why for _, why in drops}) == (3, 3, {"export_failed"})
+        pipe.ship(_trace(3))
+        pipe.close()
+        assert (pipe.dropped, drops[-1]) == (4, (1, "export_failed")) and receiver.spans == []

@@ -1,7 +1,8 @@
 """The gateway's exporter process's loop (telemetry/otel_export.run) on a real OS pipe: frames become OTLP requests
 of spans in batches of at most OTEL_BSP_MAX_EXPORT_BATCH_SIZE, a partial batch leaves OTEL_BSP_SCHEDULE_DELAY after its
 first span without waiting for more, what is left goes at the end of the pipe, and a frame cut short is not
-exported. The settings read the SDK's variables, and a bad value is named."""
+exported. A send that fails reports the requests it lost, each once, on a pipe that never blocks the exporter.
+The settings read the SDK's variables, and a bad value is named."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import msgspec
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 
-from telemetry.otel_export import SCOPE, _settings, run, take_frames
+from telemetry.otel_export import SCOPE, Batch, Reporter, _settings, run, take_frames
 from telemetry.otel_pipe import FRAME_HEADER, SERVER, WireSpan, WireTrace
 from telemetry.otlp_encode import Encoder
 
@@ -34,17 +35,23 @@ class Batches(list):
         super().__init__()
         self.sent = threading.Event()
 
-    def __call__(self, data: bytes) -> None:
-        request = ExportTraceServiceRequest.FromString(data)
-        self.append([span.attributes[0].value.int_value for rs in request.resource_spans
-                     for ss in rs.scope_spans for span in ss.spans])
+    def __call__(self, data: bytes) -> bool:
+        self.append(_ns(data))
         self.sent.set()
+        return True
+
+
+def _ns(data: bytes) -> list[int]:
+    """Each span's ``n`` attribute in an encoded request, read back by the official protobuf classes."""
+    request = ExportTraceServiceRequest.FromString(data)
+    return [span.attributes[0].value.int_value for rs in request.resource_spans for ss in rs.scope_spans
+            for span in ss.spans]
 
 
 def _loop(batches: Batches, schedule_s: float, batch_size: int) -> tuple[int, threading.Thread]:
     read, write = os.pipe()
-    thread = threading.Thread(target=run, args=(read, batches, Encoder(RESOURCE.attributes, SCOPE), schedule_s,
-                                                     batch_size))
+    batch = Batch(batches, Encoder(RESOURCE.attributes, SCOPE), lost=batches.append)
+    thread = threading.Thread(target=run, args=(read, batch, schedule_s, batch_size))
     thread.start()
     return write, thread
 
@@ -93,3 +100,57 @@ def test_the_exporter_process_runs_on_idle_cpu_time_only():
     code = "import os; from telemetry.otel_export import yield_cpu; yield_cpu(); print(os.sched_getscheduler(0))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert int(out) == os.SCHED_IDLE
+
+
+def test_a_failed_send_reports_the_requests_it_lost_each_once():
+    """Requests of 2, 1 and 3 spans in sends of 2 spans: the third request is split across the last two sends;
+    when both fail it is lost once, not twice; a send that succeeds reports nothing."""
+    outcomes, sent, lost = [False, True, False, False], [], []
+
+    def send(data: bytes) -> bool:
+        sent.append(_ns(data))
+        return outcomes[len(sent) - 1]
+
+    encoder = Encoder(RESOURCE.attributes, SCOPE)
+    batch = Batch(send, encoder, lost.append)
+    spans = {1: 2, 2: 1, 3: 3}
+    for n, count in spans.items():
+        batch.add(encoder.spans(WireTrace(0, n, 0, 0, "", [WireSpan("s", 10 * n + i, 0, SERVER, 1, 2, {"n": n})
+                                                            for i in range(count)])))
+    while batch:
+        batch.send(2)
+    assert sent == [[1, 1], [2, 3], [3, 3]]
+    assert lost == [1, 1] and sum(lost) == 2  # request 1; request 3 (in two failed sends), once
+
+
+def _drain(fd: int) -> bytes:
+    """What a non-blocking pipe holds now."""
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_reports_never_block_and_a_count_that_did_not_fit_goes_with_the_next():
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    report = Reporter(write)
+    report(2)
+    assert _drain(read) == b"2\n"
+    while True:  # fill the pipe: the next report cannot be written now
+        try:
+            os.write(write, b"x" * 4096)
+        except BlockingIOError:
+            break
+    report(3)  # returns at once, keeping the count
+    assert report.pending == 3
+    assert not _drain(read).endswith(b"\n")  # the reader catches up: only the filler was there
+    report(4)
+    assert report.pending == 0 and _drain(read) == b"7\n"
+    report(0)  # nothing pending: nothing written
+    assert _drain(read) == b""
