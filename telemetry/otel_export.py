@@ -128,7 +128,9 @@ class Batch:
     def __len__(self) -> int:
         return len(self.spans)
 
-    def add(self, spans: list[bytes]) -> None:
+    def add(self, trace: WireTrace) -> None:
+        """Encode one request's spans into the batch (a record OTLP cannot carry raises, and adds nothing)."""
+        spans = self.encoder.spans(trace)
         self.frames += 1
         self.spans += spans
         self.owners += [self.frames] * len(spans)
@@ -158,7 +160,7 @@ def run(fd: int, batch: Batch, schedule_s: float, batch_size: int) -> None:
             buf += chunk
             for payload in take_frames(buf):
                 try:
-                    batch.add(batch.encoder.spans(decode(payload)))
+                    batch.add(decode(payload))
                 except (msgspec.DecodeError, ValueError, TypeError, OverflowError) as exc:  # never from this gateway
                     print(f"specgate otel exporter: skipped a frame it cannot read: {exc}", file=sys.stderr)
             if batch and due is None:

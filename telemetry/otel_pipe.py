@@ -6,11 +6,11 @@ under the one GIL (0.28x the requests per second at 100% sampling), and in the w
 GIL from the engine's step loop 5 ms at a time. So a process only records: one :class:`WireTrace` per sampled
 request (ids, times, attributes; ``telemetry/otel.Recording``), msgpack-framed into a pipe to its exporter
 process, ``python -m telemetry.otel_export``, which encodes them as OTLP protobuf (the SDK encoder's messages)
-and sends them with the SDK's OTLP/HTTP exporter's client. :meth:`SpanPipe.ship` never blocks: a full pipe leaves frames in a bounded buffer, and
-past that whole requests' spans are dropped and counted; the exporter reports on its stdout the requests whose
-spans a send then lost (the collector refused them, or could not be reached), and those are counted too. An
-exporter process that dies is started again (at most once per ``RESTART_S``), and its loss never reaches a
-request.
+and sends them with the SDK's OTLP/HTTP exporter's client. :meth:`SpanPipe.ship` never blocks: a full pipe leaves
+frames in a bounded buffer, and past that whole requests' spans are dropped and counted; the exporter reports on
+its stdout the requests whose spans a send then lost (the collector refused them, or could not be reached), and
+those are counted too. An exporter process that dies is started again (at most once per ``RESTART_S``), and its
+loss never reaches a request.
 """
 
 from __future__ import annotations

@@ -115,8 +115,8 @@ def test_a_failed_send_reports_the_requests_it_lost_each_once():
     batch = Batch(send, encoder, lost.append)
     spans = {1: 2, 2: 1, 3: 3}
     for n, count in spans.items():
-        batch.add(encoder.spans(WireTrace(0, n, 0, 0, "", [WireSpan("s", 10 * n + i, 0, SERVER, 1, 2, {"n": n})
-                                                            for i in range(count)])))
+        batch.add(WireTrace(0, n, 0, 0, "", [WireSpan("s", 10 * n + i, 0, SERVER, 1, 2, {"n": n})
+                                             for i in range(count)]))
     while batch:
         batch.send(2)
     assert sent == [[1, 1], [2, 3], [3, 3]]

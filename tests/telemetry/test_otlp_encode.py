@@ -34,7 +34,8 @@ keys = st.sampled_from(["gen_ai.request.model", "specgate.slice", "specgate.retr
 @st.composite
 def traces(draw) -> WireTrace:
     span_ids = draw(st.lists(ids, min_size=1, max_size=5, unique=True))
-    spans = [WireSpan(draw(st.text(min_size=1, max_size=10)), span_id, 0 if i == 0 else draw(st.sampled_from(span_ids[:i])),
+    spans = [WireSpan(draw(st.text(min_size=1, max_size=10)), span_id,
+                      0 if i == 0 else draw(st.sampled_from(span_ids[:i])),
                       draw(st.sampled_from([INTERNAL, SERVER, CLIENT])), draw(st.integers(0, 2**63)),
                       draw(st.integers(0, 2**63)), draw(st.dictionaries(keys, values, max_size=8)),
                       draw(st.none() | st.text(max_size=12)))
