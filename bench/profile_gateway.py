@@ -88,7 +88,7 @@ def main() -> None:
     arm = "specgate" if args.otel_sample is None else "specgate-otel"
     with running([sys.executable, "-m", "bench.instant_worker", "--port", str(port)], f"{worker}/health",
                  tmp / "instant.log"), \
-            gateways(worker, "instant", tmp, [arm], otel_sample=args.otel_sample or 1.0) as (urls, pids, _):
+            gateways(worker, "instant", tmp, [arm], otel_sample=1.0 if args.otel_sample is None else args.otel_sample) as (urls, pids, _):
         url = urls[arm]
         wrk(url, body, args.concurrency, 3, tmp)  # warm-up: connections, caches, the learner's first cells
         sampler = subprocess.Popen([spy, "record", "--pid", str(pids[arm]), "--rate", str(args.rate),

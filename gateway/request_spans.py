@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from telemetry import otel
-from telemetry.otel_pipe import CLIENT, SERVER, WireSpan
+from telemetry.otel_pipe import CLIENT, GATEWAY_REQUEST, SERVER, WireSpan
 
 if TYPE_CHECKING:
     from gateway.stages import Finished
@@ -104,42 +104,21 @@ class RequestSpans:
         d = f.decision
         body = f.admitted.body if f.admitted is not None else {}
         r = record
-        attributes = otel.attributes({
-            "gen_ai.operation.name": op,
-            "gen_ai.provider.name": "specgate",
-            "gen_ai.request.model": model or None,
-            "gen_ai.request.max_tokens": body.get("max_completion_tokens", body.get("max_tokens")),
-            "gen_ai.request.temperature": body.get("temperature"),
-            "gen_ai.usage.input_tokens": r.prompt_tokens if f.dispatched is not None else None,
-            "gen_ai.usage.output_tokens": r.completion_tokens if f.dispatched is not None else None,
-            "http.response.status_code": r.http_status,
-            "specgate.request_id": r.request_id,
-            "specgate.status": r.status,
-            "specgate.route": r.route or None,
-            "specgate.slice": r.slice or None,
-            "specgate.pool": r.pool or None,
-            "specgate.rule": r.rule or None,
-            "specgate.reason": r.reason or None,
-            "specgate.proposer": r.proposer if d is not None else None,
-            "specgate.draft_tokens": r.draft_tokens if d is not None else None,
-            "specgate.explored": d.explored if d is not None else None,
-            "specgate.exploration": r.exploration,
-            "specgate.fallback": r.fallback if d is not None else None,
-            "specgate.retries": r.retries,
-            "specgate.worker": r.worker or None,
-            "specgate.verify_rounds": r.verify_ct,
-            "specgate.accept_length": r.accept_length,
-            "specgate.draft_tokens_proposed": r.num_proposed_drafts,
-            "specgate.draft_tokens_accepted": r.num_correct_drafts,
-            "specgate.ttft_ms": r.ttft_s * 1e3 if r.ttft_s is not None else None,
-            "specgate.tpot_ms": r.tpot_s * 1e3 if r.tpot_s is not None else None,
-            "specgate.overhead_ms": r.overhead_s * 1e3 if r.overhead_s is not None else None,
-            "specgate.slo.ttft_ms": r.slo_ttft_s * 1e3 if r.slo_ttft_s is not None else None,
-            "specgate.slo.tpot_ms": r.slo_tpot_s * 1e3 if r.slo_tpot_s is not None else None,
-            "specgate.slo_met": r.slo_met,
-        })
-        error = None
-        if r.status != "ok":
-            attributes["error.type"] = r.error_type or r.status
-            error = r.error_message or r.status
+        served, decided = f.dispatched is not None, d is not None
+        failed = r.status != "ok"
+        attributes = [  # in the order of LAYOUTS[GATEWAY_REQUEST] (telemetry/otel_pipe.py); None: not set
+            GATEWAY_REQUEST, op, "specgate", model or None,
+            body.get("max_completion_tokens", body.get("max_tokens")), body.get("temperature"),
+            r.prompt_tokens if served else None, r.completion_tokens if served else None,
+            r.http_status, r.request_id, r.status, r.route or None, r.slice or None, r.pool or None, r.rule or None,
+            r.reason or None, r.proposer if decided else None, r.draft_tokens if decided else None,
+            d.explored if decided else None, r.exploration, r.fallback if decided else None, r.retries,
+            r.worker or None, r.verify_ct, r.accept_length, r.num_proposed_drafts, r.num_correct_drafts,
+            _ms(r.ttft_s), _ms(r.tpot_s), _ms(r.overhead_s), _ms(r.slo_ttft_s), _ms(r.slo_tpot_s), r.slo_met,
+            (r.error_type or r.status) if failed else None]
+        error = (r.error_message or r.status) if failed else None
         self._rec.ship(f"{op} {model}" if model else op, SERVER, self._start, now, attributes, error)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return seconds * 1e3 if seconds is not None else None

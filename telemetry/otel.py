@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from telemetry.otel_pipe import INTERNAL, SAMPLED, SpanPipe, WireSpan, WireTrace
+from telemetry.otel_pipe import INTERNAL, SAMPLED, SpanPipe, Value, WireSpan, WireTrace
 
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 TRACEPARENT, TRACESTATE = "traceparent", "tracestate"
@@ -58,15 +58,18 @@ class ClientContext(msgspec.Struct, frozen=True, gc=False):
 class TraceExport:
     """One process's sampler and exporter process (None where export is off)."""
 
-    __slots__ = ("service", "sampler", "pipe")
+    __slots__ = ("service", "sampler", "pipe", "_quick")
 
     def __init__(self, service: str, sampler: Any, pipe: Any) -> None:
         self.service, self.sampler, self.pipe = service, sampler, pipe
+        self._quick = quick_decision(sampler)
 
     def decide(self, client: ClientContext | None, name: str) -> tuple[int, bool]:
         """The request's trace id and whether it is sampled: the SDK's sampler, asked as it would ask for the
         request's root span (parent-based on the caller's flags where there is a caller's context)."""
         trace_id = client.trace_id if client is not None else (random.getrandbits(128) or 1)
+        if self._quick is not None:
+            return trace_id, self._quick(client, trace_id)
         parent = client.context if client is not None else None
         return trace_id, self.sampler.should_sample(parent, trace_id, name).decision.is_sampled()
 
@@ -76,6 +79,46 @@ class TraceExport:
 
     def shutdown(self) -> None:
         self.pipe.close()
+
+
+def quick_decision(sampler: Any) -> Callable[[ClientContext | None, int], bool] | None:
+    """The decision of the samplers ``OTEL_TRACES_SAMPLER`` names (always_on, always_off, traceidratio and their
+    parentbased_ forms), as the SDK makes it, without its ``SamplingResult`` and context look-ups (~1 us of every
+    request, sampled or not); None for any other sampler, which is asked itself. tests/telemetry/test_otel_sampling.py
+    checks it against the SDK's ``should_sample``. Reads ``ParentBased``'s delegates (private, SDK pinned)."""
+    from opentelemetry.sdk.trace import sampling  # tracing on only (the sampler is the SDK's already)
+
+    def alone(s: Any) -> Callable[[int], bool] | None:  # a sampler that ignores the parent
+        if s is sampling.ALWAYS_ON:
+            return _always
+        if s is sampling.ALWAYS_OFF:
+            return _never
+        if type(s) is sampling.TraceIdRatioBased:
+            return functools.partial(_below, s.TRACE_ID_LIMIT, s.bound)
+        return None
+
+    if type(sampler) in (sampling.ParentBased, sampling.ParentBasedTraceIdRatio):
+        root, sampled, unsampled = (alone(sampler._root), alone(sampler._remote_parent_sampled),
+                                    alone(sampler._remote_parent_not_sampled))
+        if root is None or sampled is None or unsampled is None:
+            return None
+        return lambda client, trace_id: (root if client is None else sampled if client.flags & SAMPLED
+                                         else unsampled)(trace_id)
+    if (rule := alone(sampler)) is None:
+        return None
+    return lambda client, trace_id: rule(trace_id)
+
+
+def _always(trace_id: int) -> bool:
+    return True
+
+
+def _never(trace_id: int) -> bool:
+    return False
+
+
+def _below(limit: int, bound: int, trace_id: int) -> bool:
+    return trace_id & limit < bound  # TraceIdRatioBased: the trace id's low 64 bits against the rate's bound
 
 
 def configure(default_service: str, env: Mapping[str, str] | None = None,
@@ -158,8 +201,8 @@ class Recording:
         self.spans.append(span)
         return span
 
-    def ship(self, name: str, kind: int, start_ns: int, end_ns: int, attributes: dict[str, Any],
-             error: str | None = None) -> None:
+    def ship(self, name: str, kind: int, start_ns: int, end_ns: int,
+             attributes: dict[str, Value] | list[Value | None], error: str | None = None) -> None:
         """Record the request's own span, end the children still open, and hand the spans to the exporter."""
         for span in self.spans:
             if span.end_ns == 0:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Mapping
 
-from telemetry.otel_pipe import WireSpan, WireTrace
+from telemetry.otel_pipe import WireSpan, WireTrace, attribute_items
 
 _DOUBLE = struct.Struct("<d").pack
 _FIXED64 = struct.Struct("<Q").pack
@@ -76,16 +76,17 @@ class Encoder:
     def __init__(self, resource_attributes: Mapping[str, object], scope: str, resource_schema_url: str = "") -> None:
         self._cache: dict[tuple[str, type, object], bytes] = {}
         self._keys: dict[str, bytes] = {}  # a key's encoded KeyValue.key field (keys are the code's own)
-        self._head = field(b"\x0a", self.attributes(resource_attributes, b"\x0a"))  # ResourceSpans.resource
+        self._head = field(b"\x0a", self.attributes(resource_attributes.items(), b"\x0a"))  # ResourceSpans.resource
         self._tail = field(b"\x1a", resource_schema_url.encode()) if resource_schema_url else b""
         self._scope = field(b"\x0a", field(b"\x0a", scope.encode()))  # ScopeSpans.scope: its name
 
-    def attributes(self, attributes: Mapping[str, object], tag: bytes = b"\x4a") -> bytes:
-        """``KeyValue`` fields (``tag``: the field that holds them, a span's 9, a resource's 1). A string or bool
-        value's encoding is remembered, and every key's, up to ``MAX_CACHED`` of each (then forgotten all at once)."""
+    def attributes(self, attributes: Iterable[tuple[str, object]], tag: bytes = b"\x4a") -> bytes:
+        """``KeyValue`` fields of (key, value) pairs (``tag``: the field that holds them, a span's 9, a resource's 1).
+        A string or bool value's encoding is remembered, and every key's, up to ``MAX_CACHED`` of each (then
+        forgotten all at once)."""
         cache, keys = self._cache, self._keys
         out = []
-        for key, value in attributes.items():
+        for key, value in attributes:
             kind = type(value)
             if kind is str or kind is bool:
                 entry = cache.get((key, kind, value))
@@ -127,7 +128,7 @@ class Encoder:
             b"\x30", varint(s.kind + 1),  # trace.proto's SpanKind counts from UNSPECIFIED = 0
             b"\x39", _FIXED64(s.start_ns),
             b"\x41", _FIXED64(s.end_ns),
-            self.attributes(s.attributes),
+            self.attributes(attribute_items(s.attributes)),
             status,
             b"\x85\x01", _FIXED32(HAS_IS_REMOTE | (IS_REMOTE if s.parent_id == 0 and remote_parent else 0)),
         ))

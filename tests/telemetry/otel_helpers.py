@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from telemetry.otel import TraceExport
 from telemetry.otel_export import SCOPE
-from telemetry.otel_pipe import SAMPLED, WireTrace
+from telemetry.otel_pipe import SAMPLED, WireTrace, attribute_items
 
 _KINDS = {k.value: k for k in SpanKind}
 
@@ -35,7 +35,7 @@ def readable_spans(trace: WireTrace, resource: Resource) -> list[ReadableSpan]:
                                                               trace_flags=flags, trace_state=state)
         out.append(ReadableSpan(
             s.name, context=SpanContext(trace_id, s.span_id, is_remote=False, trace_flags=flags, trace_state=state),
-            parent=parent, resource=resource, attributes=s.attributes, kind=_KINDS[s.kind],
+            parent=parent, resource=resource, attributes=dict(attribute_items(s.attributes)), kind=_KINDS[s.kind],
             status=Status() if s.error is None else Status(StatusCode.ERROR, s.error),
             start_time=s.start_ns, end_time=s.end_ns, instrumentation_scope=InstrumentationScope(SCOPE)))
     return out

@@ -14,7 +14,8 @@ from opentelemetry.sdk.resources import Resource
 
 import telemetry.otlp_encode as otlp_encode
 from telemetry.otel_export import SCOPE
-from telemetry.otel_pipe import CLIENT, INTERNAL, SERVER, WireSpan, WireTrace
+from telemetry.otel_pipe import (
+    CLIENT, GATEWAY_REQUEST, INTERNAL, LAYOUTS, SERVER, WireSpan, WireTrace, attribute_items)
 from telemetry.otlp_encode import Encoder, varint
 from tests.telemetry.otel_helpers import readable_spans
 
@@ -29,6 +30,8 @@ values = st.one_of(scalars, st.lists(st.text(max_size=4), max_size=3), st.lists(
                    st.lists(st.floats(allow_nan=False), max_size=3), st.lists(st.booleans(), max_size=3))
 keys = st.sampled_from(["gen_ai.request.model", "specgate.slice", "specgate.retries", "n", "a", "b"]) | st.text(
     min_size=1, max_size=10)
+laid_out = st.lists(st.none() | values, min_size=len(LAYOUTS[GATEWAY_REQUEST]),
+                    max_size=len(LAYOUTS[GATEWAY_REQUEST])).map(lambda vs: [GATEWAY_REQUEST, *vs])
 
 
 @st.composite
@@ -37,7 +40,7 @@ def traces(draw) -> WireTrace:
     spans = [WireSpan(draw(st.text(min_size=1, max_size=10)), span_id,
                       0 if i == 0 else draw(st.sampled_from(span_ids[:i])),
                       draw(st.sampled_from([INTERNAL, SERVER, CLIENT])), draw(st.integers(0, 2**63)),
-                      draw(st.integers(0, 2**63)), draw(st.dictionaries(keys, values, max_size=8)),
+                      draw(st.integers(0, 2**63)), draw(st.dictionaries(keys, values, max_size=8) | laid_out),
                       draw(st.none() | st.text(max_size=12)))
              for i, span_id in enumerate(span_ids)]
     return WireTrace(draw(st.integers(0, 2**64 - 1)), draw(ids), draw(st.just(0) | ids), draw(st.sampled_from([0, 1])),
@@ -94,3 +97,12 @@ def test_a_value_otlp_cannot_carry_is_refused_by_name():
     trace = WireTrace(0, 1, 0, 0, "", [WireSpan("s", 1, 0, INTERNAL, 0, 1, {"k": {"nested": 1}})])
     with pytest.raises(TypeError, match="cannot be a dict"):
         ENCODER.spans(trace)
+
+
+def test_a_laid_out_span_names_its_values_by_the_layout_and_leaves_out_the_unset():
+    values = [None] * len(LAYOUTS[GATEWAY_REQUEST])
+    values[0], values[8], values[-1] = "chat", "r-1", "upstream_error"
+    assert dict(attribute_items([GATEWAY_REQUEST, *values])) == {
+        "gen_ai.operation.name": "chat", "specgate.request_id": "r-1", "error.type": "upstream_error"}
+    with pytest.raises(ValueError):  # one value short: a layout and its writer out of step fail, never shift
+        list(attribute_items([GATEWAY_REQUEST, *values[1:]]))
