@@ -46,9 +46,13 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
+_BYTE = [bytes((i,)) for i in range(0x80)]  # a varint under 0x80 is its one byte
+
+
 def field(tag: bytes, payload: bytes) -> bytes:
     """A length-delimited field: its tag, the payload's length, the payload."""
-    return tag + varint(len(payload)) + payload
+    n = len(payload)
+    return tag + (_BYTE[n] if n < 0x80 else varint(n)) + payload
 
 
 def any_value(value: object) -> bytes:
@@ -81,9 +85,13 @@ class Encoder:
         self._scope = field(b"\x0a", field(b"\x0a", scope.encode()))  # ScopeSpans.scope: its name
 
     def attributes(self, attributes: Iterable[tuple[str, object]], tag: bytes = b"\x4a") -> bytes:
-        """``KeyValue`` fields of (key, value) pairs (``tag``: the field that holds them, a span's 9, a resource's 1).
-        A string or bool value's encoding is remembered, and every key's, up to ``MAX_CACHED`` of each (then
-        forgotten all at once)."""
+        """``KeyValue`` fields of (key, value) pairs (``tag``: the field that holds them, a span's 9, a resource's 1)."""
+        return b"".join(field(tag, kv) for kv in self._key_values(attributes))
+
+    def _key_values(self, attributes: Iterable[tuple[str, object]]) -> list[bytes]:
+        """Each pair's ``KeyValue`` payload. A string or bool value's is remembered, and every key's, up to
+        ``MAX_CACHED`` of each (then forgotten all at once); a small int's and a float's are written inline (this
+        is the exporter's hot loop: most of its CPU)."""
         cache, keys = self._cache, self._keys
         out = []
         for key, value in attributes:
@@ -93,17 +101,21 @@ class Encoder:
                 if entry is None:
                     if len(cache) >= MAX_CACHED:
                         cache.clear()
-                    entry = cache[key, kind, value] = field(
-                        tag, field(b"\x0a", key.encode()) + field(b"\x12", any_value(value)))
+                    entry = cache[key, kind, value] = field(b"\x0a", key.encode()) + field(b"\x12", any_value(value))
                 out.append(entry)
+                continue
+            name = keys.get(key)
+            if name is None:
+                if len(keys) >= MAX_CACHED:
+                    keys.clear()
+                name = keys[key] = field(b"\x0a", key.encode())
+            if kind is float:
+                out.append(name + b"\x12\x09\x21" + _DOUBLE(value))
+            elif kind is int and 0 <= value < 0x80:
+                out.append(name + b"\x12\x02\x18" + _BYTE[value])
             else:
-                name = keys.get(key)
-                if name is None:
-                    if len(keys) >= MAX_CACHED:
-                        keys.clear()
-                    name = keys[key] = field(b"\x0a", key.encode())
-                out.append(field(tag, name + field(b"\x12", any_value(value))))
-        return b"".join(out)
+                out.append(name + field(b"\x12", any_value(value)))
+        return out
 
     def spans(self, trace: WireTrace) -> list[bytes]:
         """Each span of one request as a ``ScopeSpans.spans`` field: the root's parent is the client's span (remote)
@@ -119,7 +131,7 @@ class Encoder:
         else:
             message = field(b"\x12", s.error.encode()) if s.error else b""
             status = field(b"\x7a", message + b"\x18" + varint(STATUS_ERROR))
-        return b"".join((
+        parts = [
             trace_id,
             b"\x12\x08", s.span_id.to_bytes(8, "big"),
             state,
@@ -128,10 +140,12 @@ class Encoder:
             b"\x30", varint(s.kind + 1),  # trace.proto's SpanKind counts from UNSPECIFIED = 0
             b"\x39", _FIXED64(s.start_ns),
             b"\x41", _FIXED64(s.end_ns),
-            self.attributes(attribute_items(s.attributes)),
-            status,
-            b"\x85\x01", _FIXED32(HAS_IS_REMOTE | (IS_REMOTE if s.parent_id == 0 and remote_parent else 0)),
-        ))
+        ]
+        for kv in self._key_values(attribute_items(s.attributes)):  # Span.attributes, field 9
+            n = len(kv)
+            parts += (b"\x4a", _BYTE[n] if n < 0x80 else varint(n), kv)
+        parts += (status, b"\x85\x01", _FIXED32(HAS_IS_REMOTE | (IS_REMOTE if s.parent_id == 0 and remote_parent else 0)))
+        return b"".join(parts)
 
     def request(self, spans: Iterable[bytes]) -> bytes:
         """An ``ExportTraceServiceRequest`` of encoded spans (:meth:`spans`): one resource, one scope."""
