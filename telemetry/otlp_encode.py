@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Mapping
 
-from telemetry.otel_pipe import WireSpan, WireTrace, attribute_items
+from telemetry.otel_pipe import Value, WireSpan, WireTrace, attribute_items
 
 _DOUBLE = struct.Struct("<d").pack
 _FIXED64 = struct.Struct("<Q").pack
@@ -80,28 +80,29 @@ class Encoder:
     def __init__(self, resource_attributes: Mapping[str, object], scope: str, resource_schema_url: str = "") -> None:
         self._cache: dict[tuple[str, type, object], bytes] = {}
         self._keys: dict[str, bytes] = {}  # a key's encoded KeyValue.key field (keys are the code's own)
-        self._head = field(b"\x0a", self.attributes(resource_attributes.items(), b"\x0a"))  # ResourceSpans.resource
+        self._head = field(b"\x0a", self.attributes(resource_attributes))  # ResourceSpans.resource
         self._tail = field(b"\x1a", resource_schema_url.encode()) if resource_schema_url else b""
         self._scope = field(b"\x0a", field(b"\x0a", scope.encode()))  # ScopeSpans.scope: its name
 
-    def attributes(self, attributes: Iterable[tuple[str, object]], tag: bytes = b"\x4a") -> bytes:
-        """``KeyValue`` fields of (key, value) pairs (``tag``: the field that holds them, a span's 9, a resource's 1)."""
-        return b"".join(field(tag, kv) for kv in self._key_values(attributes))
+    def attributes(self, attributes: Mapping[str, object], tag: bytes = b"\x0a") -> bytes:
+        """``KeyValue`` fields, not cached (``tag``: the field that holds them, a resource's 1)."""
+        return b"".join(field(tag, field(b"\x0a", k.encode()) + field(b"\x12", any_value(v)))
+                        for k, v in attributes.items())
 
-    def _key_values(self, attributes: Iterable[tuple[str, object]]) -> list[bytes]:
-        """Each pair's ``KeyValue`` payload. A string or bool value's is remembered, and every key's, up to
-        ``MAX_CACHED`` of each (then forgotten all at once); a small int's and a float's are written inline (this
-        is the exporter's hot loop: most of its CPU)."""
+    def _fields(self, attributes: dict[str, Value] | list[Value | None], out: list[bytes]) -> None:
+        """Append a span's attributes to ``out`` as ``Span.attributes`` fields (9). A string or bool value's field is
+        remembered, and every key's, up to ``MAX_CACHED`` of each (then forgotten all at once); a small int's and a
+        float's are written inline. This is the exporter's hot loop, most of its CPU."""
         cache, keys = self._cache, self._keys
-        out = []
-        for key, value in attributes:
+        for key, value in attribute_items(attributes):
             kind = type(value)
             if kind is str or kind is bool:
                 entry = cache.get((key, kind, value))
                 if entry is None:
                     if len(cache) >= MAX_CACHED:
                         cache.clear()
-                    entry = cache[key, kind, value] = field(b"\x0a", key.encode()) + field(b"\x12", any_value(value))
+                    entry = cache[key, kind, value] = field(
+                        b"\x4a", field(b"\x0a", key.encode()) + field(b"\x12", any_value(value)))
                 out.append(entry)
                 continue
             name = keys.get(key)
@@ -110,12 +111,13 @@ class Encoder:
                     keys.clear()
                 name = keys[key] = field(b"\x0a", key.encode())
             if kind is float:
-                out.append(name + b"\x12\x09\x21" + _DOUBLE(value))
+                kv = name + b"\x12\x09\x21" + _DOUBLE(value)
             elif kind is int and 0 <= value < 0x80:
-                out.append(name + b"\x12\x02\x18" + _BYTE[value])
+                kv = name + b"\x12\x02\x18" + _BYTE[value]
             else:
-                out.append(name + field(b"\x12", any_value(value)))
-        return out
+                kv = name + field(b"\x12", any_value(value))
+            n = len(kv)
+            out.append((b"\x4a" + _BYTE[n] if n < 0x80 else b"\x4a" + varint(n)) + kv)
 
     def spans(self, trace: WireTrace) -> list[bytes]:
         """Each span of one request as a ``ScopeSpans.spans`` field: the root's parent is the client's span (remote)
@@ -141,9 +143,7 @@ class Encoder:
             b"\x39", _FIXED64(s.start_ns),
             b"\x41", _FIXED64(s.end_ns),
         ]
-        for kv in self._key_values(attribute_items(s.attributes)):  # Span.attributes, field 9
-            n = len(kv)
-            parts += (b"\x4a", _BYTE[n] if n < 0x80 else varint(n), kv)
+        self._fields(s.attributes, parts)
         parts += (status, b"\x85\x01", _FIXED32(HAS_IS_REMOTE | (IS_REMOTE if s.parent_id == 0 and remote_parent else 0)))
         return b"".join(parts)
 
