@@ -4,8 +4,9 @@ process's encoder (telemetry/otel_export.py).
 Why not the SDK's: its span objects and its encoder, which builds a protobuf message object per span, attribute
 and value in Python, cost the exporter 134-147 us per request of 5 spans and ~39 attributes, and at 100% sampling
 that CPU comes from the cores the gateway serves on. This writes the same messages (``ExportTraceServiceRequest``
-of opentelemetry-proto, the fields the SDK's encoder sets, with the same values) as bytes: 24-31 us per request
-with the frame's decoding (``python -m bench.otel_spans``, before and after: docs/runs/2026-12-07-otlp-encoder).
+of opentelemetry-proto, the fields the SDK's encoder sets, with the same values) as bytes: ~19 us per request
+with the frame's decoding (``python -m bench.otel_spans``: docs/runs/2026-12-07-otlp-encoder, 24-31 us, and
+docs/runs/2026-12-07-otel-request-path, after attributes were written inline).
 ``tests/telemetry/test_otlp_encode.py`` parses its output with the official protobuf classes and checks it equals
 what the SDK's encoder makes of the same spans, so the two cannot drift apart unnoticed.
 
