@@ -76,4 +76,4 @@ def measure_rounds(engine, *, context: int = 32) -> None:
         time_proposals("suffix", store.open("calibrate", ids[:context]))
     table = dict(costs.forward_s)
     run_rounds(engine, greedy_request("calibrate-overhead", ids[:context], 8))
-    costs.forward_s = table  # its prefill and rounds ran at other contexts than the table's: only the overhead stays
+    costs.restore(table)  # its prefill and rounds ran at other contexts than the table's: only the overhead stays

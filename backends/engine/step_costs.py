@@ -9,7 +9,10 @@ fills it at start-up.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
+
+from scipy.optimize import isotonic_regression
 
 
 @dataclass(slots=True)
@@ -18,6 +21,12 @@ class StepCosts:
     sequence's round or a whole batched step, per draft token, and per round's overhead (sampling,
     verification, commit). Within a sequence count, cost grows with tokens (rows of every GEMM); each
     sequence adds its own attention calls.
+
+    Lookups read, per sequence count, the isotonic (non-decreasing in tokens) fit of the measured seconds
+    (SciPy's ``isotonic_regression``), so a noisy entry never makes a wider forward look cheaper than a narrower
+    one: the per-round rule picks k by these differences, and on the 2-core EPYC the raw table priced 12 tokens of
+    4 sequences below 8 (45.2 against 46.5 ms), which drew 8-draft rounds (docs/runs/2026-12-07-step-cost-fit).
+    :meth:`table` (``/server_info``) reports the fit, so replay on a worker's live costs prices the same.
 
     ``step_seqs`` / ``step_base``: the sequences of the step being planned and the tokens the others feed;
     a round of k drafts then costs ``forward(step_base + k + 1, step_seqs)``, the step every sequence in it
@@ -35,10 +44,21 @@ class StepCosts:
     beta: float = 0.1
     step_seqs: int = 1
     step_base: int = 0
+    _curves: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict, repr=False)  # count -> fit
+    _groups: dict[int, int] = field(default_factory=dict, repr=False)  # sequences -> nearest measured count
 
     def observe_forward(self, tokens: int, seconds: float, seqs: int = 1) -> None:
         old = self.forward_s.get((seqs, tokens))
         self.forward_s[seqs, tokens] = seconds if old is None else (1 - self.beta) * old + self.beta * seconds
+        self._curves.pop(seqs, None)
+        if old is None:
+            self._groups.clear()
+
+    def restore(self, table: dict[tuple[int, int], float]) -> None:
+        """Replace the forward table (the start-up calibration puts back its own after timing the overhead)."""
+        self.forward_s = dict(table)
+        self._curves.clear()
+        self._groups.clear()
 
     def observe_draft(self, proposer: str, tokens: int, seconds: float) -> None:
         if tokens <= 0:
@@ -51,21 +71,29 @@ class StepCosts:
         self.overhead_s = seconds if not self.overhead_s else (1 - self.beta) * self.overhead_s + self.beta * seconds
 
     def forward(self, tokens: int, seqs: int = 1) -> float:
+        """Seconds of a forward of ``tokens`` tokens over ``seqs`` sequences, from the nearest measured sequence
+        count's fit: linear between measured token counts, the smallest's value below them, proportional above."""
         if not self.forward_s:
             return float(tokens)  # uncalibrated: cost proportional to tokens
-        counts = {n for n, _ in self.forward_s}
-        group = min(counts, key=lambda n: (abs(n - seqs), -n))
-        known = {t: s for (n, t), s in self.forward_s.items() if n == group}
-        if tokens in known:
-            return known[tokens]
-        below = max((t for t in known if t < tokens), default=None)
-        above = min((t for t in known if t > tokens), default=None)
-        if below is None:
-            return known[above]
-        if above is None:
-            return known[below] * tokens / below
-        share = (tokens - below) / (above - below)
-        return known[below] + share * (known[above] - known[below])
+        group = self._groups.get(seqs)
+        if group is None:
+            group = self._groups[seqs] = min({n for n, _ in self.forward_s}, key=lambda n: (abs(n - seqs), -n))
+        ts, vs = self._curves.get(group) or self._fit(group)
+        i = bisect_left(ts, tokens)
+        if i < len(ts) and ts[i] == tokens:
+            return vs[i]
+        if i == 0:
+            return vs[0]
+        if i == len(ts):
+            return vs[-1] * tokens / ts[-1]
+        share = (tokens - ts[i - 1]) / (ts[i] - ts[i - 1])
+        return vs[i - 1] + share * (vs[i] - vs[i - 1])
+
+    def _fit(self, group: int) -> tuple[list[int], list[float]]:
+        measured = sorted((t, s) for (n, t), s in self.forward_s.items() if n == group)
+        fit = ([t for t, _ in measured], isotonic_regression([s for _, s in measured]).x.tolist())
+        self._curves[group] = fit
+        return fit
 
     def plain_share(self, tokens: int, seqs: int, k: int) -> float:
         """The share of a step of ``tokens`` tokens and ``seqs`` sequences left without one round's ``k`` drafts
@@ -80,5 +108,6 @@ class StepCosts:
         return self.forward(self.step_base + k + 1, self.step_seqs) + draft + self.overhead_s
 
     def table(self) -> list[tuple[int, int, float]]:
-        """(sequences, tokens, seconds) of every forward measured, ascending (what /server_info reports)."""
-        return [(n, t, s) for (n, t), s in sorted(self.forward_s.items())]
+        """(sequences, tokens, seconds) of every forward measured, ascending, as :meth:`forward` prices it (the
+        fit): what /server_info reports, so replay and the gateway price rounds as this engine's rule does."""
+        return [(n, t, self.forward(t, n)) for n, t in sorted(self.forward_s)]

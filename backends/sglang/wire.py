@@ -337,7 +337,8 @@ class ServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_total_num_tokens: int | None = None
     chunked_prefill_size: int | None = None
     version: str | None = None
-    # specgate's embedded worker only (step costs: [sequences, tokens, seconds] per forward, docs/engine.md;
+    # specgate's embedded worker only (step costs: [sequences, tokens, seconds] per forward as its rule prices it,
+    # the measurements fitted non-decreasing in tokens, docs/engine.md;
     # with the draft seconds per token by proposer, the per-round overhead and the context the start-up
     # calibration measured the table at, None without one: a replay cost model, policies/costmodel.py)
     specgate_max_batch_tokens: int | None = None

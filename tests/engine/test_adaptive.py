@@ -270,6 +270,21 @@ def test_step_costs_interpolate_between_measured_token_counts_and_add_the_step_b
     assert costs.table()[0] == (1, 1, 0.04) and len(costs.table()) == 4
 
 
+def test_step_costs_are_read_through_a_non_decreasing_fit_that_follows_new_measurements():
+    """A noisy entry (12 tokens of 4 sequences measured below 8) never prices a wider forward cheaper: the rule
+    would draft more to reach it. Each measurement refits its sequence count; ``restore`` refits all."""
+    costs = StepCosts(forward_s={(4, 4): 0.040, (4, 8): 0.046, (4, 12): 0.044, (4, 16): 0.055, (1, 1): 0.02})
+    assert [costs.forward(t, 4) for t in (4, 8, 10, 12, 16)] == pytest.approx([0.040, 0.045, 0.045, 0.045, 0.055])
+    assert costs.forward(1) == 0.02  # the other count's curve is its own
+    costs.observe_forward(12, 0.064, seqs=4)  # EMA: 0.9 * 0.044 + 0.1 * 0.064 = 0.046 -> no inversion left
+    assert [costs.forward(t, 4) for t in (8, 12)] == pytest.approx([0.046, 0.046])
+    costs.observe_forward(6, 0.041, seqs=3)  # a new sequence count: the nearest one is found again
+    assert costs.forward(6, 3) == 0.041 and costs.forward(6, 4) == pytest.approx(0.043)
+    costs.restore({(4, 4): 0.040, (4, 8): 0.030})
+    assert costs.forward(8, 4) == pytest.approx(0.035) and costs.forward(6, 3) == pytest.approx(0.035)
+    assert costs.table() == [(4, 4, pytest.approx(0.035)), (4, 8, pytest.approx(0.035))]  # /server_info: the fit
+
+
 def test_engine_runs_each_controller_and_reports_what_it_chose(real_tokenizer):
     """Greedy output identical to plain under every controller; ``chosen_per_k`` counts the rounds per draft
     length asked for; vLLM's table reads the batch (2 running -> k 3); SGLang's state is shared and stepped
