@@ -55,6 +55,19 @@ def _line(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     return value
 
 
+def non_decreasing(values: Sequence[float]) -> list[float]:
+    """The least-squares non-decreasing fit of ``values`` (isotonic regression, pool adjacent violators): the same
+    fit as SciPy's ``isotonic_regression``, which the engine uses; policies stay free of SciPy."""
+    blocks: list[list[float]] = []  # [mean, count] of each pooled run
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, count = blocks.pop()
+            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + mean * count) / (blocks[-1][1] + count),
+                          blocks[-1][1] + count]
+    return [mean for mean, count in blocks for _ in range(int(count))]
+
+
 def _ascending(name: str, values: Sequence[float], least: float, what: str) -> None:
     if not values:
         raise ValueError(f"field {name}: empty; give at least one {what}")
@@ -74,7 +87,10 @@ def _seconds(name: str, value: float, *, zero: bool = False) -> None:
 
 class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Measured seconds of one forward by tokens fed per sequence and context length before it.
-    ``seconds[i][j]`` is the forward feeding ``tokens[i]`` tokens after ``context[j]`` cached ones."""
+    ``seconds[i][j]`` is the forward feeding ``tokens[i]`` tokens after ``context[j]`` cached ones, kept as the
+    non-decreasing fit in tokens at each context (:func:`non_decreasing`), as the engine reads its own table
+    (``backends.engine.step_costs``): a noisy point never prices a wider forward below a narrower one, which the
+    per-round rule would chase."""
 
     tokens: list[int]  # ascending, >= 1
     context: list[int]  # ascending, >= 0
@@ -92,6 +108,8 @@ class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
                                  "one value per entry of context")
             for j, value in enumerate(row):
                 _seconds(f"seconds[{i}][{j}]", value)
+        columns = [non_decreasing([row[j] for row in self.seconds]) for j in range(len(self.context))]
+        msgspec.structs.force_setattr(self, "seconds", [list(row) for row in zip(*columns, strict=True)])
 
     def at(self, tokens: float, context: float) -> float:
         """Seconds at (tokens, context). Bilinear inside the grid: along ``context`` in every row, then along

@@ -10,9 +10,12 @@ import stat
 import msgspec
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from scipy.optimize import isotonic_regression
 
 from policies.costmodel import (
-    FORMAT, CostModel, CostModelError, DraftCost, Grid, load_cost_model, write_cost_model,
+    FORMAT, CostModel, CostModelError, DraftCost, Grid, load_cost_model, non_decreasing, write_cost_model,
 )
 
 REVISION = "sha256:" + "ab" * 32
@@ -45,12 +48,27 @@ def test_grid_interpolates_and_extrapolates_exactly(tokens, context, seconds):
 
 def test_extrapolation_never_goes_below_the_nearest_point():
     falling = Grid(tokens=[2, 4], context=[100, 1100], seconds=[[2.0, 1.0], [1.5, 1.0]])
+    assert falling.seconds == [[1.75, 1.0], [1.75, 1.0]]  # width fell 2 -> 4 at context 100 (noise): fitted flat
     assert falling.at(2, 2100) == 1.0  # the line would reach 0.0
-    assert falling.at(2, 0) == pytest.approx(2.1)  # rises away from the grid: extrapolated
-    assert falling.at(1, 100) == 2.25  # width falls 2 -> 4 (noise): fewer tokens extrapolate upwards
-    assert falling.at(8, 100) == 1.5  # width falls 2 -> 4 here (noise): held at width 4's value
+    assert falling.at(2, 0) == pytest.approx(1.825)  # rises away from the grid: extrapolated
+    assert falling.at(1, 100) == falling.at(8, 100) == 1.75  # flat in width: the nearest point's value
     single = Grid(tokens=[1], context=[64], seconds=[[0.25]])
     assert single.at(1, 0) == single.at(17, 4096) == 0.25
+
+
+@given(st.lists(st.floats(0.001, 10.0), min_size=1, max_size=12))
+def test_the_fit_is_scipys_isotonic_regression(values):
+    """policies/ stay free of SciPy; the engine fits its live table with SciPy (step_costs.py): the two agree."""
+    assert non_decreasing(values) == pytest.approx(isotonic_regression(values).x.tolist(), rel=1e-12, abs=1e-15)
+
+
+def test_a_grid_is_read_through_its_fit_at_every_context():
+    """The EPYC calibration's batch-1 column at context 256 fell 1 -> 2 and 3 -> 5 tokens: fitted, never cheaper."""
+    grid = Grid(tokens=[1, 2, 3, 5], context=[32, 256], seconds=[[1.0, 15.31], [2.0, 14.47], [3.0, 18.46],
+                                                                [4.0, 17.22]])
+    assert [row[1] for row in grid.seconds] == pytest.approx([14.89, 14.89, 17.84, 17.84])
+    assert [row[0] for row in grid.seconds] == [1.0, 2.0, 3.0, 4.0]  # already non-decreasing: as measured
+    assert grid.at(2, 256) == pytest.approx(14.89) and grid.at(4, 256) == pytest.approx(17.84)
 
 
 def test_forward_s_over_batch_sizes():
