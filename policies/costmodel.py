@@ -62,9 +62,8 @@ def non_decreasing(values: Sequence[float]) -> list[float]:
     for value in values:
         blocks.append([value, 1])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            mean, count = blocks.pop()
-            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + mean * count) / (blocks[-1][1] + count),
-                          blocks[-1][1] + count]
+            (mean, count), (before, n) = blocks.pop(), blocks[-1]
+            blocks[-1] = [(before * n + mean * count) / (n + count), n + count]
     return [mean for mean, count in blocks for _ in range(int(count))]
 
 
@@ -108,8 +107,8 @@ class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
                                  "one value per entry of context")
             for j, value in enumerate(row):
                 _seconds(f"seconds[{i}][{j}]", value)
-        columns = [non_decreasing([row[j] for row in self.seconds]) for j in range(len(self.context))]
-        msgspec.structs.force_setattr(self, "seconds", [list(row) for row in zip(*columns, strict=True)])
+        fitted = zip(*(non_decreasing([row[j] for row in self.seconds]) for j in range(len(self.context))))
+        msgspec.structs.force_setattr(self, "seconds", [list(row) for row in fitted])
 
     def at(self, tokens: float, context: float) -> float:
         """Seconds at (tokens, context). Bilinear inside the grid: along ``context`` in every row, then along
