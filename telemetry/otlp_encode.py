@@ -81,13 +81,14 @@ class Encoder:
     def __init__(self, resource_attributes: Mapping[str, object], scope: str, resource_schema_url: str = "") -> None:
         self._cache: dict[tuple[str, type, object], bytes] = {}
         self._keys: dict[str, bytes] = {}  # a key's encoded KeyValue.key field (keys are the code's own)
-        self._head = field(b"\x0a", self.attributes(resource_attributes))  # ResourceSpans.resource
+        self._head = field(b"\x0a", self._resource(resource_attributes))  # ResourceSpans.resource
         self._tail = field(b"\x1a", resource_schema_url.encode()) if resource_schema_url else b""
         self._scope = field(b"\x0a", field(b"\x0a", scope.encode()))  # ScopeSpans.scope: its name
 
-    def attributes(self, attributes: Mapping[str, object], tag: bytes = b"\x0a") -> bytes:
-        """``KeyValue`` fields, not cached (``tag``: the field that holds them, a resource's 1)."""
-        return b"".join(field(tag, field(b"\x0a", k.encode()) + field(b"\x12", any_value(v)))
+    @staticmethod
+    def _resource(attributes: Mapping[str, object]) -> bytes:
+        """A resource's ``KeyValue`` fields (field 1), encoded once per process, not cached."""
+        return b"".join(field(b"\x0a", field(b"\x0a", k.encode()) + field(b"\x12", any_value(v)))
                         for k, v in attributes.items())
 
     def _fields(self, attributes: dict[str, Value] | list[Value | None], out: list[bytes]) -> None:
@@ -117,8 +118,7 @@ class Encoder:
                 kv = name + b"\x12\x02\x18" + _BYTE[value]
             else:
                 kv = name + field(b"\x12", any_value(value))
-            n = len(kv)
-            out.append((b"\x4a" + _BYTE[n] if n < 0x80 else b"\x4a" + varint(n)) + kv)
+            out.append(field(b"\x4a", kv))
 
     def spans(self, trace: WireTrace) -> list[bytes]:
         """Each span of one request as a ``ScopeSpans.spans`` field: the root's parent is the client's span (remote)
