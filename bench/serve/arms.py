@@ -15,17 +15,24 @@ n-gram match length; SGLang's EMA), as a production worker would. ``ngram-k8-vll
 running sequences, vLLM's per-batch-size table as ``python -m bench.replay_adaptive`` tunes it on this
 machine's costs (its policy file's header).
 
-``suffix`` and ``suffix-k16`` (suffix decoding, k = 8 and 16) are the arms whose proposer keeps state across
-requests: a global tree
-of earlier outputs per scope, which the gateway sets to the request's route. Every cell of the run (load point,
-slice, replicate) serves the same prompts again, so in one scope a later cell would draft from the earlier
-cells' answers to them. The arm's served policy therefore has a route per cell (:func:`served_policy`, a key
-file each) and the client sends each cell's key: every cell starts from an empty tree, as on a fresh worker and
-in replay, and its requests still draft from each other's outputs.
+Suffix decoding keeps state across requests: a global tree of earlier outputs per scope, which the gateway sets
+to the request's route, and the worker holds every scope of every arm it serves. So every arm serves its own
+routes (:func:`served_policy`, each with a key file, and the client sends the key): on the shared worker of
+``--restart gateway`` no arm drafts from another arm's answers to the same prompts (before 2026-12-07 all arms
+served the route ``default``, and the cell routes ``cell-N`` of ``suffix`` and ``suffix-k16`` had the same names,
+so the arm served second in a cell drafted from the first one's answers).
 
-``suffix-warm`` and ``suffix-k16-warm`` are those arms warmed up as ``adaptive-warm`` is, on one route: their
-tree holds the warm-up's answers, as the default policy's ``hybrid`` pool's does in ``adaptive-warm``, so the two
-compare like with like (run one load point per run with ``--restart worker``: the measured cells share the tree).
+``suffix``, ``suffix-k16`` and ``adaptive`` (whose default policy's ``hybrid`` pool drafts from the tree too) have
+a route per cell: every cell of the run (load point, slice, replicate) serves the same prompts again, so in one
+scope a later cell would draft from the earlier cells' answers to them. Every cell starts from an empty tree, as
+on a fresh worker and in replay, and its requests still draft from each other's outputs. (``adaptive``'s learner
+is the gateway's and keeps learning across cells; only the tree starts empty.)
+
+``suffix-warm``, ``suffix-k16-warm`` and ``adaptive-warm`` are warmed up on their one route: their tree holds the
+warm-up's answers, so the three compare like with like, and the measured cells share that tree. A replicate would
+draft from the previous one's answers to the same prompts (measured: c4 TPOT 0.52x the first replicate), so
+:func:`check_repeats` refuses ``--repeats`` above 1 with them; a second load point drafts from the first one's
+answers alike (run one load point per command with ``--restart worker``, as docs/benchmarks.md's do).
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ ARMS: dict[str, Arm] = {
                     "ngram-k16-beta", "ngram-k7-sglang", "ngram-k8-vllm")},
     **{f"{name}-warm": Arm(f"{name}-warm", BENCH_POLICIES / f"{name}.yaml", warm=True)
        for name in ("suffix", "suffix-k16")},
-    "adaptive": Arm("adaptive", DEFAULT_POLICY),
+    "adaptive": Arm("adaptive", DEFAULT_POLICY, cell_scopes=True),
     "adaptive-warm": Arm("adaptive-warm", DEFAULT_POLICY, warm=True),
 }
 
@@ -70,6 +77,17 @@ def parse_arms(names: list[str]) -> list[Arm]:
         ordered.remove("plain")
         ordered.insert(0, "plain")
     return [ARMS[n] for n in ordered]
+
+
+def check_repeats(arms: list[Arm], repeats: int) -> None:
+    """Refuse replicates of a warm arm: its cells share one suffix tree, so a replicate drafts from the previous
+    one's answers to the same prompts and is no replicate (module docstring)."""
+    warm = [a.name for a in arms if a.warm]
+    if repeats > 1 and warm:
+        raise ValueError(f"--repeats {repeats} with {', '.join(warm)}: a warm arm's cells share one suffix tree, so "
+                         "each replicate would draft from the previous one's answers to the same prompts (c4 TPOT "
+                         "0.52x the first replicate); use --repeats 1 and run the command again for a second "
+                         "replicate, or leave the warm arms out")
 
 
 _GATES = re.compile(r"^gates:.*?(?=^\S)", re.M | re.S)
@@ -89,27 +107,34 @@ def without_gates(text: str) -> str:
 
 def served_policy(arm: Arm, worker_url: str, revision: str, out_dir: Path, cells: list[str] = ()) -> Path:
     """Write the arm's policy pointed at ``worker_url`` with ``revision``, without its ``gates:``; returns the
-    copy's path. ``cells``: one route per cell, ``cell-N`` for ``cells[N]``, its key (:func:`cell_key`) in a
-    file beside the copy, and the default route for requests without a key."""
+    copy's path. Its routes are the arm's own (module docstring), each with its key (:func:`route_key`) in a file
+    beside the copy: ``ARM.cell-N`` for ``cells[N]`` when ``cells`` are given, else one route ``ARM``; and the
+    default route for requests without a key."""
     text = without_gates(arm.policy.read_text(encoding="utf-8"))
     if POLICY_WORKER not in text:
         raise ValueError(f"{arm.policy}: expected worker URL {POLICY_WORKER} to replace with the bench worker")
+    if re.search(r"^routes:", text, re.M):
+        raise ValueError(f"{arm.policy}: an arm's policy must not have routes of its own (the harness gives each "
+                         "arm its own, so that no two arms share a suffix tree)")
     text = _REVISION.sub(f'revision: "{revision}"', text.replace(POLICY_WORKER, worker_url))
-    if cells:
-        if re.search(r"^routes:", text, re.M):
-            raise ValueError(f"{arm.policy}: a per-cell arm's policy must not have routes of its own")
-        lines = ["", "routes:  # one per benchmark cell (bench/serve/arms.py): each cell its own suffix scope"]
-        for n, cell in enumerate(cells):
-            key_file = out_dir / f"policy-{arm.name}-cell-{n}.keys"
-            key_file.write_text(f"# {cell}\n{cell_key(arm.name, n)}\n", encoding="utf-8")
-            lines.append(f"  - {{name: cell-{n}, api_keys_file: {key_file.name}}}")
-        lines.append("  - {name: default}")
-        text = text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
+    lines = ["", "routes:  # the arm's own (bench/serve/arms.py): its own suffix scopes on a shared worker"]
+    for n, label in enumerate(cells or [f"every cell of {arm.name}"]):
+        name = route_name(arm.name, n if cells else None)
+        key_file = out_dir / f"policy-{name}.keys"
+        key_file.write_text(f"# {label}\n{route_key(arm.name, n if cells else None)}\n", encoding="utf-8")
+        lines.append(f"  - {{name: {name}, api_keys_file: {key_file.name}}}")
+    lines.append("  - {name: default}")
+    text = text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
     path = out_dir / f"policy-{arm.name}.yaml"
     path.write_text(text, encoding="utf-8")
     return path
 
 
-def cell_key(arm: str, n: int) -> str:
-    """The API key of an arm's cell route (loopback only, for one run)."""
-    return f"bench-{arm}-cell-{n}"
+def route_name(arm: str, cell: int | None = None) -> str:
+    """The route (so the suffix scope) of an arm's cell ``cell``, or of all its cells (None)."""
+    return arm if cell is None else f"{arm}.cell-{cell}"
+
+
+def route_key(arm: str, cell: int | None = None) -> str:
+    """The API key of :func:`route_name`'s route (loopback only, for one run)."""
+    return f"bench-{route_name(arm, cell)}"

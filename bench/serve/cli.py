@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1,
                    help="every arm serves every cell this many times (same requests, same arrivals): replicates "
                         "measure the noise between two runs of one configuration, and the paired intervals "
-                        "average them; time scales with it")
+                        "average them; time scales with it (1 with warm arms: their tree keeps every cell's answers)")
     p.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request")
     p.add_argument("--loads", nargs="+", default=None, metavar="LOAD",
                    help="cN = closed loop with N clients, pR = Poisson arrivals at R requests/s")

@@ -41,7 +41,7 @@ class Result:
     proposer: str | None = None
     draft_tokens: int | None = None
     gateway_slice: str | None = None
-    route: str | None = None  # the gateway's route for it (the suffix arm: its cell's own, bench/serve/arms.py)
+    route: str | None = None  # the gateway's route for it: the arm's own, or its cell's (bench/serve/arms.py)
     fallback: bool | None = None
     verify_rounds: int | None = None
     accept_length: float | None = None

@@ -22,7 +22,7 @@ import httpx
 
 from backends.engine.model_store import load_prepared
 from bench.processes import cpu_model
-from bench.serve.arms import DEFAULT_POLICY, REPO, Arm, cell_key, parse_arms, served_policy
+from bench.serve.arms import DEFAULT_POLICY, REPO, Arm, check_repeats, parse_arms, route_key, served_policy
 from bench.serve.client import Result, request_body, send, slo_met
 from bench.serve.load import LoadPoint, drive
 from bench.serve.report import markdown, plots
@@ -47,7 +47,7 @@ class Bench:
 
     async def _batch(self, gateway_url: str, arm: str, load: LoadPoint, items: list[WorkItem], model: str,
                      out: list[Result], advance, rep: int = 0, key: str | None = None) -> float:
-        """Serve ``items`` at ``load``; ``key``: the API key of the cell's own route (an arm with cell scopes)."""
+        """Serve ``items`` at ``load``; ``key``: the API key of the arm's route for them (arms.route_key)."""
         url = f"{gateway_url}/v1/chat/completions"
         headers = {"Authorization": f"Bearer {key}"} if key else None
         # idle connections expire before the gateway's uvicorn closes them (5 s), or a request sent on
@@ -96,7 +96,8 @@ class Bench:
                     url, rss, model = stacks[arm.name]
                     label(f"{arm.name} warm-up")
                     point = LoadPoint("warmup", concurrency=self.args.warmup_concurrency)
-                    asyncio.run(self._batch(url, arm.name, point, self.warmup_items, model, self.warmup, advance))
+                    asyncio.run(self._batch(url, arm.name, point, self.warmup_items, model, self.warmup, advance,
+                                            key=route_key(arm.name)))
             cells: dict[str, dict[str, dict]] = {arm.name: {} for arm in arms}
             turn = 0
             for load in self.loads:
@@ -113,8 +114,8 @@ class Bench:
                             label(f"{load.label} {slice_} {arm.name}" + (f" rep {rep + 1}" if rep else ""))
                             rss.take_peak()
                             done, offset = len(batches[arm.name]), walls[arm.name]
-                            key = (cell_key(arm.name, self.cells().index(cell_name(load, slice_, rep)))
-                                   if arm.cell_scopes else None)
+                            key = route_key(arm.name, self.cells().index(cell_name(load, slice_, rep))
+                                            if arm.cell_scopes else None)
                             walls[arm.name] += asyncio.run(self._batch(url, arm.name, load, group, model,
                                                                        batches[arm.name], advance, rep, key))
                             for r in batches[arm.name][done:]:  # start_s counts the arm's own serving time
@@ -206,6 +207,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         raise ValueError(f"--max-prompt-chars {args.max_prompt_chars} exceeds the model's context window "
                          f"with max_tokens {args.max_tokens} (~{limit} chars); lower it")
     arms = parse_arms(args.arms)
+    check_repeats(arms, args.repeats)
     loads = [LoadPoint.parse(x) for x in args.loads]  # validates before anything starts
     policy_slo = load_policy_file(DEFAULT_POLICY).slo
     slo = {"ttft_ms": policy_slo.ttft_ms, "tpot_ms": policy_slo.tpot_ms}

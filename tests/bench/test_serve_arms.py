@@ -7,7 +7,7 @@ import msgspec
 import pytest
 import yaml
 
-from bench.serve.arms import ARMS, DEFAULT_POLICY, parse_arms, served_policy, without_gates
+from bench.serve.arms import ARMS, DEFAULT_POLICY, check_repeats, parse_arms, route_key, served_policy, without_gates
 from backends.engine.types import SpeculationParams
 from backends.worker.translate import speculation
 from policies.decide import speculation_override
@@ -45,7 +45,7 @@ def test_a_fixed_arm_is_the_default_policy_with_its_own_rules(name):
                                            ("suffix-k16-warm", 16, True)])
 def test_a_suffix_arm_serves_every_request_by_suffix_decoding_with_its_k_on_the_embedded_worker(tmp_path, name, k,
                                                                                                 warm):
-    """k = 8 or 16; a warm variant is warmed up on one route (its tree keeps the warm-up's answers, as the
+    """k = 8 or 16; a warm variant is warmed up on its one route (its tree keeps the warm-up's answers, as the
     default policy's hybrid pool does in adaptive-warm), the others get a route per cell."""
     arm = ARMS[name]
     assert (arm.warm, arm.cell_scopes) == (warm, not warm)
@@ -128,29 +128,64 @@ def test_without_gates_keeps_the_keys_after_the_section_and_leaves_a_policy_with
             assert without_gates(plain) == plain
 
 
-def test_the_suffix_arm_gets_a_route_per_cell_and_each_cells_key_maps_to_it(tmp_path):
-    """Suffix decoding's tree is per scope = route: every cell (load, slice, replicate) its own route, with its key
-    in a file beside the served policy, so no cell drafts from another cell's answers to the same prompts. The
-    gateway's own KeyRing maps each key to its route, and a request without a key to the default route."""
+def test_a_per_cell_arm_gets_a_route_per_cell_and_each_cells_key_maps_to_it(tmp_path):
+    """Suffix decoding's tree is per scope = route: every cell (load, slice, replicate) of an arm whose tree would
+    otherwise carry one cell's answers into the next (suffix, suffix-k16, and adaptive's hybrid pool) its own
+    route, named after the arm, with its key in a file beside the served policy. The gateway's own KeyRing maps
+    each key to its route, and a request without a key to the default route."""
     from gateway.auth import KeyRing
 
-    from bench.serve.arms import cell_key
-
-    assert [a.name for a in ARMS.values() if a.cell_scopes] == ["suffix", "suffix-k16"]
+    assert [a.name for a in ARMS.values() if a.cell_scopes] == ["suffix", "suffix-k16", "adaptive"]
     cells = ["c1 code rep 0", "c1 code rep 1", "c4 code rep 0"]
     path = served_policy(ARMS["suffix"], "http://127.0.0.1:31234", "sha256:abc", tmp_path, cells)
     served = load_policy_file(path)
     assert [(r.name, r.api_keys_file) for r in served.routes] == [
-        ("cell-0", "policy-suffix-cell-0.keys"), ("cell-1", "policy-suffix-cell-1.keys"),
-        ("cell-2", "policy-suffix-cell-2.keys"), ("default", None)]
-    assert (tmp_path / "policy-suffix-cell-1.keys").read_text() == "# c1 code rep 1\nbench-suffix-cell-1\n"
+        ("suffix.cell-0", "policy-suffix.cell-0.keys"), ("suffix.cell-1", "policy-suffix.cell-1.keys"),
+        ("suffix.cell-2", "policy-suffix.cell-2.keys"), ("default", None)]
+    assert (tmp_path / "policy-suffix.cell-1.keys").read_text() == "# c1 code rep 1\nbench-suffix.cell-1\n"
     ring = KeyRing(served, base_dir=path.parent, environ={})
     assert ring.problems == []
-    assert [ring.route_for(f"Bearer {cell_key('suffix', n)}") for n in range(3)] == ["cell-0", "cell-1", "cell-2"]
+    assert [ring.route_for(f"Bearer {route_key('suffix', n)}") for n in range(3)] == [
+        "suffix.cell-0", "suffix.cell-1", "suffix.cell-2"]
     assert ring.route_for(None) == "default"
     # everything else is the arm's policy as before
-    plain = load_policy_file(served_policy(ARMS["suffix"], "http://127.0.0.1:31234", "sha256:abc", tmp_path))
-    assert (served.pools, served.rules, served.slices) == (plain.pools, plain.rules, plain.slices)
+    whole = load_policy_file(served_policy(ARMS["suffix"], "http://127.0.0.1:31234", "sha256:abc", tmp_path))
+    assert (served.pools, served.rules, served.slices) == (whole.pools, whole.rules, whole.slices)
+
+
+def test_no_two_arms_share_a_route_so_no_two_share_a_suffix_tree_on_a_shared_worker(tmp_path):
+    """The worker keeps a tree per scope = route for every arm it serves (``--restart gateway``): every arm's served
+    routes are its own, a warm arm's one route (warm-up and measured cells) included, and its key maps to it.
+    (All arms once served ``default``, and suffix and suffix-k16 both ``cell-N``: the arm served second in a cell
+    drafted from the first one's answers.)"""
+    from gateway.auth import KeyRing
+
+    cells = ["c1 code rep 0", "c4 code rep 0"]
+    routes: dict[str, str] = {}
+    for arm in ARMS.values():
+        out = tmp_path / arm.name
+        out.mkdir()
+        path = served_policy(arm, "http://127.0.0.1:31234", "sha256:abc", out, cells if arm.cell_scopes else [])
+        served = load_policy_file(path)
+        ring = KeyRing(served, base_dir=path.parent, environ={})
+        keys = [route_key(arm.name, n) for n in range(len(cells))] if arm.cell_scopes else [route_key(arm.name)]
+        for key in keys:
+            route = ring.route_for(f"Bearer {key}")
+            assert route not in routes, f"{arm.name} and {routes.get(route)} share route {route}"
+            routes[route] = arm.name
+    assert routes["adaptive-warm"] == "adaptive-warm" and routes["adaptive.cell-1"] == "adaptive"
+    assert len(routes) == sum(len(cells) if a.cell_scopes else 1 for a in ARMS.values())
+
+
+def test_replicates_of_a_warm_arm_are_refused_naming_the_flag_and_the_arms():
+    """A warm arm's cells share its tree, so a second replicate drafts from the first one's answers."""
+    check_repeats(parse_arms(["suffix", "adaptive-warm", "suffix-warm"]), 1)
+    check_repeats(parse_arms(["plain", "suffix", "adaptive"]), 3)
+    with pytest.raises(ValueError) as err:
+        check_repeats(parse_arms(["suffix", "adaptive-warm", "suffix-warm"]), 2)
+    assert str(err.value).startswith("--repeats 2 with adaptive-warm, suffix-warm: a warm arm's cells share one "
+                                     "suffix tree")
+    assert "use --repeats 1" in str(err.value)
 
 
 def test_the_cells_are_listed_in_the_order_the_run_serves_them():

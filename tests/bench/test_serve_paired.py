@@ -30,3 +30,21 @@ def test_all_prompts_pool_every_slice_and_match_the_published_ratio(capsys):
     assert "| ngram-k16-beta / ngram-k2 | 0.677 [0.482, 0.950] |" in capsys.readouterr().out
     assert main([str(RUN), "--arm", "ngram-k16-beta", "--against", "eagle"]) == 2
     assert "arm 'eagle' is not in the run" in capsys.readouterr().err
+
+
+REPLICATE = Path(__file__).resolve().parents[2] / "docs" / "runs" / "2026-12-07-c4-replicate" / "serve.json.gz"
+
+
+def test_one_replicate_is_read_alone_and_a_replicate_the_run_lacks_is_refused(capsys):
+    """The c4 run whose second replicate drafted from the first one's answers (a warm arm's tree): --rep 0 gives the
+    figures its notes quote, the first replicate alone; the average over both differs."""
+    against = ["--arm", "adaptive-warm", "--against", "suffix-warm", "suffix-k16-warm"]
+    assert main([str(REPLICATE), *against, "--rep", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "replicate 0" in out
+    assert "| adaptive-warm / suffix-warm | 1.009 [0.951, 1.071] | 1.009 [0.951, 1.071] |" in out
+    assert "| adaptive-warm / suffix-k16-warm | 1.019 [0.963, 1.079] |" in out
+    assert main([str(REPLICATE), *against]) == 0
+    assert "| adaptive-warm / suffix-warm | 1.009" not in capsys.readouterr().out
+    assert main([str(REPLICATE), *against, "--rep", "2"]) == 2
+    assert "--rep 2: the run has replicates 0 to 1" in capsys.readouterr().err

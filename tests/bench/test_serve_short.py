@@ -1,5 +1,5 @@
 """The serving benchmark end to end, small: real worker and gateways, real workload prompts, three arms
-(plain, fixed n-gram k = 4, suffix decoding with a route per cell), two slices, one request each served twice
+(plain, fixed n-gram k = 4, suffix decoding with a route per cell, each arm on routes of its own), two slices, one request each served twice
 (``--repeats 2``), 8 tokens, one load point. Runs in `make test` so the harness cannot rot; the full run is
 `specgate bench serve --preset full`."""
 
@@ -82,11 +82,12 @@ def test_result_file_structure(run):
     assert reasons["plain"] == "rule 'bench-plain' (catch-all) bypasses speculation"
     assert reasons["ngram-k4"] == "rule 'bench-ngram-k4' (catch-all) pins pool 'ngram' with k=4"
     assert reasons["suffix"] == "rule 'bench-suffix' (catch-all) pins pool 'suffix' with k=8"
-    # suffix: every cell (load, slice, replicate) on its own route, so its own tree; the other arms on the default
+    # suffix: every cell (load, slice, replicate) on its own route, so its own tree; the other arms each on one route
+    # of their own (the worker is shared: no two arms draft from one tree)
     routes = {(r["arm"], r["slice"], r["rep"]): r["route"] for r in result["requests"]}
     cells = [(s, rep) for s in SLICES for rep in (0, 1)]
-    assert [routes[("suffix", *c)] for c in cells] == ["cell-0", "cell-1", "cell-2", "cell-3"]
-    assert {routes[(a, *c)] for a in ("plain", "ngram-k4") for c in cells} == {"default"}
+    assert [routes[("suffix", *c)] for c in cells] == [f"suffix.cell-{n}" for n in range(4)]
+    assert [{routes[(a, *c)] for c in cells} for a in ("plain", "ngram-k4")] == [{"plain"}, {"ngram-k4"}]
 
 
 def test_every_arm_is_identical_to_plain_and_decisions_are_counted(run):
