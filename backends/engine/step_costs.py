@@ -10,9 +10,25 @@ fills it at start-up.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from scipy.optimize import isotonic_regression
+
+
+def centered(tokens: Sequence[int], seconds: Sequence[float]) -> list[float]:
+    """Centered isotonic regression (Oron & Flournoy 2017) of ``seconds`` measured at the ascending ``tokens``, read
+    at ``tokens``: SciPy's least-squares non-decreasing fit, each run of equal fitted values replaced by the line
+    between its neighbours' centres (mean tokens, value), flat only inside the first and last run. The plain fit
+    pools a noisy dip into a flat run, where a wider forward costs nothing more and the rule drafts through it
+    (docs/runs/2026-12-07-centered-fit); replay's ``policies.costmodel.centered_fit`` is the same fit."""
+    fitted = isotonic_regression(seconds).x
+    starts = np.flatnonzero(np.r_[True, fitted[1:] != fitted[:-1]])
+    if len(starts) == 1:
+        return fitted.tolist()
+    centres = [float(np.mean(tokens[a:b])) for a, b in zip(starts, [*starts[1:], len(tokens)])]
+    return np.interp(tokens, centres, fitted[starts]).tolist()
 
 
 @dataclass(slots=True)
@@ -22,10 +38,12 @@ class StepCosts:
     verification, commit). Within a sequence count, cost grows with tokens (rows of every GEMM); each
     sequence adds its own attention calls.
 
-    Lookups read, per sequence count, the isotonic (non-decreasing in tokens) fit of the measured seconds
-    (SciPy's ``isotonic_regression``), so a noisy entry never makes a wider forward look cheaper than a narrower
-    one: the per-round rule picks k by these differences, and on the 2-core EPYC the raw table priced 12 tokens of
-    4 sequences below 8 (45.2 against 46.5 ms), which drew 8-draft rounds (docs/runs/2026-12-07-step-cost-fit).
+    Lookups read, per sequence count, the centred isotonic (non-decreasing in tokens) fit of the measured seconds
+    (:func:`centered`), so a noisy entry never makes a wider forward look cheaper than, or as cheap as, a narrower
+    one: the per-round rule picks k by these differences. On the 2-core EPYC the raw table priced 12 tokens of
+    4 sequences below 8 (45.2 against 46.5 ms), which drew 8-draft rounds (docs/runs/2026-12-07-step-cost-fit);
+    the plain isotonic fit then priced both at 45.85 ms, so 4 more drafts looked free
+    (docs/runs/2026-12-07-centered-fit).
     :meth:`table` (``/server_info``) reports the fit, so replay on a worker's live costs prices the same.
 
     ``step_seqs`` / ``step_base``: the sequences of the step being planned and the tokens the others feed;
@@ -91,7 +109,8 @@ class StepCosts:
 
     def _fit(self, group: int) -> tuple[list[int], list[float]]:
         measured = sorted((t, s) for (n, t), s in self.forward_s.items() if n == group)
-        fit = ([t for t, _ in measured], isotonic_regression([s for _, s in measured]).x.tolist())
+        tokens = [t for t, _ in measured]
+        fit = (tokens, centered(tokens, [s for _, s in measured]))
         self._curves[group] = fit
         return fit
 
