@@ -130,6 +130,18 @@ def served_policy(arm: Arm, worker_url: str, revision: str, out_dir: Path, cells
     return path
 
 
+def tree_notes(arms: list[Arm], loads: list[str]) -> list[str]:
+    """What a reader of the run's report must know of its suffix trees: a warm arm keeps one for the whole run, so
+    past the first load point its cells draft from the earlier points' answers to the same prompts (module
+    docstring), unlike the arms with a route per cell."""
+    warm = [a.name for a in arms if a.warm]
+    if len(loads) < 2 or not warm:
+        return []
+    return [f"{', '.join(warm)}: a warm arm keeps one suffix tree for the whole run, so from {loads[1]} on its cells "
+            "drafted from the earlier load points' answers to the same prompts; to compare it with the other arms "
+            "there, run one load point per command (--loads X --restart worker)."]
+
+
 def route_name(arm: str, cell: int | None = None) -> str:
     """The route (so the suffix scope) of an arm's cell ``cell``, or of all its cells (None)."""
     return arm if cell is None else f"{arm}.cell-{cell}"

@@ -153,6 +153,7 @@ def markdown(result: dict, plots: list[Path] | None = None) -> str:
              f"SLO (default policy): TTFT <= {meta['slo']['ttft_ms']} ms, TPOT <= {meta['slo']['tpot_ms']} ms; "
              f"{settings['per_slice']} requests per slice, max_tokens {settings['max_tokens']}, greedy; "
              f"wall time {meta['wall_s']:.0f} s", ""]
+    lines[-1:] = [f"**Note.** {note}" for note in meta.get("notes", [])] + [""]  # e.g. arms.tree_notes
     if meta.get("parts"):  # bench/serve/merge.py
         lines[-1:] = ["Merged from one run per load point (each with its own gateways and warm-up): "
                       + "; ".join(f"`{p['dir']}` ({p['date']}, {p['wall_s']:.0f} s)" for p in meta["parts"]), ""]

@@ -22,7 +22,9 @@ import httpx
 
 from backends.engine.model_store import load_prepared
 from bench.processes import cpu_model
-from bench.serve.arms import DEFAULT_POLICY, REPO, Arm, check_repeats, parse_arms, route_key, served_policy
+from bench.serve.arms import (
+    DEFAULT_POLICY, REPO, Arm, check_repeats, parse_arms, route_key, served_policy, tree_notes,
+)
 from bench.serve.client import Result, request_body, send, slo_met
 from bench.serve.load import LoadPoint, drive
 from bench.serve.report import markdown, plots
@@ -220,6 +222,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     log_dir = args.out / "logs"
     log_dir.mkdir(exist_ok=True)
     meta = _meta(args, argv, slo)
+    meta["notes"] = tree_notes(arms, [p.label for p in loads])
     t0 = time.perf_counter()
     total = len(arms) * len(loads) * len(items) * args.repeats + len(warm) * sum(a.warm for a in arms)
     with Progress("serve bench", total, transient=not args.keep_progress) as bar, contextlib.ExitStack() as stack:

@@ -7,7 +7,9 @@ import msgspec
 import pytest
 import yaml
 
-from bench.serve.arms import ARMS, DEFAULT_POLICY, check_repeats, parse_arms, route_key, served_policy, without_gates
+from bench.serve.arms import (
+    ARMS, DEFAULT_POLICY, check_repeats, parse_arms, route_key, served_policy, tree_notes, without_gates,
+)
 from backends.engine.types import SpeculationParams
 from backends.worker.translate import speculation
 from policies.decide import speculation_override
@@ -200,3 +202,12 @@ def test_the_cells_are_listed_in_the_order_the_run_serves_them():
     assert Bench(args, items, [], "sha256:abc", {}).cells() == [
         "c1 code rep 0", "c1 code rep 1", "c1 prose rep 0", "c1 prose rep 1",
         "p0.5 code rep 0", "p0.5 code rep 1", "p0.5 prose rep 0", "p0.5 prose rep 1"]
+
+
+def test_a_run_over_several_load_points_notes_that_its_warm_arms_trees_span_them():
+    """The report says so where it matters, and only there: a warm arm and more than one load point."""
+    assert tree_notes(parse_arms(["suffix", "adaptive"]), ["c1", "c4"]) == []
+    assert tree_notes(parse_arms(["suffix-warm", "adaptive-warm"]), ["c4"]) == []
+    [note] = tree_notes(parse_arms(["suffix", "suffix-warm", "adaptive-warm"]), ["c1", "c4", "p1"])
+    assert note.startswith("suffix-warm, adaptive-warm: a warm arm keeps one suffix tree for the whole run, so from "
+                           "c4 on its cells drafted from the earlier load points' answers to the same prompts")

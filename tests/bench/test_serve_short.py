@@ -46,7 +46,7 @@ def test_result_file_structure(run):
     _, result = run
     assert set(result) == {"meta", "settings", "workloads", "arms", "warmup", "learning_cost", "requests"}
     assert set(result["meta"]) == {"command", "date", "cpu", "cores", "python", "torch", "transformers",
-                                   "commit", "slo", "wall_s"}
+                                   "commit", "slo", "wall_s", "notes"}
     assert result["meta"]["command"].startswith("specgate bench serve --arms plain ngram-k4 suffix")
     assert result["meta"]["slo"] == {"ttft_ms": 2000.0, "tpot_ms": 150.0}  # deploy/policies/default.yaml
     assert result["settings"]["arms"] == ARMS
@@ -120,6 +120,16 @@ def test_markdown_and_plots_are_written(run):
     for name in ("serve-tpot.png", "serve-goodput.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({name})" in text
+
+
+def test_the_reports_notes_follow_its_header(run):
+    """A run's notes (bench.serve.arms.tree_notes) are printed under the header; this run has none."""
+    from bench.serve.report import markdown
+
+    _, result = run
+    assert result["meta"]["notes"] == [] and "**Note.**" not in markdown(result)
+    lines = markdown(dict(result, meta=dict(result["meta"], notes=["a warm arm spans load points."]))).split("\n")
+    assert lines[2].startswith("SLO (default policy)") and lines[3:5] == ["**Note.** a warm arm spans load points.", ""]
 
 
 def test_report_re_renders_from_the_result_file(run, tmp_path):
