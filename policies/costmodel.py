@@ -33,59 +33,11 @@ from typing import Any, Literal
 
 import msgspec
 
+from policies.measured import centered_fit, line
 from policies.trace import _explain
 
 FORMAT = 1
 _UNKNOWN_FIELD = f"unknown field (cost model format {FORMAT})"
-
-
-def _line(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """``ys`` at ``x``: linear between the two measured points around ``x``. Outside ``[xs[0], xs[-1]]``
-    the line through the two nearest points where it rises away from the grid, else the nearest point's
-    value: a cost never falls below the one measured at the nearest point."""
-    if len(xs) == 1:
-        return ys[0]
-    i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
-    x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
-    value = y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    if x < x0:
-        return max(value, y0)
-    if x > x1:
-        return max(value, y1)
-    return value
-
-
-def non_decreasing(values: Sequence[float]) -> list[float]:
-    """The least-squares non-decreasing fit of ``values`` (isotonic regression, pool adjacent violators): the same
-    fit as SciPy's ``isotonic_regression``, which the engine uses; policies stay free of SciPy."""
-    blocks: list[list[float]] = []  # [mean, count] of each pooled run
-    for value in values:
-        blocks.append([value, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (mean, count), (before, n) = blocks.pop(), blocks[-1]
-            blocks[-1] = [(before * n + mean * count) / (n + count), n + count]
-    return [mean for mean, count in blocks for _ in range(int(count))]
-
-
-def centered_fit(xs: Sequence[float], values: Sequence[float]) -> list[float]:
-    """Centered isotonic regression (Oron & Flournoy 2017) of ``values`` measured at the ascending ``xs``, read at
-    ``xs``: the :func:`non_decreasing` fit with each run of equal fitted values replaced by the straight line
-    between its neighbours' centres (a run's centre: its mean x, its value). Flat only at the ends, inside the first
-    or last run. A least-squares fit pools a noisy dip into a flat run, so a wider forward cost nothing more
-    there, and the per-round rule drafted through it (~3.5% TPOT at c4 on the EPYC's live costs in replay,
-    docs/runs/2026-12-07-centered-fit); the centred fit keeps the average slope. The engine's
-    ``step_costs.centered`` is the same fit (SciPy's isotonic regression underneath; a test checks they agree)."""
-    fitted = non_decreasing(values)
-    knots_x, knots_y, start = [], [], 0
-    for i in range(1, len(xs) + 1):
-        if i == len(xs) or fitted[i] != fitted[start]:
-            knots_x.append(sum(xs[start:i]) / (i - start))
-            knots_y.append(fitted[start])
-            start = i
-    if len(knots_x) == 1:  # one run: flat
-        return fitted
-    return [knots_y[0] if x <= knots_x[0] else knots_y[-1] if x >= knots_x[-1] else _line(knots_x, knots_y, x)
-            for x in xs]
 
 
 def _ascending(name: str, values: Sequence[float], least: float, what: str) -> None:
@@ -108,7 +60,7 @@ def _seconds(name: str, value: float, *, zero: bool = False) -> None:
 class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """Measured seconds of one forward by tokens fed per sequence and context length before it.
     ``seconds[i][j]`` is the forward feeding ``tokens[i]`` tokens after ``context[j]`` cached ones, kept as the
-    centred non-decreasing fit in tokens at each context (:func:`centered_fit`), as the engine reads its own table
+    centred non-decreasing fit in tokens at each context (``policies.measured.centered_fit``), as the engine reads its own table
     (``backends.engine.step_costs``): a noisy point never prices a wider forward at or below a narrower one, which
     the per-round rule would chase."""
 
@@ -139,10 +91,10 @@ class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
         one did; a longer or wider one grows with the end segment's slope)."""
         tokens_at, rows = self.tokens, self.seconds
         if len(tokens_at) == 1:
-            return _line(self.context, rows[0], context)
-        i = min(max(bisect_right(tokens_at, tokens) - 1, 0), len(tokens_at) - 2)  # the rows _line would read
-        pair = (_line(self.context, rows[i], context), _line(self.context, rows[i + 1], context))
-        return _line(tokens_at[i:i + 2], pair, tokens)
+            return line(self.context, rows[0], context)
+        i = min(max(bisect_right(tokens_at, tokens) - 1, 0), len(tokens_at) - 2)  # the rows line would read
+        pair = (line(self.context, rows[i], context), line(self.context, rows[i + 1], context))
+        return line(tokens_at[i:i + 2], pair, tokens)
 
 
 class DraftCost(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -180,7 +132,7 @@ class DraftCost(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
         if not self.context:
             return self.token_s[0]
         clamped = min(max(context, self.context[0]), self.context[-1])
-        return _line(self.context, self.token_s, clamped)
+        return line(self.context, self.token_s, clamped)
 
 
 class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -246,7 +198,7 @@ class CostModel(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
             return self.serving_s
         counts = self.serving_streams
         if counts:
-            return _line(counts, self.serving_streams_s, min(max(streams, counts[0]), counts[-1]))
+            return line(counts, self.serving_streams_s, min(max(streams, counts[0]), counts[-1]))
         return self.serving_s if self.serving_concurrent_s is None else self.serving_concurrent_s
 
     def forward_s(self, tokens: int, context: int, batch: int = 1) -> float:

@@ -16,7 +16,7 @@ from backends.engine.adaptive import (
     DISCOUNT, GAIN_FLOOR, POOL_STRENGTH, PRIOR_STRENGTH, BetaDraftLength, Evidence, PooledAcceptance, best_k,
     controller_for, expected_tokens, match_context, plan_step, suffix_min,
 )
-from backends.engine.step_costs import StepCosts, centered
+from backends.engine.step_costs import StepCosts
 from backends.engine.types import SpeculationParams
 
 # Costs shaped like a CPU in fp32 (one forward of width 1 / 5 / 9: 43 / 68 / 82 ms on an Intel AMX machine).
@@ -248,56 +248,6 @@ def test_bad_strategy_and_table_are_refused():
         SpeculationParams(proposer="ngram", adaptive=True, strategy="vllm", k_by_batch=((4, 2), (1, 8)))
     with pytest.raises(ValueError, match="prior must be"):
         SpeculationParams(proposer="ngram", adaptive=True, prior=(1.5,))
-
-
-def test_step_costs_interpolate_between_measured_token_counts_and_add_the_step_base():
-    costs = StepCosts(forward_s={(1, 1): 0.04, (1, 9): 0.08, (4, 4): 0.07, (4, 8): 0.09})
-    assert costs.forward(10) == pytest.approx(0.08 * 10 / 9)  # beyond the largest: proportional
-    assert costs.forward(3) == pytest.approx(0.05)  # a quarter of the way from 1 to 9
-    assert costs.forward(6, seqs=4) == pytest.approx(0.08)  # the 4-sequence curve
-    assert costs.forward(6, seqs=3) == pytest.approx(0.08)  # nearest measured count: 4
-    assert costs.forward(2, seqs=4) == 0.07  # below the smallest: the smallest
-    assert StepCosts().forward(3) == 3.0  # uncalibrated: proportional to tokens
-    costs.draft_token_s["draft_model"] = 0.01
-    costs.observe_overhead(0.002)
-    assert costs.round_s("draft_model", 8) == pytest.approx(0.08 + 0.08 + 0.002)
-    assert costs.round_s("draft_model", 0) == pytest.approx(0.04 + 0.002)
-    costs.step_seqs, costs.step_base = 4, 3  # three other sequences' tokens in the step
-    assert costs.round_s("draft_model", 0) == pytest.approx(0.07 + 0.002)
-    assert costs.round_s("draft_model", 4) == pytest.approx(0.09 + 0.04 + 0.002)
-    costs.observe_forward(4, 0.05, seqs=4)
-    assert costs.forward_s[4, 4] == pytest.approx(0.9 * 0.07 + 0.1 * 0.05)
-    assert costs.table()[0] == (1, 1, 0.04) and len(costs.table()) == 4
-
-
-def test_step_costs_are_read_through_a_centred_non_decreasing_fit_that_follows_new_measurements():
-    """A noisy entry (12 tokens of 4 sequences measured below 8) never prices a wider forward cheaper, nor as
-    cheap: the rule would draft more to reach it. The least-squares fit pools 8 and 12 at 0.045 (a flat run, where
-    4 more drafts would cost nothing); the centred fit draws the line from (4, 0.040) through the run's centre
-    (10, 0.045) to (16, 0.055). Each measurement refits its sequence count; ``restore`` refits all."""
-    costs = StepCosts(forward_s={(4, 4): 0.040, (4, 8): 0.046, (4, 12): 0.044, (4, 16): 0.055, (1, 1): 0.02})
-    at_8, at_12 = 0.040 + 0.005 * 4 / 6, 0.045 + 0.010 * 2 / 6  # read at the measured counts, linear between
-    assert [costs.forward(t, 4) for t in (4, 8, 10, 12, 16)] == pytest.approx([0.040, at_8, (at_8 + at_12) / 2,
-                                                                               at_12, 0.055])
-    assert costs.forward(1) == 0.02  # the other count's curve is its own
-    costs.observe_forward(12, 0.064, seqs=4)  # EMA: 0.9 * 0.044 + 0.1 * 0.064 = 0.046 -> 8 and 12 tie: one run
-    assert [costs.forward(t, 4) for t in (8, 12)] == pytest.approx([0.040 + 0.006 * 4 / 6, 0.046 + 0.009 * 2 / 6])
-    costs.observe_forward(6, 0.041, seqs=3)  # a new sequence count: the nearest one is found again
-    assert costs.forward(6, 3) == 0.041 and costs.forward(6, 4) == pytest.approx((0.040 + 0.040 + 0.006 * 4 / 6) / 2)
-    costs.restore({(4, 4): 0.040, (4, 8): 0.030})  # one run: flat (no neighbour to draw a line to)
-    assert costs.forward(8, 4) == pytest.approx(0.035) and costs.forward(6, 3) == pytest.approx(0.035)
-    assert costs.table() == [(4, 4, pytest.approx(0.035)), (4, 8, pytest.approx(0.035))]  # /server_info: the fit
-
-
-@given(st.lists(st.tuples(st.integers(1, 4), st.floats(0.001, 10.0)), min_size=1, max_size=12))
-def test_the_engines_centred_fit_is_replays(steps_values):
-    """The engine fits its live table with SciPy (step_costs.centered); replay reads cost files through the
-    pure-Python fit (policies.costmodel.centered_fit, policies stay free of SciPy): the two agree."""
-    from policies.costmodel import centered_fit  # the engine never imports policies; this test compares them
-
-    tokens = list(itertools.accumulate(step for step, _ in steps_values))
-    values = [value for _, value in steps_values]
-    assert centered(tokens, values) == pytest.approx(centered_fit(tokens, values), rel=1e-9, abs=1e-12)
 
 
 def test_engine_runs_each_controller_and_reports_what_it_chose(real_tokenizer):

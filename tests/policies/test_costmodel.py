@@ -3,7 +3,6 @@ batch sizes, draft and round costs, and the exact error for every kind of bad fi
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import stat
@@ -11,13 +10,11 @@ import stat
 import msgspec
 import pytest
 import yaml
-from hypothesis import given
-from hypothesis import strategies as st
-from scipy.optimize import isotonic_regression
 
 from policies.costmodel import (
-    FORMAT, CostModel, CostModelError, DraftCost, Grid, centered_fit, load_cost_model, non_decreasing, write_cost_model,
+    FORMAT, CostModel, CostModelError, DraftCost, Grid, load_cost_model, write_cost_model,
 )
+from policies.measured import non_decreasing
 
 REVISION = "sha256:" + "ab" * 32
 # seconds rise by 0.001 per context token at width 1 and 0.002 at width 9, and by 0.25 per token fed
@@ -57,12 +54,6 @@ def test_extrapolation_never_goes_below_the_nearest_point():
     assert single.at(1, 0) == single.at(17, 4096) == 0.25
 
 
-@given(st.lists(st.floats(0.001, 10.0), min_size=1, max_size=12))
-def test_the_fit_is_scipys_isotonic_regression(values):
-    """policies/ stay free of SciPy; the engine fits its live table with SciPy (step_costs.py): the two agree."""
-    assert non_decreasing(values) == pytest.approx(isotonic_regression(values).x.tolist(), rel=1e-12, abs=1e-15)
-
-
 def test_a_grid_is_read_through_its_fit_at_every_context():
     """The EPYC calibration's batch-1 column at context 256 fell 1 -> 2 and 3 -> 5 tokens. The least-squares fit
     pools each dip into a flat run (14.89 at 1 and 2 tokens, 17.84 at 3 and 5); the centred fit draws the line
@@ -73,23 +64,6 @@ def test_a_grid_is_read_through_its_fit_at_every_context():
     assert [row[1] for row in grid.seconds] == pytest.approx([14.89, 14.89 + 2.95 / 5, 14.89 + 2.95 * 3 / 5, 17.84])
     assert [row[0] for row in grid.seconds] == [1.0, 2.0, 3.0, 4.0]  # already rising: as measured
     assert grid.at(4, 256) == pytest.approx((16.66 + 17.84) / 2)
-
-
-@given(st.lists(st.tuples(st.integers(1, 4), st.floats(0.001, 10.0)), min_size=1, max_size=12))
-def test_the_centred_fit_never_falls_rises_between_runs_and_keeps_rising_data(steps_values):
-    """Non-decreasing everywhere; strictly rising between the first run's centre and the last one's (no flat
-    stretch inside, where a wider forward would cost nothing more); rising data come back as measured."""
-    xs = list(itertools.accumulate(step for step, _ in steps_values))
-    values = [value for _, value in steps_values]
-    fit = centered_fit(xs, values)
-    assert all(b >= a for a, b in zip(fit, fit[1:]))
-    pooled = non_decreasing(values)
-    runs = [i for i in range(len(xs)) if i == 0 or pooled[i] != pooled[i - 1]]
-    if len(runs) > 1:  # strictly rising from the end of the first run to the start of the last
-        inner = fit[runs[1] - 1:runs[-1] + 1]
-        assert all(b > a for a, b in zip(inner, inner[1:]))
-    if all(b > a for a, b in zip(values, values[1:])):
-        assert fit == pytest.approx(values)
 
 
 def test_forward_s_over_batch_sizes():
