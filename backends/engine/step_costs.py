@@ -22,13 +22,18 @@ def centered(tokens: Sequence[int], seconds: Sequence[float]) -> list[float]:
     at ``tokens``: SciPy's least-squares non-decreasing fit, each run of equal fitted values replaced by the line
     between its neighbours' centres (mean tokens, value), flat only inside the first and last run. The plain fit
     pools a noisy dip into a flat run, where a wider forward costs nothing more and the rule drafts through it
-    (docs/runs/2026-12-07-centered-fit); replay's ``policies.costmodel.centered_fit`` is the same fit."""
-    fitted = isotonic_regression(seconds).x
-    starts = np.flatnonzero(np.r_[True, fitted[1:] != fitted[:-1]])
-    if len(starts) == 1:
-        return fitted.tolist()
-    centres = [float(np.mean(tokens[a:b])) for a, b in zip(starts, [*starts[1:], len(tokens)])]
-    return np.interp(tokens, centres, fitted[starts]).tolist()
+    (docs/runs/2026-12-07-centered-fit); replay's ``policies.measured.centered_fit`` is the same fit."""
+    fitted = isotonic_regression(seconds).x.tolist()
+    knots: list[tuple[float, float]] = []  # (a run's mean tokens, its value); a few dozen entries: plain Python
+    start = 0
+    for i in range(1, len(fitted) + 1):
+        if i == len(fitted) or fitted[i] != fitted[start]:
+            knots.append((sum(tokens[start:i]) / (i - start), fitted[start]))
+            start = i
+    if len(knots) == 1:
+        return fitted
+    xs, ys = zip(*knots)
+    return np.interp(tokens, xs, ys).tolist()
 
 
 @dataclass(slots=True)
