@@ -164,12 +164,12 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
                 tally.want_ids()
             holds.take_limits(admitted)
             if spans is not None:
-                spans.stage("admit")
+                spans.admitted()
             decision = decide(active.policy, admitted.features, state.snapshot(), rng=state.rng,
                               exploring=state.exploring)
             holds.count(decision)
             if spans is not None:
-                spans.stage("decide", {"specgate.slice": decision.slice, "specgate.rule": decision.rule})
+                spans.decided()
             resume = active.policy.resume
             resumable = resume.max_resumes > 0 and not_resumable(admitted.body) is None
             # a whole answer that may resume is streamed from its worker and assembled here (resume.whole_answers)

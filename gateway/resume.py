@@ -321,7 +321,7 @@ class Resumer:
                 if self.spans is not None:
                     span, headers = self.spans.attempt(self.attempts + n, pool_name, "resume", 0, url, rid)
                     if span is not None:
-                        span.set_attribute("specgate.resumed_at_token", at)
+                        span.resumed_at(at)
                 client = backend.client(url)
                 stream = client.completions_stream(body, headers=headers)
                 try:

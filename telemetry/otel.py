@@ -33,6 +33,7 @@ from telemetry.otel_pipe import INTERNAL, SAMPLED, SpanPipe, Value, WireSpan, Wi
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 TRACEPARENT, TRACESTATE = "traceparent", "tracestate"
 RANDOM_ID_FLAG = 0x02  # W3C trace-context level 2: the trace id's low 56 bits are random (sampled is 0x01)
+_FLAGS = ("-00", "-01", "-02", "-03")  # a traceparent's end: the trace flags this process sends (sampled, random)
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -172,7 +173,7 @@ class Recording:
     recorded, and the ``traceparent`` it sends on. Unsampled, it records nothing and its ``traceparent`` says so
     (the next process's parent-based sampler records nothing either)."""
 
-    __slots__ = ("_export", "trace_id", "root_id", "sampled", "_client", "_flags", "_state", "spans")
+    __slots__ = ("_export", "trace_id", "root_id", "sampled", "_client", "_flags", "_state", "spans", "_head")
 
     def __init__(self, export: TraceExport, headers: Any, name: str) -> None:
         self._export = export
@@ -186,13 +187,19 @@ class Recording:
         self._flags = random_flag | (SAMPLED if self.sampled else 0)
         self.root_id = new_span_id()
         self.spans: list[WireSpan] = []
+        self._head = ""  # the traceparent's version and trace id, written on first use
 
     def traceparent(self, span_id: int | None = None) -> dict[str, str]:
         """Headers naming ``span_id`` (default: the request's own span) as the parent of an upstream request."""
-        headers = {TRACEPARENT: f"00-{self.trace_id:032x}-{span_id or self.root_id:016x}-{self._flags:02x}"}
+        head = self._head or self._write_head()
+        headers = {TRACEPARENT: head + (span_id or self.root_id).to_bytes(8, "big").hex() + _FLAGS[self._flags]}
         if self._state:
             headers[TRACESTATE] = self._state
         return headers
+
+    def _write_head(self) -> str:
+        self._head = f"00-{self.trace_id:032x}-"
+        return self._head
 
     def child(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any] | None = None,
               kind: int = INTERNAL) -> WireSpan:

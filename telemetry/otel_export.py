@@ -1,4 +1,5 @@
-"""The gateway's exporter process: :class:`telemetry.otel_pipe.WireTrace` frames on stdin, OTLP/HTTP out.
+"""The gateway's exporter process: :class:`telemetry.otel_pipe.WireTrace` frames (the worker's) or
+:class:`telemetry.otel_gateway.GatewayTrace` ones (the gateway's) on stdin, OTLP/HTTP out.
 
     python -m telemetry.otel_export SERVICE_NAME      # started by the gateway (telemetry/otel_pipe.SpanPipe)
 
@@ -31,6 +32,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.environment_variables import OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BSP_SCHEDULE_DELAY
 from opentelemetry.sdk.resources import Resource
 
+from telemetry.otel_gateway import GatewayTrace, spans_of
 from telemetry.otel_pipe import FRAME_HEADER, WireTrace
 from telemetry.otlp_encode import Encoder
 
@@ -128,9 +130,9 @@ class Batch:
     def __len__(self) -> int:
         return len(self.spans)
 
-    def add(self, trace: WireTrace) -> None:
+    def add(self, trace: WireTrace | GatewayTrace) -> None:
         """Encode one request's spans into the batch (a record OTLP cannot carry raises, and adds nothing)."""
-        spans = self.encoder.spans(trace)
+        spans = self.encoder.spans(spans_of(trace) if type(trace) is GatewayTrace else trace)
         self.frames += 1
         self.spans += spans
         self.owners += [self.frames] * len(spans)
@@ -148,7 +150,7 @@ class Batch:
 def run(fd: int, batch: Batch, schedule_s: float, batch_size: int) -> None:
     """Read frames from ``fd`` until its end, sending ``batch`` in requests of ``batch_size`` spans as the module
     docstring says."""
-    decode = msgspec.msgpack.Decoder(WireTrace).decode
+    decode = msgspec.msgpack.Decoder(WireTrace | GatewayTrace).decode
     buf = bytearray()
     due: float | None = None  # when the batch's first span has waited the schedule delay
     while True:

@@ -44,12 +44,15 @@ CLOSE_TIMEOUT_S = 30.0  # the gateway's shutdown waits this long for its spans t
 
 Value = str | bool | int | float | list  # a list: of one of the others, as OTLP allows
 
-# The gateway's request span carries ~30 attributes on every sampled request. It ships them as a list,
-# ``[GATEWAY_REQUEST, value, ...]``, the values in the order of ``LAYOUTS[GATEWAY_REQUEST]``, None where an attribute
-# is not set: no key travels, and the request path builds a list instead of a 32-key dict and its filtered copy
-# (~2.5 us less per sampled request, ``python -m bench.otel_spans``). Other spans ship a dict.
-GATEWAY_REQUEST = 1
-LAYOUTS: dict[int, tuple[str, ...]] = {GATEWAY_REQUEST: (
+# The gateway's request span carries ~30 attributes on every sampled request, each dispatch attempt 6-8, and its
+# decide and relay spans 2 and 1. They travel as a list, ``[LAYOUT, value, ...]``, the values in the order of ``LAYOUTS[LAYOUT]``, None where an attribute
+# is not set: no key travels, and a list is cheaper to build than a dict (and to encode: telemetry/otlp_encode.py).
+# Other spans ship a dict.
+GATEWAY_REQUEST, GATEWAY_DISPATCH, GATEWAY_DECIDE, GATEWAY_RELAY = 1, 2, 3, 4
+LAYOUTS: dict[int, tuple[str, ...]] = {
+    GATEWAY_DECIDE: ("specgate.slice", "specgate.rule"), GATEWAY_RELAY: ("specgate.stream",), GATEWAY_DISPATCH: (
+    "specgate.attempt", "specgate.pool", "specgate.proposer", "specgate.draft_tokens", "server.address",
+    "specgate.worker_rid", "specgate.resumed_at_token", "error.type"), GATEWAY_REQUEST: (
     "gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model", "gen_ai.request.max_tokens",
     "gen_ai.request.temperature", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",
     "http.response.status_code", "specgate.request_id", "specgate.status", "specgate.route", "specgate.slice",
@@ -83,9 +86,10 @@ def attribute_items(attributes: dict[str, Value] | list[Value | None]) -> Iterab
             if v is not None]
 
 
-class WireTrace(msgspec.Struct, array_like=True, gc=False):
+class WireTrace(msgspec.Struct, array_like=True, gc=False, tag="w"):
     """One request's spans. The 128-bit trace id as two halves (msgpack integers are 64-bit); the client's span
-    (``remote_parent``, 0: none), its trace flags and ``tracestate`` header, which the spans keep."""
+    (``remote_parent``, 0: none), its trace flags and ``tracestate`` header, which the spans keep. Tagged: the
+    gateway ships a ``telemetry/otel_gateway.GatewayTrace`` instead, and the exporter reads either."""
 
     trace_hi: int
     trace_lo: int

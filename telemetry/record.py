@@ -24,7 +24,10 @@ class Resumed(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     outcome: str
 
 
-class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
+class RequestRecord(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """``array_like``: msgpack-encoded as an array, in field order, into the pipe to the trace exporter process
+    (telemetry/otel_gateway.py): half the bytes of a map, and a third less encoding time."""
+
     request_id: str
     route: str  # policy route name ("default" when auth is off)
     slice: str  # policy slice name

@@ -11,6 +11,7 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -40,6 +41,7 @@ CLIENT = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0
 
 
 def _finish(spans: RequestSpans) -> None:
+    spans.dispatched()  # as gateway/lifecycle.py does once a worker answered
     spans.finish(*served_request())
 
 
@@ -71,7 +73,7 @@ def _dispatch_with_a_retry(spans: RequestSpans) -> list[tuple[str, dict[str, str
 def test_each_attempt_is_a_dispatch_span_and_the_worker_gets_its_traceparent():
     tracing, shipped = shipping(ALWAYS_ON)
     spans = RequestSpans(tracing, {**CLIENT, "tracestate": "vendor=1"}, "chat")
-    spans.stage("admit")
+    spans.admitted()
     sent = _dispatch_with_a_retry(spans)
     assert shipped == []  # nothing leaves before the request ends
     _finish(spans)
@@ -107,7 +109,7 @@ def test_an_unsampled_request_records_nothing_but_still_tells_the_worker():
     tracing, shipped = shipping(ALWAYS_OFF)
     spans = RequestSpans(tracing, {}, "chat")
     assert spans.recording is False  # decided before anything was recorded
-    spans.stage("admit")
+    spans.admitted()
     sent = _dispatch_with_a_retry(spans)
     _finish(spans)
     assert shipped == []
@@ -153,3 +155,18 @@ def test_a_ratio_sampler_decides_once_per_request_on_the_trace_id_it_exports():
     # the SDK's ratio rule: sampled exactly when the id's low 64 bits are under the bound
     bound = TraceIdRatioBased.get_bound_for_rate(0.5)
     assert all((s.trace_id & ((1 << 64) - 1) < bound) == s.recording for s in built)
+
+
+def test_the_debug_flags_texts_never_reach_the_exporter_process():
+    """A gateway run with its debug-text flag keeps the prompt and completion in the record it logs; the trace it
+    ships to the exporter process carries the record without them, and the request's other values."""
+    tracing, shipped = shipping(ALWAYS_ON)
+    finished, record = served_request()
+    spans = RequestSpans(tracing, {}, "chat")
+    spans.dispatched()
+    spans.finish(finished, msgspec.structs.replace(record, prompt_text="secret prompt", completion_text="secret"))
+    [frame] = shipped.frames
+    assert b"secret" not in frame
+    root = shipped.spans()[-1]
+    assert (root.attributes["specgate.request_id"], root.attributes["gen_ai.usage.output_tokens"]) == (
+        record.request_id, record.completion_tokens)

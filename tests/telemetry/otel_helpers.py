@@ -15,6 +15,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from telemetry.otel import TraceExport
 from telemetry.otel_export import SCOPE
+from telemetry.otel_gateway import GatewayTrace, spans_of
 from telemetry.otel_pipe import SAMPLED, WireTrace, attribute_items
 
 _KINDS = {k.value: k for k in SpanKind}
@@ -42,10 +43,18 @@ def readable_spans(trace: WireTrace, resource: Resource) -> list[ReadableSpan]:
 
 
 class Shipped(list):
-    """The traces shipped, each through a msgpack round trip (what the exporter process decodes)."""
+    """The traces shipped, each through a msgpack round trip (what the exporter process decodes); ``frames``: the
+    bytes that crossed the pipe."""
 
-    def ship(self, trace: WireTrace) -> None:
-        self.append(msgspec.msgpack.decode(msgspec.msgpack.encode(trace), type=WireTrace))
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[bytes] = []
+
+    def ship(self, trace: WireTrace | GatewayTrace) -> None:
+        """As the exporter process reads it: the gateway's trace as its spans (telemetry/otel_gateway.py)."""
+        self.frames.append(msgspec.msgpack.encode(trace))
+        trace = msgspec.msgpack.decode(self.frames[-1], type=WireTrace | GatewayTrace)
+        self.append(spans_of(trace) if isinstance(trace, GatewayTrace) else trace)
 
     def spans(self) -> list:
         resource = Resource.create({"service.name": "test"})

@@ -30,8 +30,9 @@ values = st.one_of(scalars, st.lists(st.text(max_size=4), max_size=3), st.lists(
                    st.lists(st.floats(allow_nan=False), max_size=3), st.lists(st.booleans(), max_size=3))
 keys = st.sampled_from(["gen_ai.request.model", "specgate.slice", "specgate.retries", "n", "a", "b"]) | st.text(
     min_size=1, max_size=10)
-laid_out = st.lists(st.none() | values, min_size=len(LAYOUTS[GATEWAY_REQUEST]),
-                    max_size=len(LAYOUTS[GATEWAY_REQUEST])).map(lambda vs: [GATEWAY_REQUEST, *vs])
+laid_out = st.sampled_from(sorted(LAYOUTS)).flatmap(  # any layout, its values unset or any value
+    lambda layout: st.lists(st.none() | values, min_size=len(LAYOUTS[layout]), max_size=len(LAYOUTS[layout])).map(
+        lambda vs: [layout, *vs]))
 
 
 @st.composite
@@ -75,7 +76,7 @@ def test_a_served_request_and_its_edge_values(monkeypatch):
     forgetful = Encoder(RESOURCE.attributes, SCOPE)
     for _ in range(3):
         assert _sent(forgetful, batch) == _sdk(batch)
-    assert len(forgetful._cache) <= 2 and len(forgetful._keys) <= 2
+    assert forgetful._cached <= 2 and len(forgetful._keys) <= 2 and len(forgetful._names) <= 2
 
 
 def test_true_and_1_are_different_values_to_the_cache():
