@@ -3,6 +3,7 @@ sampled by py-spy (a dev dependency); prints the share of samples per function (
 calls) and per file.
 
     .venv/bin/python -m bench.profile_gateway --concurrency 32 --duration 20 [--top 40] [--raw FILE] [--otel-sample 0.1]
+    .venv/bin/python -m bench.profile_gateway --otel-sample 1 --exporter      # the trace exporter process instead
 
 The shares are of the samples py-spy took of the gateway's Python threads while they ran (idle waits are not
 sampled); a share is a direction, not a figure to quote: a change is measured with ``bench.gateway_compare``
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 from bench.gateway import BIN, ensure_wrk, gateways, wrk
 from bench.processes import free_port, running
@@ -75,7 +78,11 @@ def main() -> None:
     parser.add_argument("--raw", type=Path, default=None, help="also keep py-spy's raw stacks here")
     parser.add_argument("--otel-sample", type=float, default=None,
                         help="trace export on, this share of requests sampled (default: off)")
+    parser.add_argument("--exporter", action="store_true",
+                        help="sample the gateway's trace exporter process instead (needs --otel-sample)")
     args = parser.parse_args()
+    if args.exporter and args.otel_sample is None:
+        parser.error("--exporter profiles the trace exporter process: give --otel-sample too")
     spy = shutil.which("py-spy", path=str(BIN)) or shutil.which("py-spy")
     if spy is None:
         sys.exit("error: py-spy is not installed; `pip install -e '.[dev]'` installs it (pinned in pyproject.toml)")
@@ -91,7 +98,11 @@ def main() -> None:
             gateways(worker, "instant", tmp, [arm], otel_sample=1.0 if args.otel_sample is None else args.otel_sample) as (urls, pids, _):
         url = urls[arm]
         wrk(url, body, args.concurrency, 3, tmp)  # warm-up: connections, caches, the learner's first cells
-        sampler = subprocess.Popen([spy, "record", "--pid", str(pids[arm]), "--rate", str(args.rate),
+        pid = pids[arm]
+        if args.exporter:  # the gateway's one child process (telemetry/otel_export.py)
+            [child] = psutil.Process(pid).children()
+            pid = child.pid
+        sampler = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(args.rate),
                                     "--duration", str(round(args.duration)), "--format", "raw",
                                     "--output", str(raw), "--nonblocking"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

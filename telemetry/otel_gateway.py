@@ -3,7 +3,7 @@ builds them from it (:func:`spans_of`).
 
 Why not spans: at 100% sampling the gateway's span code was ~10% of its CPU per request under load (the span
 objects, their attribute dicts and the request span's ~30 attributes read one by one), on the core that serves
-requests, while the exporter runs on idle time only (docs/runs/2026-12-08-otel-record). So the gateway records the
+requests, while the exporter runs on idle time only (docs/runs/2026-12-07-otel-record). So the gateway records the
 stage times, its dispatch attempts (whose span ids went to the workers in ``traceparent``) and the request's
 ``RequestRecord``, which it builds for telemetry anyway and msgspec encodes in C; the exporter names the spans,
 gives the stage spans their ids and reads the attributes off the record. The spans are the ones the gateway

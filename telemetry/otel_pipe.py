@@ -126,7 +126,7 @@ class SpanPipe:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "telemetry.otel_export", self.service], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, env=_with_root(self.env))
+                stdout=subprocess.PIPE, env=_with_root(self.env), cwd=_ROOT)
         except OSError as exc:  # no process to export with: the gateway serves on, and says so
             self.process = None
             log.error("otel_exporter_start_failed", error=str(exc))
@@ -273,10 +273,14 @@ class SpanPipe:
         self.process = None
 
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout this module is in
+
+
 def _with_root(env: dict[str, str] | None) -> dict[str, str]:
     """``env`` (this process's by default) with this checkout first on PYTHONPATH: the exporter process imports
-    ``telemetry`` from the same tree as the gateway, wherever it was started from."""
+    ``telemetry`` from the same tree as the gateway, wherever it was started from. (It also starts in that
+    directory: ``python -m`` puts its working directory before PYTHONPATH, so a gateway started from another
+    checkout would have run that checkout's exporter.)"""
     env = dict(os.environ if env is None else env)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH", "")) if p)
     return env

@@ -5,7 +5,7 @@ Why not the SDK's: its span objects and its encoder, which builds a protobuf mes
 and value in Python, cost the exporter 134-147 us per request of 5 spans and ~39 attributes, and at 100% sampling
 that CPU comes from the cores the gateway serves on. This writes the same messages (``ExportTraceServiceRequest``
 of opentelemetry-proto, the fields the SDK's encoder sets, with the same values) as bytes: ~10 us of the
-exporter's ~13 us per gateway request (``python -m bench.otel_spans``; docs/runs/2026-12-08-otel-record), with
+exporter's ~13 us per gateway request (``python -m bench.otel_spans``; docs/runs/2026-12-07-otel-record), with
 each key's encoded forms kept (:class:`_Key`).
 ``tests/telemetry/test_otlp_encode.py`` parses its output with the official protobuf classes and checks it equals
 what the SDK's encoder makes of the same spans, so the two cannot drift apart unnoticed.

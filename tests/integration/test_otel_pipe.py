@@ -141,3 +141,20 @@ def test_requests_whose_spans_the_collector_refuses_are_counted():
         pipe.ship(_trace(3))
         pipe.close()
         assert (pipe.dropped, drops[-1]) == (4, (1, "export_failed")) and receiver.spans == []
+
+
+def test_the_exporter_process_is_the_gateways_own_whatever_directory_it_was_started_from(tmp_path, monkeypatch):
+    """``python -m`` puts its working directory first on the import path: a gateway started from a directory
+    holding another ``telemetry`` package (another checkout) must still run its own exporter."""
+    impostor = tmp_path / "telemetry"
+    impostor.mkdir()
+    (impostor / "__init__.py").write_text("")
+    (impostor / "otel_export.py").write_text(f"open({str(tmp_path / 'impostor-ran')!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    with otlp_receiver() as (endpoint, receiver):
+        pipe = SpanPipe("edge-gw", _env(endpoint))
+        pipe.start()
+        pipe.ship(_trace(1))
+        pipe.close()
+    assert not (tmp_path / "impostor-ran").exists()
+    assert len(receiver.spans) == 2  # the real exporter sent them
