@@ -76,11 +76,13 @@ class RequestSpans(otel.Recording):
 
     def admitted(self) -> None:
         """Admission ended now (the admit span: arrival to here)."""
-        self._admit = time.time_ns()
+        if self.sampled:
+            self._admit = time.time_ns()
 
     def decided(self) -> None:
         """The decision was made now (the decide span: admission to here)."""
-        self._decide = time.time_ns()
+        if self.sampled:
+            self._decide = time.time_ns()
 
     def attempt(self, number: int, pool: str, proposer: str, draft_tokens: int, worker: str, rid: str
                 ) -> tuple[Attempt | None, dict[str, str]]:
@@ -95,7 +97,8 @@ class RequestSpans(otel.Recording):
 
     def dispatched(self) -> None:
         """The answer starts now (the relay span starts here)."""
-        self._relay = time.time_ns()
+        if self.sampled:
+            self._relay = time.time_ns()
 
     def finish(self, f: Finished, record: RequestRecord) -> None:
         """Ship the request's trace to the exporter process: its times, attempts and record (the record without
