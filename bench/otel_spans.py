@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import msgspec
 
-from gateway.request_spans import RequestSpans
+from gateway.request_spans import begin
 from telemetry.otel import TraceExport
 from telemetry.otel_gateway import GatewayTrace, spans_of
 from telemetry.otel_pipe import FRAME_HEADER, SpanPipe, WireTrace
@@ -68,12 +68,13 @@ def _tracing(ratio: float, pipe: SpanPipe) -> TraceExport:
 
 
 def _request(tracing: TraceExport, finished, record) -> None:
-    spans = RequestSpans(tracing, {}, "chat")
+    spans, _ = begin(tracing, {}, "chat")
+    if spans is None:  # unsampled: its traceparent is all it built
+        return
     spans.admitted()
     spans.decided()
     span, _ = spans.attempt(1, "hybrid", "hybrid", 16, "http://127.0.0.1:30000", "r-1")
-    if span is not None:
-        span.end()
+    span.end()
     spans.dispatched()
     spans.finish(finished, record)
 

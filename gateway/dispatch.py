@@ -59,11 +59,13 @@ class NotServed(Exception):
 
 
 async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, holds: Holds, waited: Stopwatch,
-                   send: Callable[..., Awaitable[T]], spans: RequestSpans | None = None) -> tuple[Dispatched, T]:
+                   send: Callable[..., Awaitable[T]], spans: RequestSpans | None = None,
+                   unsampled: dict[str, str] | None = None) -> tuple[Dispatched, T]:
     """Run ``send`` on a worker chosen by the plan, retrying as the module docstring says. On success
     the worker's slot is in ``holds``; a failed attempt's slot is given back here. NotServed otherwise.
-    With ``spans`` (trace export on) each attempt is a ``dispatch`` span, and ``send`` gets a third argument:
-    the ``traceparent`` headers that make the worker's span its child."""
+    ``send(client, body, headers)``: ``headers`` is the ``traceparent`` that makes the worker's span the attempt's
+    child (``spans``: a sampled request's, each attempt a ``dispatch`` span), ``unsampled`` (an unsampled one's), or
+    None (trace export off)."""
     backend = state.backend
     tried: set[str] = set()
     last: WorkerError | None = None
@@ -86,17 +88,13 @@ async def dispatch(state: GatewayState, admitted: Admitted, decision: Decision, 
             else:
                 fwd["custom_params"] = custom
             backend.take(pool_name, url)
-            span = None
+            span, headers = (None, unsampled) if spans is None else \
+                spans.attempt(attempts, pool_name, proposer, k, url, fwd["rid"])
             try:
-                if spans is None:
-                    with waited:
-                        result = await send(backend.client(url), fwd)
-                else:
-                    span, trace_headers = spans.attempt(attempts, pool_name, proposer, k, url, fwd["rid"])
-                    with waited:
-                        result = await send(backend.client(url), fwd, trace_headers)
-                    if span is not None:
-                        span.end()
+                with waited:
+                    result = await send(backend.client(url), fwd, headers)
+                if span is not None:
+                    span.end()
             except (asyncio.CancelledError, WorkerError) as exc:
                 if span is not None:
                     span.fail(type(exc).__name__, str(exc) or "cancelled")

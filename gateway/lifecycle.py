@@ -40,7 +40,7 @@ from gateway.evidence import wanted
 from gateway.holds import Holds, Stopwatch
 from gateway.relay import DONE, Tally, assemble, inject, relay_stream
 from gateway.resume import Progress, Resumer, not_resumable, stops_of
-from gateway.request_spans import RequestSpans
+from gateway.request_spans import begin
 from gateway.requests import ChatRequest, CompletionRequest, parse_body
 from gateway.slo_headers import slo_in_force
 from gateway.stages import Admitted, Arrival, Dispatched, Ending, Finished
@@ -146,7 +146,8 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
     evidence = False  # its outcome waits for full-information evidence (gateway/evidence.py)
     resumer: Resumer | None = None  # a stream that may continue on another worker (gateway/resume.py)
     otel = state.otel  # OpenTelemetry export (telemetry/otel.py); None: off, and no span object is built
-    spans = RequestSpans(otel, request.headers, endpoint) if otel is not None else None
+    # spans: a sampled request's; unsampled: an unsampled one's traceparent for its workers (gateway/request_spans.py)
+    spans, unsampled = begin(otel, request.headers, endpoint) if otel is not None else (None, None)
 
     def head_headers() -> dict[str, str]:
         overhead = max(0.0, time.perf_counter() - arrival.t0 - waited.seconds)
@@ -185,7 +186,8 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
             ids = ids or evidence
             answered, served = await unless_client_leaves(
                 request.receive, dispatch(state, admitted, decision, holds, waited,
-                                                sender(admitted, ids, admitted.stream or assembled), spans))
+                                                sender(admitted, ids, admitted.stream or assembled), spans,
+                                                unsampled))
         except (ApiError, NotServed) as exc:
             error = exc.error if isinstance(exc, NotServed) else exc
             retries = exc.retries if isinstance(exc, NotServed) else 0
@@ -217,7 +219,7 @@ async def serve(state: GatewayState, endpoint: str, request: Any) -> AsyncGenera
         relaying = (upstream, state.backend.client(dispatched.worker))
         if may_resume:
             resumer = Resumer(state, admitted, decision, dispatched, holds,
-                              Progress(endpoint == "chat", stops_of(admitted.body)), spans)
+                              Progress(endpoint == "chat", stops_of(admitted.body)), spans, unsampled)
 
         def failed(exc: WorkerError) -> ApiError:
             """The error a worker failure after the first chunk ends the answer with (its request aborted)."""

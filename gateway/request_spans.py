@@ -2,7 +2,8 @@
 (``telemetry/otel_pipe.py``; conventions: ``telemetry/otel.py``).
 
 Not the replay recording (``gateway/tracing.py``). Built only when trace export is configured
-(``GatewayState.otel`` is not None); otherwise ``serve`` holds None and pays one ``is None`` test per hook.
+(``GatewayState.otel`` is not None) and the request is sampled; otherwise ``serve`` holds None and pays one
+``is None`` test per hook.
 
     <client's span, from its traceparent>
       └─ "chat MODEL" (SERVER): the request, arrival to its end; gen_ai.* and specgate.* attributes
@@ -12,11 +13,11 @@ Not the replay recording (``gateway/tracing.py``). Built only when trace export 
            │             ERROR and error.type; the worker's own span is this span's child (traceparent)
            └─ relay      the answer: the stream from its first chunk to its end, or a whole answer's hand-over
 
-The sampler decides when the request arrives; an unsampled request records nothing and tells the worker so. A
-sampled one records the stage times and a ``WireSpan`` per dispatch attempt, and ships them when it ends with its
-``RequestRecord`` (the values the answer's ``specgate`` object and the metrics carry) as one ``GatewayTrace``; the
-exporter process builds the spans and their attributes from it (``telemetry/otel_gateway.py``: off the serving
-core, ~2x faster per request for the gateway).
+The sampler decides when the request arrives (:func:`begin`); an unsampled request builds nothing but the
+``traceparent`` that tells its workers so. A sampled one records the stage times and a ``WireSpan`` per dispatch
+attempt, and ships them when it ends with its ``RequestRecord`` (the values the answer's ``specgate`` object and
+the metrics carry) as one ``GatewayTrace``; the exporter process builds the spans and their attributes from it
+(``telemetry/otel_gateway.py``: off the serving core, ~2x faster per request for the gateway).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from telemetry.otel_pipe import CLIENT, GATEWAY_DISPATCH, WireSpan
 
 if TYPE_CHECKING:
     from gateway.stages import Finished
-    from telemetry.otel import TraceExport
+    from telemetry.otel import ClientContext, TraceExport
     from telemetry.record import RequestRecord
 
 
@@ -58,38 +59,37 @@ class Attempt:
         self.end()
 
 
+def begin(export: TraceExport, headers: Any, endpoint: str) -> tuple[RequestSpans | None, dict[str, str] | None]:
+    """A request's tracing when it arrives: its spans (None: not sampled), or, not sampled, the headers every
+    worker call carries instead (``telemetry.otel.arrived``)."""
+    operation = otel.operation(endpoint)
+    client, trace_id, unsampled = otel.arrived(export, headers, operation)
+    return (RequestSpans(export, client, trace_id, operation) if unsampled is None else None), unsampled
+
+
 class RequestSpans(otel.Recording):
-    """The spans of one request, recorded as the stage times, the attempts and, at the end, the request's record
-    (``telemetry/otel_gateway.py`` builds the spans from them in the exporter process)."""
+    """The spans of one sampled request, recorded as the stage times, the attempts and, at the end, the request's
+    record (``telemetry/otel_gateway.py`` builds the spans from them in the exporter process)."""
 
-    __slots__ = ("_endpoint", "_start", "_admit", "_decide", "_relay")
+    __slots__ = ("_operation", "_start", "_admit", "_decide", "_relay")
 
-    def __init__(self, export: TraceExport, headers: Any, endpoint: str) -> None:
-        self._endpoint = endpoint
+    def __init__(self, export: TraceExport, client: ClientContext | None, trace_id: int, operation: str) -> None:
+        self._operation = operation  # gen_ai.operation.name
         self._start = time.time_ns()
         self._admit = self._decide = self._relay = 0
-        super().__init__(export, headers, otel.operation(endpoint))
-
-    @property
-    def recording(self) -> bool:
-        return self.sampled
+        super().__init__(export, client, trace_id)
 
     def admitted(self) -> None:
         """Admission ended now (the admit span: arrival to here)."""
-        if self.sampled:
-            self._admit = time.time_ns()
+        self._admit = time.time_ns()
 
     def decided(self) -> None:
         """The decision was made now (the decide span: admission to here)."""
-        if self.sampled:
-            self._decide = time.time_ns()
+        self._decide = time.time_ns()
 
     def attempt(self, number: int, pool: str, proposer: str, draft_tokens: int, worker: str, rid: str
-                ) -> tuple[Attempt | None, dict[str, str]]:
-        """A dispatch attempt's span (None when not sampled), and the headers that make the worker's span its
-        child."""
-        if not self.sampled:
-            return None, self.traceparent()
+                ) -> tuple[Attempt, dict[str, str]]:
+        """A dispatch attempt's span, and the headers that make the worker's span its child."""
         span = WireSpan("dispatch", otel.new_span_id(), self.root_id, CLIENT, time.time_ns(), 0,
                         [GATEWAY_DISPATCH, number, pool, proposer, draft_tokens, worker, rid, None, None])
         self.spans.append(span)
@@ -97,14 +97,11 @@ class RequestSpans(otel.Recording):
 
     def dispatched(self) -> None:
         """The answer starts now (the relay span starts here)."""
-        if self.sampled:
-            self._relay = time.time_ns()
+        self._relay = time.time_ns()
 
     def finish(self, f: Finished, record: RequestRecord) -> None:
         """Ship the request's trace to the exporter process: its times, attempts and record (the record without
         the debug flag's texts, which never leave the gateway)."""
-        if not self.sampled:
-            return
         end = time.time_ns()
         admitted, d = f.admitted, f.decision
         body = admitted.body if admitted is not None else {}
@@ -114,7 +111,7 @@ class RequestSpans(otel.Recording):
         self._export.pipe.ship(GatewayTrace(
             self.trace_id >> 64, self.trace_id & 0xFFFF_FFFF_FFFF_FFFF, client.span_id if client is not None else 0,
             client.flags if client is not None else 0, self._state, self.root_id, self._start, self._admit,
-            self._decide, (self._relay or end) if f.dispatched is not None else 0, end, self.spans, otel.operation(self._endpoint),
+            self._decide, (self._relay or end) if f.dispatched is not None else 0, end, self.spans, self._operation,
             admitted.features.model if admitted is not None else "",
             body.get("max_completion_tokens", body.get("max_tokens")), body.get("temperature"), d is not None,
             d is not None and d.explored, record))

@@ -253,9 +253,10 @@ class Resumer:
     """Resumes one request's stream, up to the policy's ``resume`` bounds; ``steps`` records every try."""
 
     def __init__(self, state: GatewayState, admitted: Admitted, decision: Decision, dispatched: Dispatched,
-                 holds: Holds, progress: Progress, spans: RequestSpans | None) -> None:
+                 holds: Holds, progress: Progress, spans: RequestSpans | None,
+                 unsampled: dict[str, str] | None) -> None:
         self.state, self.admitted, self.decision, self.holds = state, admitted, decision, holds
-        self.progress, self.spans = progress, spans
+        self.progress, self.spans, self.unsampled = progress, spans, unsampled  # as dispatch() takes them
         self.settings = admitted.active.policy.resume
         self.stops = stops_of(admitted.body)
         self.steps: list[Step] = []
@@ -317,11 +318,10 @@ class Resumer:
                 body = continuation_body(self.admitted.body, p.chat, p.prompt_ids, p.output_ids, rid, custom,
                                          backend.context_length())
                 self.holds.move_worker(backend, pool_name, url)
-                span = headers = None
+                span, headers = None, self.unsampled
                 if self.spans is not None:
                     span, headers = self.spans.attempt(self.attempts + n, pool_name, "resume", 0, url, rid)
-                    if span is not None:
-                        span.resumed_at(at)
+                    span.resumed_at(at)
                 client = backend.client(url)
                 stream = client.completions_stream(body, headers=headers)
                 try:

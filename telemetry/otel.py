@@ -10,7 +10,7 @@ endpoint in ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPO
 ``OTEL_SERVICE_NAME`` names the process (default ``specgate-gateway`` / ``specgate-worker``);
 ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` sample (the SDK's default: parentbased_always_on). Off,
 :func:`configure` returns None and imports nothing of OpenTelemetry: a caller's ``if otel is None`` is all a
-request pays. On, the SDK's sampler decides when a request arrives (:class:`Recording`); a sampled request's
+request pays. On, the SDK's sampler decides when a request arrives (:func:`arrived`); a sampled request's
 spans are plain values, shipped when it ends to the process's exporter (``telemetry/otel_pipe.py``), which
 encodes them as OTLP and sends them off the serving process.
 
@@ -33,7 +33,7 @@ from telemetry.otel_pipe import INTERNAL, SAMPLED, SpanPipe, Value, WireSpan, Wi
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 TRACEPARENT, TRACESTATE = "traceparent", "tracestate"
 RANDOM_ID_FLAG = 0x02  # W3C trace-context level 2: the trace id's low 56 bits are random (sampled is 0x01)
-_FLAGS = ("-00", "-01", "-02", "-03")  # a traceparent's end: the trace flags this process sends (sampled, random)
+_TRACEPARENT = ("00-%032x-%016x-00", "00-%032x-%016x-01", "00-%032x-%016x-02", "00-%032x-%016x-03")  # by flags
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
@@ -168,38 +168,53 @@ def new_span_id() -> int:
     return random.getrandbits(64) or 1
 
 
+def arrived(export: TraceExport, headers: Any, name: str) -> tuple[ClientContext | None, int, dict[str, str] | None]:
+    """A request's trace when it arrives: the caller's context (None: it starts the trace), the trace id, and
+    ``None`` when the sampler records it; when it does not, the headers that every call it makes upstream carries
+    (:func:`unsampled_headers`). The unsampled build nothing else: at a low sampling rate nearly every request
+    takes that path, and under load its cost is several times what it takes alone (docs/runs/2026-12-07-otel-unsampled)."""
+    client = client_context(headers)
+    trace_id, sampled = export.decide(client, name)
+    return client, trace_id, None if sampled else unsampled_headers(client, trace_id)
+
+
+def unsampled_headers(client: ClientContext | None, trace_id: int) -> dict[str, str]:
+    """What an unsampled request sends on: its trace id, a parent span id that no exported span carries (nothing
+    of it is recorded), and the sampled flag clear, so the next process's parent-based sampler records nothing
+    either; the caller's ``tracestate``, kept."""
+    headers = {TRACEPARENT: _TRACEPARENT[_flags(client, False)] % (trace_id, new_span_id())}
+    if client is not None and client.trace_state:
+        headers[TRACESTATE] = client.trace_state
+    return headers
+
+
+def _flags(client: ClientContext | None, sampled: bool) -> int:
+    """The W3C trace flags a request sends on: a new trace's id is random (level 2's flag), a caller's keeps its
+    own random flag; the sampled bit is the decision."""
+    return (RANDOM_ID_FLAG if client is None else client.flags & RANDOM_ID_FLAG) | (SAMPLED if sampled else 0)
+
+
 class Recording:
-    """One request's spans in one process: the sampling decision when it arrives, its trace's ids, the spans
-    recorded, and the ``traceparent`` it sends on. Unsampled, it records nothing and its ``traceparent`` says so
-    (the next process's parent-based sampler records nothing either)."""
+    """One sampled request's spans in one process: its trace's ids, the spans recorded, and the ``traceparent`` it
+    sends on. Made by :func:`arrived` (which also decides, for the unsampled, what they send on instead)."""
 
-    __slots__ = ("_export", "trace_id", "root_id", "sampled", "_client", "_flags", "_state", "spans", "_head")
+    __slots__ = ("_export", "trace_id", "root_id", "_client", "_traceparent", "_state", "spans")
 
-    def __init__(self, export: TraceExport, headers: Any, name: str) -> None:
+    def __init__(self, export: TraceExport, client: ClientContext | None, trace_id: int) -> None:
         self._export = export
-        client = client_context(headers)
         self._client = client
-        self.trace_id, self.sampled = export.decide(client, name)
+        self.trace_id = trace_id
         self._state = client.trace_state if client is not None else ""
-        # W3C trace flags for what this request sends on: a new trace's id is random (level 2's flag); a caller's
-        # keeps its own random flag; the sampled bit is the decision
-        random_flag = RANDOM_ID_FLAG if client is None else client.flags & RANDOM_ID_FLAG
-        self._flags = random_flag | (SAMPLED if self.sampled else 0)
+        self._traceparent = _TRACEPARENT[_flags(client, True)]  # the header's format (its flags written in)
         self.root_id = new_span_id()
         self.spans: list[WireSpan] = []
-        self._head = ""  # the traceparent's version and trace id, written on first use
 
     def traceparent(self, span_id: int | None = None) -> dict[str, str]:
         """Headers naming ``span_id`` (default: the request's own span) as the parent of an upstream request."""
-        head = self._head or self._write_head()
-        headers = {TRACEPARENT: head + (span_id or self.root_id).to_bytes(8, "big").hex() + _FLAGS[self._flags]}
+        headers = {TRACEPARENT: self._traceparent % (self.trace_id, span_id or self.root_id)}
         if self._state:
             headers[TRACESTATE] = self._state
         return headers
-
-    def _write_head(self) -> str:
-        self._head = f"00-{self.trace_id:032x}-"
-        return self._head
 
     def child(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any] | None = None,
               kind: int = INTERNAL) -> WireSpan:

@@ -35,8 +35,9 @@ class WorkerSpan:
     def __init__(self, export: TraceExport, headers: Any, endpoint: str, model: str, req: GenerateRequest) -> None:
         self._t0 = time.time_ns()  # just before the engine's submit: the engine's times count from there
         op = otel.operation(endpoint) if endpoint != "generate" else "generate"
-        self._rec = otel.Recording(export, headers, op)
-        self.recording = self._rec.sampled  # not sampled: nothing more is recorded
+        client, trace_id, unsampled = otel.arrived(export, headers, op)
+        self.recording = unsampled is None  # not sampled: nothing more is recorded
+        self._rec = otel.Recording(export, client, trace_id) if self.recording else None
         self._name = f"{op} {model}"
         self._attributes = otel.attributes({
             "gen_ai.operation.name": op, "gen_ai.provider.name": "specgate", "gen_ai.request.model": model,

@@ -47,6 +47,7 @@ class Received:
     method: str
     path: str
     body: Any
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
 
 
 class ReplayServer:
@@ -92,7 +93,7 @@ class ReplayServer:
             name, _, value = line.decode().partition(":")
             headers[name.strip().lower()] = value.strip()
         raw = await reader.readexactly(int(headers.get("content-length", "0")))
-        self.received.append(Received(method, target, json.loads(raw) if raw else None))
+        self.received.append(Received(method, target, json.loads(raw) if raw else None, headers))
         path = target.split("?", 1)[0]
         reply = self.routes.get((method, path), Reply(status=404, body=b'{"detail":"Not Found"}'))
         if callable(reply):

@@ -78,7 +78,7 @@ def _dispatch(policy, decision: Decision, fail: set[str] = frozenset()) -> list[
                         cost_tokens=0)
     sent: list[tuple[str, dict[str, Any]]] = []
 
-    async def send(url: str, fwd: dict[str, Any]) -> str:
+    async def send(url: str, fwd: dict[str, Any], headers: dict[str, str] | None) -> str:
         sent.append((url, fwd))
         if url in fail:
             raise WorkerConnectError(url, "refused")

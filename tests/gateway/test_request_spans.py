@@ -19,7 +19,7 @@ from backends.sglang.errors import WorkerConnectError
 from bench.otel_spans import served_request
 from gateway.dispatch import dispatch
 from gateway.holds import Stopwatch
-from gateway.request_spans import RequestSpans
+from gateway.request_spans import RequestSpans, begin
 from gateway.stages import Admitted, Arrival
 from policies.decide import decide
 from policies.features import RequestFeatures
@@ -45,7 +45,8 @@ def _finish(spans: RequestSpans) -> None:
     spans.finish(*served_request())
 
 
-def _dispatch_with_a_retry(spans: RequestSpans) -> list[tuple[str, dict[str, str]]]:
+def _dispatch_with_a_retry(spans: RequestSpans | None, unsampled: dict[str, str] | None = None
+                           ) -> list[tuple[str, dict[str, str]]]:
     """The ngram worker refuses the connection; the plain fallback serves. (worker, headers) of each attempt."""
     policy = load_policy(POLICY, "p.yaml")
     decision = decide(policy, RequestFeatures(), Snapshot(SnapshotData(
@@ -65,14 +66,15 @@ def _dispatch_with_a_retry(spans: RequestSpans) -> list[tuple[str, dict[str, str
         return "ok"
 
     holds = SimpleNamespace(hold_worker=lambda backend, pool, url: None)
-    served, _ = asyncio.run(dispatch(state, admitted, decision, holds, Stopwatch(), send, spans))
+    served, _ = asyncio.run(dispatch(state, admitted, decision, holds, Stopwatch(), send, spans, unsampled))
     assert (served.pool, served.retries) == ("plain", 1)
     return sent
 
 
 def test_each_attempt_is_a_dispatch_span_and_the_worker_gets_its_traceparent():
     tracing, shipped = shipping(ALWAYS_ON)
-    spans = RequestSpans(tracing, {**CLIENT, "tracestate": "vendor=1"}, "chat")
+    spans, unsampled = begin(tracing, {**CLIENT, "tracestate": "vendor=1"}, "chat")
+    assert spans is not None and unsampled is None
     spans.admitted()
     sent = _dispatch_with_a_retry(spans)
     assert shipped == []  # nothing leaves before the request ends
@@ -107,35 +109,34 @@ def test_each_attempt_is_a_dispatch_span_and_the_worker_gets_its_traceparent():
 
 def test_an_unsampled_request_records_nothing_but_still_tells_the_worker():
     tracing, shipped = shipping(ALWAYS_OFF)
-    spans = RequestSpans(tracing, {}, "chat")
-    assert spans.recording is False  # decided before anything was recorded
-    spans.admitted()
-    sent = _dispatch_with_a_retry(spans)
-    _finish(spans)
+    spans, unsampled = begin(tracing, {}, "chat")
+    assert spans is None and unsampled is not None  # decided before anything was recorded
+    sent = _dispatch_with_a_retry(spans, unsampled)
     assert shipped == []
     parents = {headers["traceparent"] for _, headers in sent}
-    [parent] = parents  # the root's context, for every attempt
+    [parent] = parents  # the same context for every attempt
     # trace flags: sampled bit (0x01) clear, so the worker's parent-based sampler records nothing either; 0x02
     # is W3C level 2's "random trace id" bit, as the SDK sets it on a trace it starts
     assert parent.split("-")[3] == "02"
     version, trace_id, span_id, _ = parent.split("-")
-    assert (version, int(trace_id, 16), len(span_id), int(span_id, 16) > 0) == ("00", spans.trace_id, 16, True)
+    assert (version, len(trace_id), int(trace_id, 16) > 0, len(span_id), int(span_id, 16) > 0) == (
+        "00", 32, True, 16, True)
+    assert set(unsampled) == {"traceparent"}  # no tracestate without a caller's
 
 
 def test_a_client_that_says_not_sampled_gets_its_trace_continued_unsampled():
     tracing, shipped = shipping(ParentBased(ALWAYS_ON))
     client = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"}
-    spans = RequestSpans(tracing, client, "chat")
-    assert spans.recording is False  # the SDK's parent-based sampler follows the client's flag
-    _, headers = spans.attempt(1, "ngram", "ngram", 4, "http://ngram:1", "r-1")
+    spans, headers = begin(tracing, {**client, "tracestate": "vendor=1"}, "chat")
+    assert spans is None and headers is not None  # the SDK's parent-based sampler follows the client's flag
     assert headers["traceparent"].startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
-    _finish(spans)
-    assert headers["traceparent"].endswith("-00") and shipped == []
+    assert headers["traceparent"].endswith("-00") and headers["tracestate"] == "vendor=1" and shipped == []
 
 
 def test_a_malformed_traceparent_starts_a_new_trace():
     tracing, shipped = shipping(ParentBased(ALWAYS_ON))
-    spans = RequestSpans(tracing, {"traceparent": "00-nothex-00f067aa0ba902b7-01"}, "chat")
+    spans, _ = begin(tracing, {"traceparent": "00-nothex-00f067aa0ba902b7-01"}, "chat")
+    assert spans is not None
     _finish(spans)
     [trace] = shipped
     assert trace.remote_parent == 0 and spans.trace_id != 0
@@ -145,16 +146,18 @@ def test_a_malformed_traceparent_starts_a_new_trace():
 def test_a_ratio_sampler_decides_once_per_request_on_the_trace_id_it_exports():
     tracing, shipped = shipping(ParentBased(TraceIdRatioBased(0.5)))
     random.seed(55)  # trace ids come from the random module, as the SDK's own do
-    built = [RequestSpans(tracing, {}, "chat") for _ in range(400)]
-    for spans in built:
+    built = [begin(tracing, {}, "chat") for _ in range(400)]
+    sampled = [spans for spans, _ in built if spans is not None]
+    for spans in sampled:
         _finish(spans)
-    sampled = [s for s in built if s.recording]
     assert 150 < len(sampled) < 250  # 0.5 of 400 (5 standard deviations)
     exported = {span.context.trace_id for span in shipped.spans()}
     assert exported == {s.trace_id for s in sampled} and len(shipped) == len(sampled)
-    # the SDK's ratio rule: sampled exactly when the id's low 64 bits are under the bound
+    # the SDK's ratio rule: sampled exactly when the id's low 64 bits are under the bound; the unsampled send
+    # their trace id on
     bound = TraceIdRatioBased.get_bound_for_rate(0.5)
-    assert all((s.trace_id & ((1 << 64) - 1) < bound) == s.recording for s in built)
+    ids = [(s.trace_id, True) if s is not None else (int(h["traceparent"].split("-")[1], 16), False) for s, h in built]
+    assert all((trace_id & ((1 << 64) - 1) < bound) == recorded for trace_id, recorded in ids)
 
 
 def test_the_debug_flags_texts_never_reach_the_exporter_process():
@@ -162,7 +165,8 @@ def test_the_debug_flags_texts_never_reach_the_exporter_process():
     ships to the exporter process carries the record without them, and the request's other values."""
     tracing, shipped = shipping(ALWAYS_ON)
     finished, record = served_request()
-    spans = RequestSpans(tracing, {}, "chat")
+    spans, _ = begin(tracing, {}, "chat")
+    assert spans is not None
     spans.dispatched()
     spans.finish(finished, msgspec.structs.replace(record, prompt_text="secret prompt", completion_text="secret"))
     [frame] = shipped.frames

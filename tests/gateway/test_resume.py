@@ -7,22 +7,16 @@ workers and kill -9: tests/integration/test_gateway_resume.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-import time
 from typing import Any
 
 import msgspec
 import pytest
-from litestar.testing import TestClient
 
 from backends.sglang.client import OpenAIResult
 from backends.sglang.openai_wire import ChatCompletionChunk, CompletionResponse
-from gateway.app import create_app
 from gateway.resume import Converter, Progress, continuation_body, not_resumable
-from gateway.settings import GatewaySettings
-from tests.backends.replay_server import ReplayServer, Reply, fixture_bytes
+from tests.gateway.resume_stand_ins import gateway_in_front
 
 
 def chunk(kind: type, body: dict[str, Any]) -> OpenAIResult[Any]:
@@ -96,65 +90,11 @@ def test_a_stop_string_spanning_the_seam_still_stops():
 
 # -- fixture level: the real app in front of two SGLang stand-ins ---------------------------------------------
 
-class Background:
-    """Replay servers on an event loop of their own thread (the app's TestClient runs on another)."""
-
-    def __init__(self, *servers: ReplayServer) -> None:
-        self.servers = servers
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-
-    def __enter__(self) -> Background:
-        self.thread.start()
-        for s in self.servers:
-            asyncio.run_coroutine_threadsafe(s.__aenter__(), self.loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s in self.servers:
-            asyncio.run_coroutine_threadsafe(s.__aexit__(None, None, None), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-def sglang_stand_in() -> ReplayServer:
-    """An SGLang server as the monitor and a completions stream see it: the original request's stream drops
-    after two chunks; a continuation (a prompt of token ids) is answered in full."""
-    def completions(body: dict[str, Any]) -> Reply:
-        if isinstance(body["prompt"], list):
-            return Reply.fixture("completion_stream_resumed.sse")
-        return Reply.fixture("completion_stream_ids.sse", close_after_events=2)
-    return ReplayServer({
-        ("GET", "/health"): Reply(), ("GET", "/v1/loads"): Reply(body=fixture_bytes("loads.json")),
-        ("GET", "/server_info"): Reply(body=fixture_bytes("server_info.json")),
-        ("GET", "/model_info"): Reply(body=fixture_bytes("model_info.json")),
-        ("POST", "/v1/completions"): completions,
-        ("POST", "/v1/chat/completions"): Reply.fixture("chat_stream.sse", close_after_events=2),
-        ("POST", "/abort_request"): Reply(body=b"{}")})
-
-
 @pytest.fixture
 def stand_ins(tmp_path, monkeypatch, request):
     monkeypatch.setenv("SPECGATE_ADMIN_TOKEN", "adm")
-    resume = getattr(request, "param", "{max_resumes: 1}")
-    a, b = sglang_stand_in(), sglang_stand_in()
-    with Background(a, b):
-        policy = tmp_path / "policy.yaml"
-        policy.write_text(f"""version: 1
-slices: [{{name: prose}}]
-pools: {{plain: {{proposer: none, workers: ["{a.url}", "{b.url}"]}}}}
-rules: [{{name: plain, then: bypass}}]
-resume: {resume}
-""")
-        app = create_app(GatewaySettings(policy_path=str(policy), monitor_interval_s=0.2))
-        with TestClient(app, timeout=30) as client:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                pools = client.get("/admin/pools", headers={"Authorization": "Bearer adm"}).json()
-                if all(w["healthy"] for w in pools["plain"]["workers"]):
-                    break
-                time.sleep(0.1)
-            yield client, a, b
+    with gateway_in_front(tmp_path, getattr(request, "param", "{max_resumes: 1}")) as front:
+        yield front
 
 
 def events(text: str) -> list[dict[str, Any]]:
