@@ -172,7 +172,8 @@ def arrived(export: TraceExport, headers: Any, name: str) -> tuple[ClientContext
     """A request's trace when it arrives: the caller's context (None: it starts the trace), the trace id, and
     ``None`` when the sampler records it; when it does not, the headers that every call it makes upstream carries
     (:func:`unsampled_headers`). The unsampled build nothing else: at a low sampling rate nearly every request
-    takes that path, and under load its cost is several times what it takes alone (docs/runs/2026-12-07-otel-unsampled)."""
+    takes that path, and under load it costs several times what it takes alone
+    (docs/runs/2026-12-07-otel-traceparent-only)."""
     client = client_context(headers)
     trace_id, sampled = export.decide(client, name)
     return client, trace_id, None if sampled else unsampled_headers(client, trace_id)

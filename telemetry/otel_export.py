@@ -91,9 +91,10 @@ def span_exporter(env: Mapping[str, str]) -> OTLPSpanExporter:
     """The SDK's OTLP/HTTP span exporter as the environment configures it (endpoint, headers, TLS files,
     compression, timeout), on the SDK's urllib3 transport where that sends what its default, requests, would: ~0.18
     ms of CPU per 512-span batch instead of ~0.44, for requests reads the environment, netrc and proxies again on
-    every send (docs/runs/2026-12-07-otel-unsampled). requests stays where any of that applies: a proxy or a netrc
-    entry for the endpoint, a variable of ``REQUESTS_ONLY_VARS``. Reads the default transport's session (private
-    to the pinned SDK, as :func:`sender`'s client); the CA bundle is requests' own where the SDK names none."""
+    every send (docs/runs/2026-12-07-otel-traceparent-only). requests stays where any of that applies: a proxy or a
+    netrc entry for the endpoint, a variable of ``REQUESTS_ONLY_VARS``. Reads the default transport's session
+    (private to the pinned SDK, as :func:`sender`'s client); the CA bundle is requests' own where the SDK names
+    none."""
     exporter = OTLPSpanExporter()
     session = getattr(exporter._client._transport, "_session", None)
     endpoint = exporter._endpoint
