@@ -19,6 +19,7 @@ from bench.processes import free_port, running  # noqa: E402
 TREE = Path(sys.argv[1]) if len(sys.argv) > 1 else None
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 TICK = os.sysconf("SC_CLK_TCK")
+SAMPLE = float(os.environ.get("SAMPLE", "1"))  # the otel arm's sampled share
 
 
 def cpu(pid):
@@ -44,7 +45,7 @@ with tempfile.TemporaryDirectory() as tmp:
     port = free_port()
     instant = f"http://127.0.0.1:{port}"
     with running([sys.executable, "-m", "bench.instant_worker", "--port", str(port)], f"{instant}/health",
-                 tmp / "w.log"), gateways(instant, "instant", tmp, ["specgate", "specgate-otel"], TREE, 1.0) as (
+                 tmp / "w.log"), gateways(instant, "instant", tmp, ["specgate", "specgate-otel"], TREE, SAMPLE) as (
             urls, pids, _):
         body = {"model": "instant", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
         for name in pids:
