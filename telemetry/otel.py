@@ -197,7 +197,7 @@ def _flags(client: ClientContext | None, sampled: bool) -> int:
 
 class Recording:
     """One sampled request's spans in one process: its trace's ids, the spans recorded, and the ``traceparent`` it
-    sends on. Made by :func:`arrived` (which also decides, for the unsampled, what they send on instead)."""
+    sends on. Built once :func:`arrived` has found the request sampled (an unsampled one gets only its headers)."""
 
     __slots__ = ("_export", "trace_id", "root_id", "_client", "_traceparent", "_state", "spans")
 
