@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from bench.processes import free_port
 from telemetry.otel_pipe import CLIENT, SERVER, SpanPipe, WireSpan, WireTrace
 from tests.integration.otlp_receiver import otlp_receiver
 
@@ -141,6 +142,24 @@ def test_requests_whose_spans_the_collector_refuses_are_counted():
         pipe.ship(_trace(3))
         pipe.close()
         assert (pipe.dropped, drops[-1]) == (4, (1, "export_failed")) and receiver.spans == []
+
+
+def test_requests_whose_spans_no_collector_takes_are_counted():
+    """Nothing listens at the endpoint (a collector that is down): every connection is refused, the exporter's
+    client retries until its timeout, and the requests the failed send held are counted as ``export_failed``."""
+    drops: list[tuple[int, str]] = []
+    env = {**_env(f"http://127.0.0.1:{free_port()}"), "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+    pipe = SpanPipe("down-gw", env, on_drop=lambda n, why: drops.append((n, why)))
+    pipe.start()
+
+    async def serve() -> None:
+        for n in range(2):
+            pipe.ship(_trace(n))
+        await asyncio.to_thread(_wait, lambda: (pipe.collect(), pipe.dropped)[1] == 2)
+
+    asyncio.run(serve())
+    pipe.close()
+    assert (pipe.dropped, {why for _, why in drops}) == (2, {"export_failed"})
 
 
 def test_the_exporter_process_is_the_gateways_own_whatever_directory_it_was_started_from(tmp_path, monkeypatch):
