@@ -5,6 +5,8 @@ start-up is ~15 s on 2 cores."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -19,7 +21,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_model]
 @pytest.fixture(scope="module")
 def url(tmp_path_factory, prepared_model):
     with worker(tmp_path_factory.mktemp("worker"), "--num-threads", "1", calibrate=True) as base:
+        _settled(base)
         yield base
+
+
+def _settled(url: str) -> None:
+    """Until two reads of the step costs 0.5 s apart agree. The readiness probes' one-token generations are
+    forwards too, and one a client gave up on (a probe past its timeout on a slow machine) may be recorded after the
+    probe that answered: the CI run of d0f4caf saw the table change between two reads with no request between.
+    A deadline only a worker that never stops stepping reaches."""
+    last, deadline = None, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        table = httpx.get(f"{url}/server_info", timeout=30).json()["specgate_step_costs"]
+        if table == last:
+            return
+        last = table
+        time.sleep(0.5)
 
 
 def test_from_worker_writes_the_workers_live_step_costs(url, prepared_model, tmp_path, capsys):
