@@ -210,9 +210,9 @@ class Recording:
         self.root_id = new_span_id()
         self.spans: list[WireSpan] = []
 
-    def traceparent(self, span_id: int | None = None) -> dict[str, str]:
-        """Headers naming ``span_id`` (default: the request's own span) as the parent of an upstream request."""
-        headers = {TRACEPARENT: self._traceparent % (self.trace_id, span_id or self.root_id)}
+    def traceparent(self, span_id: int) -> dict[str, str]:
+        """Headers naming ``span_id`` (a dispatch attempt's) as the parent of an upstream request."""
+        headers = {TRACEPARENT: self._traceparent % (self.trace_id, span_id)}
         if self._state:
             headers[TRACESTATE] = self._state
         return headers

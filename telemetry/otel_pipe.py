@@ -45,9 +45,9 @@ CLOSE_TIMEOUT_S = 30.0  # the gateway's shutdown waits this long for its spans t
 Value = str | bool | int | float | list  # a list: of one of the others, as OTLP allows
 
 # The gateway's request span carries ~30 attributes on every sampled request, each dispatch attempt 6-8, and its
-# decide and relay spans 2 and 1. They travel as a list, ``[LAYOUT, value, ...]``, the values in the order of ``LAYOUTS[LAYOUT]``, None where an attribute
-# is not set: no key travels, and a list is cheaper to build than a dict (and to encode: telemetry/otlp_encode.py).
-# Other spans ship a dict.
+# decide and relay spans 2 and 1. They travel as a list, ``[LAYOUT, value, ...]``, the values in the order of
+# ``LAYOUTS[LAYOUT]``, None where an attribute is not set: no key travels, and a list is cheaper to build than a dict
+# (and to encode: telemetry/otlp_encode.py). Other spans ship a dict.
 GATEWAY_REQUEST, GATEWAY_DISPATCH, GATEWAY_DECIDE, GATEWAY_RELAY = 1, 2, 3, 4
 LAYOUTS: dict[int, tuple[str, ...]] = {
     GATEWAY_DECIDE: ("specgate.slice", "specgate.rule"), GATEWAY_RELAY: ("specgate.stream",), GATEWAY_DISPATCH: (

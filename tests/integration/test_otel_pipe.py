@@ -123,21 +123,27 @@ def test_a_stuck_exporter_cannot_hold_the_gateways_shutdown():
         assert drops == [(pending, "shutdown")]
 
 
+def _failing_sends(service: str, env: dict[str, str], traces: int) -> tuple[SpanPipe, list[tuple[int, str]]]:
+    """A started pipe whose exporter's sends all fail, ``traces`` shipped and reported lost; (pipe, drops)."""
+    drops: list[tuple[int, str]] = []
+    pipe = SpanPipe(service, env, on_drop=lambda n, why: drops.append((n, why)))
+    pipe.start()
+
+    async def serve() -> None:
+        for n in range(traces):
+            pipe.ship(_trace(n))
+        await asyncio.to_thread(_wait, lambda: (pipe.collect(), pipe.dropped)[1] == traces)
+
+    asyncio.run(serve())
+    return pipe, drops
+
+
 def test_requests_whose_spans_the_collector_refuses_are_counted():
     """A collector answering 404 (a wrong endpoint path): the exporter's sends fail, and the pipe counts every
     request they held as ``export_failed``, including the last send's, made as the pipe closes."""
     with otlp_receiver() as (endpoint, receiver):
-        drops: list[tuple[int, str]] = []
         env = {**_env(endpoint), "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint + "/v1/nothing-here"}
-        pipe = SpanPipe("edge-gw", env, on_drop=lambda n, why: drops.append((n, why)))
-        pipe.start()
-
-        async def serve() -> None:
-            for n in range(3):
-                pipe.ship(_trace(n))
-            await asyncio.to_thread(_wait, lambda: (pipe.collect(), pipe.dropped)[1] == 3)
-
-        asyncio.run(serve())
+        pipe, drops = _failing_sends("edge-gw", env, 3)
         assert (pipe.dropped, sum(n for n, _ in drops), {why for _, why in drops}) == (3, 3, {"export_failed"})
         pipe.ship(_trace(3))
         pipe.close()
@@ -147,17 +153,8 @@ def test_requests_whose_spans_the_collector_refuses_are_counted():
 def test_requests_whose_spans_no_collector_takes_are_counted():
     """Nothing listens at the endpoint (a collector that is down): every connection is refused, the exporter's
     client retries until its timeout, and the requests the failed send held are counted as ``export_failed``."""
-    drops: list[tuple[int, str]] = []
     env = {**_env(f"http://127.0.0.1:{free_port()}"), "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
-    pipe = SpanPipe("down-gw", env, on_drop=lambda n, why: drops.append((n, why)))
-    pipe.start()
-
-    async def serve() -> None:
-        for n in range(2):
-            pipe.ship(_trace(n))
-        await asyncio.to_thread(_wait, lambda: (pipe.collect(), pipe.dropped)[1] == 2)
-
-    asyncio.run(serve())
+    pipe, drops = _failing_sends("down-gw", env, 2)
     pipe.close()
     assert (pipe.dropped, {why for _, why in drops}) == (2, {"export_failed"})
 
