@@ -42,9 +42,12 @@ PRIORITY_VAR = "SPECGATE_OTEL_EXPORTER_PRIORITY"  # idle (the default) or normal
 READ_BYTES = 1 << 16
 SCOPE = "specgate"  # the spans' instrumentation scope
 # variables under which requests, the SDK's default transport, would send differently from urllib3: a credential
-# provider's session (the SDK's), and CA bundles requests reads itself
+# provider's session (the SDK's)
 REQUESTS_ONLY_VARS = ("OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER",
-                      "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+                      "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER")
+# the CA bundles requests reads itself, in its order; set, one replaces the SDK's certificate file too
+# (requests.Session.merge_environment_settings), and the urllib3 transport is given the same file
+CA_BUNDLE_VARS = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 
 
 def take_frames(buf: bytearray) -> list[bytes]:
@@ -91,17 +94,21 @@ def span_exporter(env: Mapping[str, str]) -> OTLPSpanExporter:
     """The SDK's OTLP/HTTP span exporter as the environment configures it (endpoint, headers, TLS files,
     compression, timeout), on the SDK's urllib3 transport where that sends what its default, requests, would: ~0.18
     ms of CPU per 512-span batch instead of ~0.44, for requests reads the environment, netrc and proxies again on
-    every send (docs/runs/2026-12-07-otel-traceparent-only). requests stays where any of that applies: a proxy or a
-    netrc entry for the endpoint, a variable of ``REQUESTS_ONLY_VARS``. Reads the default transport's session
-    (private to the pinned SDK, as :func:`sender`'s client); the CA bundle is requests' own where the SDK names
-    none."""
+    every send (docs/runs/2026-12-07-otel-traceparent-only). The CA bundle is the one requests would verify with:
+    ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` where set, else the SDK's certificate file, else requests' own
+    (certifi). requests stays where urllib3 would differ: a proxy or a netrc entry for the endpoint, a CA
+    directory (the SDK's urllib3 transport takes a file), a variable of ``REQUESTS_ONLY_VARS``. Reads the default
+    transport's session (private to the pinned SDK, as :func:`sender`'s client)."""
     exporter = OTLPSpanExporter()
     session = getattr(exporter._client._transport, "_session", None)
     endpoint = exporter._endpoint
     if (session is None or any(env.get(name, "").strip() for name in REQUESTS_ONLY_VARS)
             or requests.utils.get_environ_proxies(endpoint) or requests.utils.get_netrc_auth(endpoint)):
         return exporter
-    verify = requests.utils.DEFAULT_CA_BUNDLE_PATH if session.verify is True else session.verify
+    bundle = next((path for name in CA_BUNDLE_VARS if (path := env.get(name))), None)
+    verify = bundle or (requests.utils.DEFAULT_CA_BUNDLE_PATH if session.verify is True else session.verify)
+    if isinstance(verify, str) and os.path.isdir(verify):
+        return exporter
     cert = session.cert
     exporter.shutdown()
     return OTLPSpanExporter(_transport=Urllib3HTTPTransport(verify=verify, cert=cert))

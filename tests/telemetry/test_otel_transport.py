@@ -1,6 +1,6 @@
 """The exporter process's HTTP transport (telemetry/otel_export.span_exporter): the SDK's urllib3 transport where
 it sends what the SDK's default, requests, would, and requests wherever a proxy, a netrc entry, a CA bundle
-variable of requests' own or a credential provider applies. Sending through either to a real receiver:
+directory or a credential provider applies; a CA bundle variable of requests' own is given to urllib3. Sending through either to a real receiver:
 tests/integration/test_otel_pipe.py."""
 
 from __future__ import annotations
@@ -48,10 +48,32 @@ def test_the_sdks_tls_files_carry_over(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("env", [
+    {"REQUESTS_CA_BUNDLE": "requests.pem"},
+    {"CURL_CA_BUNDLE": "curl.pem"},
+    {"REQUESTS_CA_BUNDLE": "requests.pem", "CURL_CA_BUNDLE": "curl.pem"},
+    {"REQUESTS_CA_BUNDLE": "", "CURL_CA_BUNDLE": "curl.pem"},
+    {"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": "otel.pem", "REQUESTS_CA_BUNDLE": "requests.pem"},
+    {"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": "otel.pem"},
+], ids=["requests", "curl", "both", "empty-requests", "otel-and-requests", "otel"])
+def test_urllib3_verifies_with_the_ca_bundle_requests_would(monkeypatch, tmp_path, env):
+    """requests lets its own variables replace the SDK's certificate file (merge_environment_settings); urllib3 is
+    given the file requests itself resolves for the same environment and session."""
+    env = {name: str(tmp_path / value) if value else "" for name, value in env.items()}
+    transport = _transport(monkeypatch, env)
+    assert type(transport) is Urllib3HTTPTransport
+    session = requests.Session()
+    session.verify = env.get("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", True)  # as the SDK sets its session's
+    verify = session.merge_environment_settings(ENDPOINT["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"], {}, None, None,
+                                                None)["verify"]
+    assert transport._pool.connection_pool_kw["ca_certs"] == verify != requests.utils.DEFAULT_CA_BUNDLE_PATH
+
+
+@pytest.mark.parametrize("env", [
     {"HTTPS_PROXY": "http://proxy.example:3128"},
-    {"REQUESTS_CA_BUNDLE": "/etc/ssl/bundle.pem"},
-], ids=["proxy", "requests-ca-bundle"])
-def test_requests_stays_where_its_extras_apply(monkeypatch, env):
+    {"REQUESTS_CA_BUNDLE": "DIR"},
+], ids=["proxy", "ca-directory"])
+def test_requests_stays_where_its_extras_apply(monkeypatch, tmp_path, env):
+    env = {name: str(tmp_path) if value == "DIR" else value for name, value in env.items()}
     assert type(_transport(monkeypatch, env)) is RequestsHTTPTransport
 
 
