@@ -57,12 +57,14 @@ def _seconds(name: str, value: float, *, zero: bool = False) -> None:
         raise ValueError(f"field {name}: {value}; seconds must be finite and {bound} (remeasure it)")
 
 
-class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True, dict=True):
     """Measured seconds of one forward by tokens fed per sequence and context length before it.
-    ``seconds[i][j]`` is the forward feeding ``tokens[i]`` tokens after ``context[j]`` cached ones, kept as the
-    centred non-decreasing fit in tokens at each context (``policies.measured.centered_fit``), as the engine reads its own table
-    (``backends.engine.step_costs``): a noisy point never prices a wider forward at or below a narrower one, which
-    the per-round rule would chase."""
+    ``seconds[i][j]`` is the forward feeding ``tokens[i]`` tokens after ``context[j]`` cached ones, as measured
+    (what a file holds); it is read through ``fitted``, the centred non-decreasing fit in tokens at each context
+    (``policies.measured.centered_fit``), as the engine reads its own table (``backends.engine.step_costs``): a
+    noisy point never prices a wider forward at or below a narrower one, which the per-round rule would chase. The
+    fit is not kept in ``seconds``: the centred fit of a fit is not the fit (a flat first run of three or more
+    counts is read again as rising), so a model written and read again would have moved."""
 
     tokens: list[int]  # ascending, >= 1
     context: list[int]  # ascending, >= 0
@@ -81,7 +83,7 @@ class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
             for j, value in enumerate(row):
                 _seconds(f"seconds[{i}][{j}]", value)
         fitted = zip(*(centered_fit(self.tokens, [row[j] for row in self.seconds]) for j in range(len(self.context))))
-        msgspec.structs.force_setattr(self, "seconds", [list(row) for row in fitted])
+        self.__dict__["fitted"] = [list(row) for row in fitted]  # not a field: never encoded, never compared
 
     def at(self, tokens: float, context: float) -> float:
         """Seconds at (tokens, context). Bilinear inside the grid: along ``context`` in every row, then along
@@ -89,7 +91,7 @@ class Grid(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True
         away from the grid, else the nearest point's value: never below the value measured at the nearest
         point (a shorter context or a narrower forward than any measured costs what the nearest measured
         one did; a longer or wider one grows with the end segment's slope)."""
-        tokens_at, rows = self.tokens, self.seconds
+        tokens_at, rows = self.tokens, self.fitted
         if len(tokens_at) == 1:
             return line(self.context, rows[0], context)
         i = min(max(bisect_right(tokens_at, tokens) - 1, 0), len(tokens_at) - 2)  # the rows line would read

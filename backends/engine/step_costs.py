@@ -49,7 +49,8 @@ class StepCosts:
     4 sequences below 8 (45.2 against 46.5 ms), which drew 8-draft rounds (docs/runs/2026-12-07-step-cost-fit);
     the plain isotonic fit then priced both at 45.85 ms, so 4 more drafts looked free
     (docs/runs/2026-12-07-centered-fit).
-    :meth:`table` (``/server_info``) reports the fit, so replay on a worker's live costs prices the same.
+    :meth:`table` (``/server_info``) reports the measurements, which replay on a worker's live costs reads through
+    the same fit, so it prices the same.
 
     ``step_seqs`` / ``step_base``: the sequences of the step being planned and the tokens the others feed;
     a round of k drafts then costs ``forward(step_base + k + 1, step_seqs)``, the step every sequence in it
@@ -132,6 +133,9 @@ class StepCosts:
         return self.forward(self.step_base + k + 1, self.step_seqs) + draft + self.overhead_s
 
     def table(self) -> list[tuple[int, int, float]]:
-        """(sequences, tokens, seconds) of every forward measured, ascending, as :meth:`forward` prices it (the
-        fit): what /server_info reports, so replay and the gateway price rounds as this engine's rule does."""
-        return [(n, t, self.forward(t, n)) for n, t in sorted(self.forward_s)]
+        """(sequences, tokens, seconds) of every forward measured (the EMA), ascending: what /server_info reports.
+        The measurements, not the fit: every reader fits them once, as :meth:`forward` does (replay's cost model,
+        ``policies.costmodel.Grid``; the gateway's counterfactuals through it), and so prices as this engine's rule
+        does. The centred fit of a fit is not the fit (a flat first run of three or more counts is read again as
+        rising), so a reported fit would have been priced a little apart."""
+        return sorted((n, t, s) for (n, t), s in self.forward_s.items())

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.engine.step_costs import StepCosts, centered
+from policies.costmodel import Grid
 from policies.measured import centered_fit
 
 
@@ -49,7 +50,21 @@ def test_step_costs_are_read_through_a_centred_non_decreasing_fit_that_follows_n
     assert costs.forward(6, 3) == 0.041 and costs.forward(6, 4) == pytest.approx((0.040 + 0.040 + 0.006 * 4 / 6) / 2)
     costs.restore({(4, 4): 0.040, (4, 8): 0.030})  # one run: flat (no neighbour to draw a line to)
     assert costs.forward(8, 4) == pytest.approx(0.035) and costs.forward(6, 3) == pytest.approx(0.035)
-    assert costs.table() == [(4, 4, pytest.approx(0.035)), (4, 8, pytest.approx(0.035))]  # /server_info: the fit
+    assert costs.table() == [(4, 4, 0.040), (4, 8, 0.030)]  # /server_info: the measurements, fitted by its readers
+
+
+def test_what_server_info_reports_prices_as_the_engine_once_a_reader_fits_it():
+    """Replay's cost model (``Grid``) fits what the worker reports, so the worker reports its measurements: a grid
+    of them reads what the engine's ``forward`` reads. A flat first run of three counts is where the centred fit of
+    a fit moves: read again, the run's middle count rises."""
+    costs = StepCosts(forward_s={(1, 1): 0.050, (1, 2): 0.048, (1, 3): 0.049, (1, 5): 0.052, (1, 9): 0.060})
+    reported = [(t, s) for n, t, s in costs.table() if n == 1]
+    engine = [costs.forward(t) for t, _ in reported]
+    assert engine[0] == engine[1] != engine[2]  # the first run: flat up to its centre
+    grid = Grid(tokens=[t for t, _ in reported], context=[32], seconds=[[s] for _, s in reported])
+    assert [row[0] for row in grid.fitted] == pytest.approx(engine, rel=1e-12)
+    refit = Grid(tokens=grid.tokens, context=[32], seconds=grid.fitted)  # what reporting the fit led to
+    assert [row[0] for row in refit.fitted] != pytest.approx(engine, rel=1e-9)
 
 
 @given(st.lists(st.tuples(st.integers(1, 4), st.floats(0.001, 10.0)), min_size=1, max_size=12))
